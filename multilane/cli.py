@@ -1,0 +1,58 @@
+"""The ``multilane`` console script: a thin dispatcher over subcommand modules.
+
+Each subcommand lives in its own module, imported only when that subcommand runs, and exposes:
+
+- ``add_arguments(parser: argparse.ArgumentParser) -> None``
+- ``run(args: argparse.Namespace) -> int`` (the process exit code)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help). Modules are imported lazily so that, say, the worker does not
+# import Spark or kopf.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)"),
+    "loadgen": ("multilane.worker.loadgen", "produce synthetic records (Zipf keys) to a topic"),
+    "local": ("multilane.worker.local_run", "run a worker and a load generator on the embedded broker"),
+    "operator": ("multilane.operator.cli", "run the kopf operator"),
+    "demo": ("multilane.demo", "the local demo: autoscaling with restore-before-handoff"),
+    "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces"),
+    "snapshot": ("multilane.pipeline.cli", "build state snapshots from changelogs with PySpark"),
+    "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="multilane", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, sub
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, sub = build_parser()
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser.print_help()
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    name = argv[0]
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        print(f"multilane {name}: cannot load {module_name}: {exc}", file=sys.stderr)
+        return 2
+    cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text)
+    module.add_arguments(cmd_parser)
+    args = cmd_parser.parse_args(argv[1:])
+    return int(module.run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""A discrete-event simulator of a consumer application, for comparing autoscaling policies. Pure."""

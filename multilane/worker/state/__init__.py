@@ -1,0 +1,1 @@
+"""Per-partition state stores on RocksDB, their changelog, restore and learner mode. Does I/O."""

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the tests need (scripts/bootstrap.sh), then runs the default test suite:
+# everything except tests marked `slow` (soak and long chaos runs; run them with `-m slow`).
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=$(bash scripts/bootstrap.sh | tail -n 1)
+set +e
+"$PY" -m pytest -m "not slow" -p no:cacheprovider "$@"
+code=$?
+set -e
+# pytest exits 5 when it collected no test: that is not a failure of the code under test.
+if [ "$code" -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi
+exit "$code"
