@@ -1,0 +1,125 @@
+"""The per-partition sliding window of fetched offsets and the committable offset.
+
+Pure: no I/O. One :class:`OffsetTracker` per assigned partition. The engine tells it every offset it
+fetched (:meth:`OffsetTracker.add`, in increasing order; gaps are allowed because compaction,
+transaction markers and brokers that skip empty values leave holes) and every offset whose record is
+finished (:meth:`OffsetTracker.complete`, in any order). :meth:`OffsetTracker.committable` is the
+offset that may be committed: the first fetched offset not completed, or the next fetch position when
+every fetched offset is complete. It never passes an incomplete offset.
+
+Cost: ``add`` and ``complete`` are O(1); ``committable`` is amortised O(1) per record, because each
+offset leaves the head of the window exactly once (Decaton's ``OutOfOrderCommitControl`` idea).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+__all__ = ["OffsetError", "OffsetTracker"]
+
+
+class OffsetError(ValueError):
+    """An offset was added out of order, or completed without having been added."""
+
+
+class OffsetTracker:
+    """Sliding window over the fetched, not yet committable offsets of one partition."""
+
+    __slots__ = ("_done", "_next", "_window")
+
+    def __init__(self, start: int | None = None) -> None:
+        # Fetched offsets in increasing order, from the first one not known complete (the head) to
+        # the newest fetched one. Invariant: strictly increasing; every element >= the last value
+        # returned by committable(); after committable() runs, the head (if any) is not in _done.
+        self._window: deque[int] = deque()
+        # Completed offsets that are still in _window. Invariant: _done is a subset of _window's set.
+        self._done: set[int] = set()
+        # Next fetch position: one past the newest added offset, or the start position before any
+        # add. None until known. Invariant: when _window is non-empty, _next == _window[-1] + 1.
+        self._next: int | None = start
+
+    # -- feeding ---------------------------------------------------------------------------------
+
+    def add(self, offset: int) -> None:
+        """Record that ``offset`` was fetched; offsets must strictly increase (gaps allowed)."""
+        nxt = self._next
+        if nxt is not None and offset < nxt:
+            raise OffsetError(f"offset {offset} added after position {nxt}: offsets must increase")
+        self._window.append(offset)
+        self._next = offset + 1
+
+    def add_completed(self, offset: int) -> None:
+        """Record a fetched offset that needs no processing (e.g. progress says it was done)."""
+        self.add(offset)
+        self._done.add(offset)
+
+    def complete(self, offset: int) -> None:
+        """Mark a fetched offset finished. Completing an offset twice is harmless.
+
+        Precondition: ``offset`` was added (checked cheaply: it must lie in the window or below it).
+        """
+        window = self._window
+        if window and window[0] <= offset <= window[-1]:
+            self._done.add(offset)
+            return
+        nxt = self._next
+        if nxt is not None and offset < nxt and (not window or offset < window[0]):
+            return  # it already slid out of the window: completed before
+        raise OffsetError(f"offset {offset} completed but never added")
+
+    def complete_many(self, offsets: Iterable[int]) -> None:
+        """Mark several offsets finished (bulk form of :meth:`complete`)."""
+        for o in offsets:
+            self.complete(o)
+
+    def reset(self, position: int) -> None:
+        """Forget everything and restart at ``position`` (after a seek)."""
+        self._window.clear()
+        self._done.clear()
+        self._next = position
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def committable(self) -> int | None:
+        """The offset to commit: first incomplete fetched offset, else the next fetch position.
+
+        None while the position is unknown (nothing fetched and no start given).
+        """
+        window = self._window
+        done = self._done
+        # Slide: drop completed offsets from the head; each offset is dropped once in its life.
+        while window and window[0] in done:
+            done.discard(window.popleft())
+        if window:
+            return window[0]
+        return self._next
+
+    @property
+    def position(self) -> int | None:
+        """One past the newest fetched offset (the next fetch position), or None when unknown."""
+        return self._next
+
+    @property
+    def pending(self) -> int:
+        """How many fetched offsets are in the window and not completed."""
+        return len(self._window) - len(self._done)
+
+    def completed_above(self, base: int) -> list[int]:
+        """Sorted completed offsets ``>= base`` still in the window (for unordered-mode progress)."""
+        return sorted(o for o in self._done if o >= base)
+
+    def is_complete(self, offset: int) -> bool:
+        """True when ``offset`` is known complete (below the window head counts as complete)."""
+        window = self._window
+        if window and offset < window[0]:
+            return True
+        if not window:
+            return self._next is not None and offset < self._next
+        return offset in self._done
+
+    def __repr__(self) -> str:
+        return (
+            f"OffsetTracker(committable={self.committable()}, position={self._next}, "
+            f"pending={self.pending})"
+        )
