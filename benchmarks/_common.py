@@ -1,0 +1,629 @@
+"""Shared plumbing for multilane's benchmarks (``python -m benchmarks.<name>``).
+
+Every benchmark (``engine``, ``state``, ``handoff``, ``snapshot``, ...) follows the same conventions,
+and this module implements them so that each benchmark only writes its measurements:
+
+* **Command line.** ``--quick`` (smaller sizes, fewer rows; must finish in under a minute),
+  ``--json`` (the LAST line of stdout is one JSON object holding the whole report), ``--out PATH``
+  (also write that JSON object to a file). A benchmark adds its own options with ``add_arguments``.
+* **Output.** Tables are printed to stdout as Markdown pipe tables (paste them into
+  ``docs/benchmarks.md`` as they are), after a header naming the machine and the command. Progress and
+  logs go to stderr (:func:`log`), so ``stdout`` stays clean.
+* **Ratios, not absolutes.** The machine is shared and noisy: every figure that is compared with
+  another is a ratio of two numbers measured in the same run (:func:`ratio`), and goals are checked on
+  those ratios (:meth:`Report.goal`).
+* **Never crash on a missing part.** A row that cannot be measured is added with
+  :meth:`Table.add_unavailable`, which prints ``not available (<reason>)`` in its place; goals whose
+  value is missing are reported as ``not measured``.
+* **Own broker.** Each run starts its own embedded broker (:func:`broker_session`) and stops it by PID
+  at the end; data is produced once per scenario (:func:`produce_zipf`).
+* **Subprocess rows.** A row measured in a child process (a fresh interpreter: no threads or caches
+  left over from earlier rows) prints one JSON object as its last stdout line; :func:`run_json_child`
+  runs it and returns that object; :func:`emit_child_result` is the child's side.
+
+A benchmark module looks like this::
+
+    from benchmarks._common import Column, Report, main
+
+    def body(args: argparse.Namespace, report: Report) -> None:
+        table = report.table("restore", "Restore time", [Column("system"), Column("seconds", fmt=".2f")])
+        table.add(system="multilane", seconds=1.23)
+        report.goal("restore faster than replay", value=2.5, target=2.0)
+
+    if __name__ == "__main__":
+        raise SystemExit(main("state", "State store benchmark.", body))
+
+JSON object (``schema`` 1)::
+
+    {"benchmark": str, "schema": 1, "date": ISO-8601 UTC, "command": str, "quick": bool,
+     "ok": bool, "elapsed_s": float, "machine": {...}, "params": {...},
+     "tables": [{"name", "title", "columns": [{"key", "header"}], "rows": [{key: value}]}],
+     "goals": [{"name", "value", "target", "op", "passed"}], "notes": [str], "errors": [str]}
+
+Non-finite floats become ``null``; ``ok`` is false when the body raised (its error is in ``errors``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "Column",
+    "Goal",
+    "Meter",
+    "Report",
+    "Table",
+    "broker_session",
+    "emit_child_result",
+    "log",
+    "machine_info",
+    "main",
+    "produce_zipf",
+    "ratio",
+    "run_json_child",
+    "zipf_top_share",
+    "zipf_weights",
+]
+
+SCHEMA_VERSION = 1
+NOT_AVAILABLE = "not available"
+
+
+def log(*parts: object) -> None:
+    """Progress message on stderr (stdout is reserved for the tables and the JSON line)."""
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either is missing or the denominator is not > 0."""
+    if numerator is None or denominator is None or not denominator > 0:
+        return None
+    return numerator / denominator
+
+
+def _json_safe(value: Any) -> Any:
+    """Replace non-finite floats by None (JSON has no NaN) and make tuples lists, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a :class:`Table`.
+
+    ``key`` names the value in each row (and in the JSON); ``header`` is what the table prints
+    (default: ``key``); ``fmt`` is a format spec applied to numbers (e.g. ``",.0f"``, ``".2f"``).
+    """
+
+    key: str
+    header: str = ""
+    fmt: str = ""
+
+    def render(self, value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, int | float) and self.fmt:
+            if isinstance(value, float) and not math.isfinite(value):
+                return "-"
+            return format(value, self.fmt)
+        return str(value)
+
+
+@dataclass
+class Table:
+    """Rows of measurements with fixed columns; printed as a Markdown table, stored as JSON rows.
+
+    Invariant: every row has exactly the keys of ``columns`` (missing ones are None).
+    """
+
+    name: str
+    title: str
+    columns: list[Column]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    note_key: str = "note"
+
+    def add(self, **values: Any) -> dict[str, Any]:
+        """Add a row; unknown keys are an error (a typo would otherwise vanish silently)."""
+        keys = {c.key for c in self.columns}
+        unknown = set(values) - keys
+        if unknown:
+            raise KeyError(f"table {self.name!r} has no column(s) {sorted(unknown)}")
+        row = {c.key: values.get(c.key) for c in self.columns}
+        self.rows.append(row)
+        return row
+
+    def add_unavailable(self, reason: str, **values: Any) -> dict[str, Any]:
+        """Add a row whose measurement is missing: its note says ``not available (<reason>)``.
+
+        Needs a column named ``note_key`` (default ``"note"``); the row's numbers stay None.
+        """
+        values[self.note_key] = f"{NOT_AVAILABLE} ({reason})"
+        return self.add(**values)
+
+    def to_markdown(self) -> str:
+        headers = [c.header or c.key for c in self.columns]
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+        for row in self.rows:
+            cells = [c.render(row.get(c.key)).replace("|", "\\|") for c in self.columns]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "columns": [{"key": c.key, "header": c.header or c.key} for c in self.columns],
+            "rows": self.rows,
+        }
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": lambda v, t: v >= t,
+    "<=": lambda v, t: v <= t,
+    ">": lambda v, t: v > t,
+    "<": lambda v, t: v < t,
+}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target on a measured (ratio) value; ``passed`` is None when the value was not measured."""
+
+    name: str
+    value: float | None
+    target: float
+    op: str = ">="
+
+    @property
+    def passed(self) -> bool | None:
+        if self.value is None or (isinstance(self.value, float) and not math.isfinite(self.value)):
+            return None
+        return _OPS[self.op](self.value, self.target)
+
+    def render(self) -> str:
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[self.passed]
+        shown = "-" if self.value is None else f"{self.value:.3g}"
+        return f"- {verdict}: {self.name}: {shown} (goal {self.op} {self.target:g})"
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+@dataclass
+class Report:
+    """Everything one benchmark run prints: header, tables, goals, notes; rendered as text or JSON."""
+
+    benchmark: str
+    quick: bool
+    command: str
+    machine: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    tables: list[Table] = field(default_factory=list)
+    goals: list[Goal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    date: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    started: float = field(default_factory=time.monotonic)
+
+    def table(self, name: str, title: str, columns: Sequence[Column]) -> Table:
+        """Create, register and return a table (printed in creation order)."""
+        t = Table(name=name, title=title, columns=list(columns))
+        self.tables.append(t)
+        return t
+
+    def goal(self, name: str, value: float | None, target: float, op: str = ">=") -> Goal:
+        if op not in _OPS:
+            raise ValueError(f"unknown goal operator {op!r}; use one of {sorted(_OPS)}")
+        g = Goal(name=name, value=value, target=target, op=op)
+        self.goals.append(g)
+        return g
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def header_text(self) -> str:
+        m = self.machine
+        lines = [
+            f"# {self.benchmark} benchmark{' (--quick)' if self.quick else ''}",
+            "",
+            f"- date: {self.date}",
+            f"- command: `{self.command}`",
+            f"- machine: {m.get('cores')} cores, {m.get('cpu_model')}, {m.get('memory_gib')} GiB; "
+            f"{m.get('os')}",
+            f"- python {m.get('python')}, confluent-kafka {m.get('confluent_kafka')}, "
+            f"librdkafka {m.get('librdkafka')}",
+            f"- load average at start: {m.get('loadavg_start')}",
+        ]
+        if self.params:
+            lines.append("- parameters: " + ", ".join(f"{k}={v}" for k, v in self.params.items()))
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        parts = [self.header_text()]
+        for t in self.tables:
+            parts.append(f"## {t.title}\n\n{t.to_markdown()}")
+        if self.goals:
+            parts.append("## Goals\n\n" + "\n".join(g.render() for g in self.goals))
+        if self.notes:
+            parts.append("## Notes\n\n" + "\n".join(f"- {n}" for n in self.notes))
+        if self.errors:
+            parts.append("## Errors\n\n" + "\n".join(f"- {e}" for e in self.errors))
+        return "\n\n".join(parts) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_safe(
+            {
+                "benchmark": self.benchmark,
+                "schema": SCHEMA_VERSION,
+                "date": self.date,
+                "command": self.command,
+                "quick": self.quick,
+                "ok": not self.errors,
+                "elapsed_s": round(time.monotonic() - self.started, 3),
+                "machine": self.machine,
+                "params": self.params,
+                "tables": [t.to_json() for t in self.tables],
+                "goals": [
+                    {"name": g.name, "value": g.value, "target": g.target, "op": g.op, "passed": g.passed}
+                    for g in self.goals
+                ],
+                "notes": self.notes,
+                "errors": self.errors,
+            }
+        )
+
+
+# --------------------------------------------------------------------------------------------- machine
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / (1024 * 1024), 1)
+    return None
+
+
+def _loadavg() -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, CPU model, memory, OS, Python, confluent-kafka and librdkafka versions, load average."""
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gib": _memory_gib(),
+        "os": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "loadavg_start": _loadavg(),
+    }
+    try:
+        import confluent_kafka
+
+        version = confluent_kafka.version()  # a (str, int) tuple in older releases, a str in newer ones
+        info["confluent_kafka"] = version[0] if isinstance(version, tuple) else str(version)
+        info["librdkafka"] = confluent_kafka.libversion()[0]
+    except ImportError:
+        info["confluent_kafka"] = info["librdkafka"] = "not installed"
+    return info
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def _command_line(argv: Sequence[str], module: str) -> str:
+    return " ".join(["python", "-m", module, *(shlex.quote(a) for a in argv)])
+
+
+def main(
+    name: str,
+    description: str,
+    body: Callable[[argparse.Namespace, Report], None],
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: Sequence[str] | None = None,
+    module: str | None = None,
+) -> int:
+    """Parse the common options, run ``body(args, report)``, print the report; return the exit code.
+
+    1. Parse ``--quick``, ``--json``, ``--out`` and the benchmark's own options.
+    2. Run the body; an exception is recorded in ``report.errors`` (the tables measured so far are
+       still printed) and makes the exit code 1.
+    3. Print the text report on stdout; with ``--json`` print the JSON object as the last line.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # 1.
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module or 'benchmarks.' + name}", description=description
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes and fewer rows (< 1 minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--out", metavar="PATH", help="also write the JSON object to this file")
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    report = Report(
+        benchmark=name,
+        quick=bool(args.quick),
+        command=_command_line(argv, module or f"benchmarks.{name}"),
+        machine=machine_info(),
+    )
+    # 2.
+    try:
+        body(args, report)
+    except KeyboardInterrupt:
+        report.errors.append("interrupted")
+    except Exception as exc:
+        log(traceback.format_exc())
+        report.errors.append(f"{type(exc).__name__}: {exc}")
+    report.machine["loadavg_end"] = _loadavg()
+    # 3.
+    sys.stdout.write(report.to_text())
+    doc = report.to_json()
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    if args.json:
+        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return 0 if not report.errors else 1
+
+
+# --------------------------------------------------------------------------------------------- children
+
+
+@dataclass
+class Meter:
+    """Wall and CPU time of one measured run, from its first record to its last.
+
+    Call :meth:`start` when the first record arrives (``already`` = records that arrived with it and
+    are counted as done at that instant, e.g. a first fetched batch), then :meth:`stop` after the last.
+    CPU time is the whole process's (``RUSAGE_SELF``: every thread, librdkafka's included).
+    """
+
+    started_at: float | None = None
+    stopped_at: float | None = None
+    cpu_start: float = 0.0
+    cpu_stop: float = 0.0
+    already: int = 0
+
+    @staticmethod
+    def _cpu() -> float:
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    def start(self, already: int = 0) -> None:
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
+            self.cpu_start = self._cpu()
+            self.already = already
+
+    def stop(self) -> None:
+        self.stopped_at = time.perf_counter()
+        self.cpu_stop = self._cpu()
+
+    def result(self, records: int, **extra: Any) -> dict[str, Any]:
+        """The child's JSON result: ``records``, ``seconds``, ``rate``, ``cpu_s``, ``cpu_us_per_record``."""
+        if self.started_at is None or self.stopped_at is None:
+            raise RuntimeError("Meter.result() before start() and stop()")
+        seconds = max(self.stopped_at - self.started_at, 1e-9)
+        measured = max(records - self.already, 1)
+        cpu = self.cpu_stop - self.cpu_start
+        return {
+            "records": records,
+            "seconds": seconds,
+            "rate": measured / seconds,
+            "cpu_s": cpu,
+            "cpu_us_per_record": cpu / measured * 1e6,
+            **extra,
+        }
+
+
+class ChildError(RuntimeError):
+    """A measurement child process failed or printed no JSON result."""
+
+
+def emit_child_result(result: Mapping[str, Any]) -> None:
+    """The child's side of :func:`run_json_child`: print ``result`` as the last stdout line."""
+    sys.stdout.write(json.dumps(_json_safe(dict(result)), separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def run_json_child(
+    argv: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    replace_env: bool = False,
+) -> dict[str, Any]:
+    """Run ``argv``, wait at most ``timeout`` s, return the JSON object on its last stdout line.
+
+    ``env`` is added to this process's environment, or replaces it when ``replace_env`` is true.
+
+    The child's stderr is captured; its last lines are in the :class:`ChildError` raised when the child
+    fails, times out (it is killed by PID) or prints no JSON.
+    """
+    full_env = {} if replace_env else dict(os.environ)
+    if env:
+        full_env.update(env)
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=cwd, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        out, err = proc.communicate()
+        raise ChildError(f"timed out after {timeout:.0f}s; stderr tail: {_tail(err)}") from exc
+    lines = [line for line in out.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        raise ChildError(f"exit code {proc.returncode}; stderr tail: {_tail(err)}")
+    try:
+        result = json.loads(lines[-1])
+    except json.JSONDecodeError as exc:
+        raise ChildError(f"last line is not JSON: {lines[-1][:200]!r}; stderr tail: {_tail(err)}") from exc
+    if not isinstance(result, dict):
+        raise ChildError(f"last line is JSON but not an object: {lines[-1][:200]!r}")
+    return result
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:]) or "(empty)"
+
+
+# --------------------------------------------------------------------------------------------- broker/data
+
+
+@contextlib.contextmanager
+def broker_session() -> Iterator[Any]:
+    """Start an embedded broker for this run and stop it by PID when the block ends."""
+    from multilane.testing.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker()
+    broker.start()
+    log(f"broker pid {broker.pid} on {broker.bootstrap}")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def zipf_weights(n_keys: int, s: float) -> list[float]:
+    """Unnormalised Zipf weights ``1 / rank**s`` for ranks 1..n_keys."""
+    return [1.0 / (rank**s) for rank in range(1, n_keys + 1)]
+
+
+def zipf_top_share(n_keys: int, s: float) -> float:
+    """The share of records that carry the most frequent key (rank 1) under Zipf(s) over n_keys."""
+    w = zipf_weights(n_keys, s)
+    return w[0] / sum(w)
+
+
+def zipf_key(rank: int) -> bytes:
+    """The key of Zipf rank ``rank`` (1 = most frequent)."""
+    return b"key-%d" % rank
+
+
+@dataclass(frozen=True)
+class ProducedTopic:
+    """What :func:`produce_zipf` wrote: exact counts from delivery reports."""
+
+    topic: str
+    records: int
+    first_offset: int
+    last_offset: int
+    seconds: float
+    key_counts: dict[bytes, int]
+
+
+def produce_zipf(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    value_bytes: int = 100,
+    n_keys: int = 10_000,
+    s: float = 1.0,
+    seed: int = 1,
+    producer_config: Mapping[str, Any] | None = None,
+) -> ProducedTopic:
+    """Produce ``records`` records of ``value_bytes`` bytes, keys Zipf(s) over ``n_keys`` keys.
+
+    Deterministic for a given seed. Values are never empty (the embedded broker skips empty values).
+    Counts come from delivery reports, not from the broker's (under-reported) end offset.
+    """
+    from confluent_kafka import Producer
+
+    rng = random.Random(seed)
+    ranks = rng.choices(range(1, n_keys + 1), weights=zipf_weights(n_keys, s), k=records)
+    keys = [zipf_key(r) for r in range(n_keys + 1)]
+    value = (b"v" * value_bytes)[:value_bytes] or b"v"
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "linger.ms": 20,
+        "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 1_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        "acks": 1,
+        "enable.idempotence": False,
+    }
+    config.update(producer_config or {})
+    producer = Producer(config)
+    delivered = 0
+    failed: list[str] = []
+    offsets = [math.inf, -1.0]
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal delivered
+        if err is not None:
+            failed.append(str(err))
+            return
+        delivered += 1
+        off = msg.offset()
+        offsets[0] = min(offsets[0], off)
+        offsets[1] = max(offsets[1], off)
+
+    counts: dict[bytes, int] = {}
+    t0 = time.perf_counter()
+    for rank in ranks:
+        key = keys[rank]
+        counts[key] = counts.get(key, 0) + 1
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    remaining = producer.flush(120)
+    seconds = time.perf_counter() - t0
+    if remaining or failed or delivered != records:
+        raise RuntimeError(
+            f"produced {delivered}/{records} records to {topic}; {remaining} undelivered; "
+            f"errors: {failed[:3]}"
+        )
+    return ProducedTopic(
+        topic=topic,
+        records=delivered,
+        first_offset=int(offsets[0]),
+        last_offset=int(offsets[1]),
+        seconds=seconds,
+        key_counts=counts,
+    )
