@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+# One image for the multilane operator and for workers (`multilane operator`, `multilane worker`, ...).
+#
+#   docker build -t multilane:dev .
+#
+# builder: builds the multilane wheel and installs it with the `state` and `operator` extras (not
+#          `pipeline`: no Spark in this image) into /opt/venv, from binary wheels only.
+# runtime: python slim + that venv; no compilers, no pip cache; runs as uid 10001 and works with a
+#          read-only root filesystem (HOME and TMPDIR are /tmp: mount an emptyDir there).
+# Pin PYTHON_IMAGE to a digest (python:3.11-slim-bookworm@sha256:...) for reproducible builds.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY multilane ./multilane
+# 1. The wheel of multilane itself (pure Python; setuptools runs in an isolated build env).
+RUN python -m pip wheel --no-deps --wheel-dir /wheels .
+# 2. Install it with its runtime extras. Dependencies must come as binary wheels: the build fails
+#    instead of silently needing a compiler.
+RUN set -eux; \
+    wheel="$(ls /wheels/multilane-*.whl)"; \
+    /opt/venv/bin/pip install --only-binary=:all: "${wheel}[state,operator]"; \
+    /opt/venv/bin/pip check; \
+    /opt/venv/bin/multilane --help >/dev/null; \
+    /opt/venv/bin/python -m compileall -q /opt/venv/lib; \
+    /opt/venv/bin/pip uninstall -y pip setuptools wheel || true
+
+FROM ${PYTHON_IMAGE} AS runtime
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="multilane" \
+      org.opencontainers.image.description="Kafka consumers scaled past the partition count: operator and worker" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 multilane \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
+        --shell /usr/sbin/nologin multilane
+COPY --from=builder /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    TMPDIR=/tmp
+WORKDIR /tmp
+USER 10001:10001
+ENTRYPOINT ["multilane"]
+CMD ["--help"]
