@@ -1,0 +1,343 @@
+"""Manifests of a ParallelConsumer's children. Pure: builds dicts, no I/O.
+
+Every child carries the label ``multilane.dev/consumer: NAME`` and an owner reference to the
+ParallelConsumer (controller=true, blockOwnerDeletion=true), so Kubernetes' garbage collector deletes
+them with it. Children:
+
+- StatefulSet ``NAME`` (the workers), headless Service ``NAME-workers``, PodDisruptionBudget ``NAME``;
+- ServiceAccount ``NAME-worker`` with Role/RoleBinding ``NAME-worker``: get/update of the workers'
+  own Leases only (the operator creates the Leases; ``create`` cannot be limited by name in RBAC);
+- Secret ``NAME-control-token`` (key ``token``): created once, never overwritten
+  (see :func:`control_token_secret`; the caller supplies the random token).
+
+Worker pods run non-root with a read-only root filesystem; Kafka credentials reach them only by
+reference (``envFrom`` the referenced Secret, prefixed ``MULTILANE_KAFKA_``), never copied.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CONSUMER_LABEL",
+    "CONTROL_PORT",
+    "KAFKA_ENV_PREFIX",
+    "METRICS_PORT",
+    "TOKEN_DIR",
+    "ConsumerRef",
+    "children",
+    "control_token_secret",
+    "lease_manifest",
+    "owner_reference",
+    "pod_disruption_budget",
+    "role",
+    "role_binding",
+    "selector_labels",
+    "service",
+    "service_account",
+    "stateful_set",
+    "worker_args",
+]
+
+API_GROUP = "multilane.dev"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "ParallelConsumer"
+CONSUMER_LABEL = "multilane.dev/consumer"
+CONTROL_PORT = 8471
+METRICS_PORT = 9464
+TOKEN_DIR = "/var/run/multilane"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
+STATE_DIR = "/var/lib/multilane/state"
+KAFKA_ENV_PREFIX = "MULTILANE_KAFKA_"
+LEASE_DURATION_S = 15
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRef:
+    """Identity of one ParallelConsumer. ``uid`` is the owner-reference target (never empty)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @property
+    def workers_service(self) -> str:
+        return f"{self.name}-workers"
+
+    @property
+    def service_account(self) -> str:
+        return f"{self.name}-worker"
+
+    @property
+    def token_secret(self) -> str:
+        return f"{self.name}-control-token"
+
+    def pod_name(self, ordinal: int) -> str:
+        return f"{self.name}-{ordinal}"
+
+
+def selector_labels(ref: ConsumerRef) -> dict[str, str]:
+    return {CONSUMER_LABEL: ref.name}
+
+
+def _labels(ref: ConsumerRef, component: str) -> dict[str, str]:
+    return {
+        CONSUMER_LABEL: ref.name,
+        "app.kubernetes.io/name": "multilane",
+        "app.kubernetes.io/instance": ref.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "multilane-operator",
+    }
+
+
+def owner_reference(ref: ConsumerRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(ref: ConsumerRef, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": _labels(ref, component),
+        "ownerReferences": [owner_reference(ref)],
+    }
+
+
+def worker_args(spec: Mapping[str, Any]) -> list[str]:
+    """Arguments of ``multilane worker`` in a pod: operator mode, control endpoint, engine settings.
+
+    The assignment and the factor arrive later through the control endpoint (``--assign operator``:
+    start with no partitions and wait for the operator's pushes).
+    """
+    kafka = spec["kafka"]
+    workload = spec["workload"]
+    args = [
+        "worker",
+        "--assign", "operator",
+        "--control-port", str(CONTROL_PORT),
+        "--metrics-port", str(METRICS_PORT),
+        "--control-token-file", TOKEN_FILE,
+        "--bootstrap-servers", kafka["bootstrapServers"],
+        "--group", kafka["consumerGroup"],
+        "--processor", workload["processor"],
+        "--ordering", workload.get("ordering", "key"),
+        "--max-in-flight", str(workload.get("maxInFlightRecords", 10000)),
+        "--max-in-flight-bytes", str(workload.get("maxInFlightBytes", 67108864)),
+        "--max-retries", str(workload.get("maxRetries", 3)),
+    ]
+    if workload.get("deadLetterTopic"):
+        args += ["--dead-letter-topic", workload["deadLetterTopic"]]
+    for key, value in sorted((kafka.get("config") or {}).items()):
+        args += ["--kafka-config", f"{key}={value}"]
+    if (spec.get("state") or {}).get("enabled"):
+        args += ["--state-dir", STATE_DIR]
+    return args
+
+
+def _container(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any]:
+    workload = spec["workload"]
+    env: list[dict[str, Any]] = [
+        {"name": "MULTILANE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "MULTILANE_POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "MULTILANE_LEASE_DURATION_SECONDS", "value": str(LEASE_DURATION_S)},
+        *copy.deepcopy(list(workload.get("env") or [])),
+    ]
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": workload["image"],
+        "imagePullPolicy": workload.get("imagePullPolicy", "IfNotPresent"),
+        "command": ["multilane"],
+        "args": worker_args(spec),
+        "env": env,
+        "ports": [
+            {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": copy.deepcopy(dict(workload.get("resources") or {})),
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "control"}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "control"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "control-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    secret_ref = (spec["kafka"].get("credentialsSecretRef") or {}).get("name")
+    if secret_ref:
+        # By reference only: the kubelet resolves the keys; the operator never reads their values.
+        container["envFrom"] = [{"prefix": KAFKA_ENV_PREFIX, "secretRef": {"name": secret_ref}}]
+    if (spec.get("state") or {}).get("enabled"):
+        container["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR})
+    return container
+
+
+def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    """The worker StatefulSet. ``replicas`` is the operator's decision, not necessarily the spec's."""
+    pod_labels = _labels(ref, "worker")
+    sts: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(ref, ref.name, "worker"),
+        "spec": {
+            "serviceName": ref.workers_service,
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(ref)},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "serviceAccountName": ref.service_account,
+                    "terminationGracePeriodSeconds": 60,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "fsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [_container(ref, spec)],
+                    "volumes": [
+                        {
+                            "name": "control-token",
+                            "secret": {
+                                "secretName": ref.token_secret,
+                                "defaultMode": 0o440,
+                                "items": [{"key": "token", "path": "token"}],
+                            },
+                        },
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+    state = spec.get("state") or {}
+    if state.get("enabled"):
+        storage = state.get("storage") or {}
+        pvc_spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage.get("size", "10Gi")}},
+        }
+        if storage.get("storageClassName"):
+            pvc_spec["storageClassName"] = storage["storageClassName"]
+        sts["spec"]["volumeClaimTemplates"] = [
+            {"metadata": {"name": "state", "labels": selector_labels(ref)}, "spec": pvc_spec}
+        ]
+    return sts
+
+
+def service(ref: ConsumerRef) -> dict[str, Any]:
+    """Headless Service giving each worker pod a stable DNS name for its control endpoint."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, ref.workers_service, "worker"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(ref),
+            "ports": [
+                {"name": "control", "port": CONTROL_PORT, "targetPort": "control"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def pod_disruption_budget(ref: ConsumerRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(ref, ref.name, "worker"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(ref)}},
+    }
+
+
+def service_account(ref: ConsumerRef) -> dict[str, Any]:
+    meta = _meta(ref, ref.service_account, "worker")
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+
+
+def role(ref: ConsumerRef, max_replicas: int) -> dict[str, Any]:
+    """get/update of the Leases named after the worker pods ``NAME-0 .. NAME-(max_replicas-1)``."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(ref, ref.service_account, "worker"),
+        "rules": [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [ref.pod_name(i) for i in range(max_replicas)],
+                "verbs": ["get", "update"],
+            }
+        ],
+    }
+
+
+def role_binding(ref: ConsumerRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(ref, ref.service_account, "worker"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ref.service_account},
+        "subjects": [{"kind": "ServiceAccount", "name": ref.service_account, "namespace": ref.namespace}],
+    }
+
+
+def control_token_secret(ref: ConsumerRef, token: str) -> dict[str, Any]:
+    """The control-token Secret. Created once; the operator never replaces an existing one."""
+    if len(token) < 32:
+        raise ValueError("control token must be at least 32 characters")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(ref, ref.token_secret, "control"),
+        "stringData": {"token": token},
+    }
+
+
+def lease_manifest(ref: ConsumerRef, pod: str) -> dict[str, Any]:
+    """The Lease of one worker pod, created by the operator, renewed by the worker (``LeaseKeeper``).
+
+    No ``renewTime``: a worker counts as live only after it renewed the Lease itself.
+    """
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _meta(ref, pod, "lease"),
+        "spec": {"holderIdentity": pod, "leaseDurationSeconds": LEASE_DURATION_S},
+    }
+
+
+def children(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> list[dict[str, Any]]:
+    """Every child except the token Secret and the Leases, in creation order (dependencies first)."""
+    max_replicas = int((spec.get("scaling") or {}).get("maxReplicas", 10))
+    return [
+        service_account(ref),
+        role(ref, max_replicas),
+        role_binding(ref),
+        service(ref),
+        pod_disruption_budget(ref),
+        stateful_set(ref, spec, replicas),
+    ]

@@ -1,0 +1,119 @@
+"""``WorkerControlClient``: the operator's side of the worker control API. Does I/O (HTTP).
+
+Implements the calls of docs/architecture.md "Worker control API" with ``Authorization: Bearer``.
+Errors are mapped to two exceptions the assignment protocol acts on: :class:`WorkerFencedError` (409: the
+worker has seen a higher generation) and :class:`WorkerUnreachableError` (anything else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from multilane.operator.planner import format_partition, parse_partition
+
+__all__ = [
+    "ReleasedPartition",
+    "WorkerControlClient",
+    "WorkerError",
+    "WorkerFencedError",
+    "WorkerUnreachableError",
+]
+
+
+class WorkerError(RuntimeError):
+    """A control call did not succeed."""
+
+
+class WorkerUnreachableError(WorkerError):
+    """Connection failure, timeout, or an unexpected HTTP answer."""
+
+
+class WorkerFencedError(WorkerError):
+    """The worker refused the call's generation (HTTP 409): it has seen a higher one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedPartition:
+    partition: str  # "topic/index"
+    committed_offset: int
+
+
+def _partitions_body(partitions: Iterable[str]) -> list[dict[str, Any]]:
+    body = []
+    for p in partitions:
+        topic, index = parse_partition(p)
+        body.append({"topic": topic, "partition": index})
+    return body
+
+
+def _released(items: Any) -> list[ReleasedPartition]:
+    out = []
+    for item in items or []:
+        out.append(
+            ReleasedPartition(
+                partition=format_partition(str(item["topic"]), int(item["partition"])),
+                committed_offset=int(item["committed_offset"]),
+            )
+        )
+    return out
+
+
+class WorkerControlClient:
+    """One client for all workers of the operator; ``token`` is the consumer's control token."""
+
+    def __init__(self, token: str, timeout_s: float = 10.0) -> None:
+        self._token = token
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, headers={"Authorization": f"Bearer {self._token}"}
+            )
+        try:
+            async with self._session.request(method, url, json=body) as resp:
+                if resp.status == 409:
+                    raise WorkerFencedError(f"{url}: {await resp.text()}")
+                if resp.status != 200:
+                    raise WorkerUnreachableError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+                data = await resp.json()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise WorkerUnreachableError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise WorkerUnreachableError(f"{url}: answer is not a JSON object")
+        return data
+
+    async def status(self, base_url: str) -> dict[str, Any]:
+        return await self._call("GET", f"{base_url}/v1/status")
+
+    async def assign(
+        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+    ) -> list[ReleasedPartition]:
+        """Push the worker's whole assignment; returns what it released (with final committed offsets)."""
+        body = {
+            "generation": generation,
+            "partitions": _partitions_body(partitions),
+            "release_deadline_s": release_deadline_s,
+        }
+        data = await self._call("POST", f"{base_url}/v1/assignment", body)
+        return _released(data.get("released"))
+
+    async def set_factor(self, base_url: str, factor: int) -> int:
+        data = await self._call("POST", f"{base_url}/v1/factor", {"factor": factor})
+        return int(data.get("factor", factor))
+
+    async def pause(self, base_url: str) -> bool:
+        return bool((await self._call("POST", f"{base_url}/v1/pause")).get("paused"))
+
+    async def resume(self, base_url: str) -> bool:
+        return bool((await self._call("POST", f"{base_url}/v1/resume")).get("paused"))
