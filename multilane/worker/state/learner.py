@@ -1,0 +1,209 @@
+"""``PartitionLearner``: keeps a store caught up with a partition the worker does not process.
+Does I/O (a background thread reading the changelog and the input group's committed offsets).
+
+The active owner writes changes of records that may never be committed (it may be released or die
+mid-flight), so the learner applies a change only once its input record is committed, holding the
+others back in a :class:`PendingChangeBuffer` (in changelog order, per key). It polls the committed
+offset every ``poll_interval_s`` and releases what became applicable.
+
+Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
+1. stop the tail thread;
+2. check the learner's store can be used: the engine's committed offset has not moved behind the one
+   the learner applied up to, and every unverified source (carried over from a checkpoint or a
+   demotion) is applicable; otherwise report that a full restore is needed;
+3. switch the filter to the engine's committed offset and progress record, and read the changelog to
+   its end from a fresh fetch (every change the old owner flushed before its final commit is there);
+4. apply the held-back changes that are now applicable, in changelog order, and drop the rest (their
+   records are processed again by the new owner).
+The pause is the time of steps 3-4: one fetch round-trip plus the tail written since the last poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from multilane.worker.state.apply import ApplyFilter, ChangeApplier, DoneOracle, PendingChangeBuffer
+from multilane.worker.state.checkpoint import Checkpoint
+from multilane.worker.state.committed import CommittedOffsetReader
+from multilane.worker.state.errors import RestoreError
+from multilane.worker.state.reader import ChangelogReader
+from multilane.worker.state.restore import ChangelogRestorer, RestoreStatus
+from multilane.worker.state.store import PartitionStore
+
+__all__ = ["PartitionLearner", "PromotionResult"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PromotionResult:
+    fast: bool  # False: the learner's store cannot be used; the caller restores from scratch
+    reason: str
+    seconds: float
+    applied_from_buffer: int = 0
+    dropped: int = 0
+    changelog_offset: int = 0
+    above_commit_sources: frozenset[tuple[int, int]] = frozenset()
+
+
+class PartitionLearner:
+    """Invariants: the store holds exactly the applicable changes of the changelog prefix
+    ``[0, reader.position)`` that are not in the buffer (plus, for ``unverified`` sources, changes
+    applied before this learner started whose records are not known to be committed yet); only the
+    tail thread touches the reader, store and applier while it runs."""
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        store: PartitionStore,
+        reader: ChangelogReader,
+        committed_reader: CommittedOffsetReader,
+        committed_offset: int,
+        status: RestoreStatus,
+        *,
+        unverified: set[tuple[int, int]] | None = None,
+        poll_interval_s: float = 0.5,
+        stall_timeout_s: float = 60.0,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.store = store
+        self.reader = reader
+        self._committed_reader = committed_reader
+        self.applier = ChangeApplier(ApplyFilter(committed_offset), PendingChangeBuffer())
+        self.status = status
+        status.phase = "restoring"
+        status.committed_offset = committed_offset
+        self.restorer = ChangelogRestorer(
+            reader, store, self.applier, status, stall_timeout_s=stall_timeout_s
+        )
+        self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
+        self._poll_interval_s = poll_interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.caught_up = threading.Event()  # set at the first end of the changelog
+
+    # -- thread ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"learner-{self.topic}-{self.partition}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            next_poll = 0.0
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_poll:
+                    self._refresh_committed()
+                    next_poll = now + self._poll_interval_s
+                if self.restorer.step(0.2) and not self.caught_up.is_set():
+                    self.caught_up.set()
+                    self.status.phase = "learning"
+                    log.info(
+                        "learner %s[%d] caught up at changelog offset %d",
+                        self.topic,
+                        self.partition,
+                        self.reader.position,
+                    )
+        except BaseException as exc:  # reported through status and promote()
+            self.error = exc
+            self.status.phase = "failed"
+            self.status.error = str(exc)
+            log.exception("learner %s[%d] failed", self.topic, self.partition)
+
+    def _refresh_committed(self) -> None:
+        committed = self._committed_reader.committed(self.topic, self.partition)
+        if committed <= self.applier.flt.committed_offset:
+            return
+        self.applier.flt = ApplyFilter(committed)
+        writes = self.applier.release()
+        if writes:
+            self.store.apply(writes)
+        self.unverified = {s for s in self.unverified if s[0] >= committed}
+        self.status.committed_offset = committed
+        self.status.buffered = len(self.applier.buffer or ())
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+            if t.is_alive():
+                raise RestoreError(f"learner {self.topic}[{self.partition}] did not stop in {timeout_s}s")
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- promotion and checkpoints --------------------------------------------------------------------
+
+    def promote(self, committed_offset: int, progress: DoneOracle | None) -> PromotionResult:
+        """Make the store current for the engine's committed offset (steps 1-4 of the module doc)."""
+        t0 = time.monotonic()
+        # 1.
+        self.stop()
+        if self.error is not None:
+            return PromotionResult(False, f"learner failed: {self.error}", time.monotonic() - t0)
+        # 2.
+        flt = ApplyFilter(committed_offset, progress)
+        if committed_offset < self.applier.flt.committed_offset:
+            return PromotionResult(
+                False,
+                f"committed offset {committed_offset} is behind the learner's "
+                f"{self.applier.flt.committed_offset}",
+                time.monotonic() - t0,
+            )
+        unusable = [s for s in self.unverified if not flt.applicable(*s)]
+        if unusable:
+            return PromotionResult(
+                False,
+                f"{len(unusable)} local changes belong to records that are not complete",
+                time.monotonic() - t0,
+            )
+        # 3.
+        self.status.phase = "promoting"
+        self.applier.flt = flt
+        released = self.applier.release()
+        if released:
+            self.store.apply(released)
+        self.reader.seek(self.reader.position)
+        self.restorer.run_to_end()
+        # 4.
+        before = self.applier.applied
+        writes, dropped = self.applier.drain()
+        if writes:
+            self.store.apply(writes)
+        self.status.buffered = 0
+        self.status.unread = 0
+        self.status.publish()
+        sources = {s for s in self.applier.above_commit_sources if s[0] >= committed_offset}
+        sources |= {s for s in self.unverified if s[0] >= committed_offset}
+        return PromotionResult(
+            True,
+            "caught up",
+            time.monotonic() - t0,
+            self.applier.applied - before + len(released),
+            dropped,
+            self.reader.position,
+            frozenset(sources),
+        )
+
+    def checkpoint(self) -> Checkpoint:
+        """What the store holds once the thread is stopped: the changelog up to the first held-back
+        change (re-reading from there re-applies later changes idempotently, in order)."""
+        if self.running:
+            raise RestoreError("stop the learner before taking its checkpoint")
+        buf = self.applier.buffer
+        first = buf.first_offset if buf is not None else None
+        offset = self.reader.position if first is None else first
+        committed = self.applier.flt.committed_offset
+        return Checkpoint(offset, committed, tuple(sorted(s for s in self.unverified if s[0] >= committed)))

@@ -1,0 +1,448 @@
+"""``StateManager``: the engine's state hooks (``PartitionStateHooks``) over per-partition stores,
+their changelog, restore and learners. Does I/O (RocksDB, Kafka, local files).
+
+Phases of a partition in this worker: *closed* (maybe with a checkpoint on disk) -> ``open_partition``
+-> *active* -> ``close_partition`` -> *closed*; *closed* -> ``learn`` -> *learning* -> ``open_partition``
+(promotion) -> *active*; *active* -> ``demote`` -> *learning*; *learning*/*closed* -> ``drop`` -> gone.
+See ``docs/state.md`` for the durability order, checkpoint rules and the learner protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from multilane.worker.keyranges import KeyRange
+from multilane.worker.state import metrics
+from multilane.worker.state.apply import ApplyFilter, ChangeApplier, DoneOracle
+from multilane.worker.state.changelog import ChangelogTopicAdmin, ChangelogWriter, changelog_topic_name
+from multilane.worker.state.checkpoint import Checkpoint, CheckpointStore
+from multilane.worker.state.committed import CommittedOffsetReader
+from multilane.worker.state.errors import CheckpointError, StateDurabilityError, StatePhaseError
+from multilane.worker.state.learner import PartitionLearner
+from multilane.worker.state.partition import ActivePartitionState
+from multilane.worker.state.reader import ChangelogReader, OnCorrupt
+from multilane.worker.state.restore import ChangelogRestorer, RestoreStatus
+from multilane.worker.state.store import PartitionStore, partition_dir
+from multilane.worker.state.view import KeyRangeStateView
+
+__all__ = ["StateManager", "checkpoint_usable"]
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+def checkpoint_usable(ckpt: Checkpoint, flt: ApplyFilter) -> tuple[bool, str]:
+    """May a store closed with ``ckpt`` be reused under ``flt``? Pure.
+
+    Yes when the committed offset has not moved backwards (changes below the old one stay committed)
+    and every change applied at or above the old committed offset is applicable now.
+    """
+    if flt.committed_offset < ckpt.committed_offset:
+        return False, (
+            f"committed offset {flt.committed_offset} is behind the checkpoint's {ckpt.committed_offset}"
+        )
+    bad = [s for s in ckpt.above_commit_sources if not flt.applicable(*s)]
+    if bad:
+        return False, f"{len(bad)} local changes belong to records that are not complete (first {bad[0]})"
+    return True, "ok"
+
+
+class StateManager:
+    """Implements the engine's ``PartitionStateHooks``. Thread-safe: hooks may be called from any thread;
+    ``view`` and the returned views are used concurrently by lanes.
+
+    Invariants (guarded by ``_lock``): a partition is in at most one of ``_active`` and ``_learners``;
+    ``_status`` has an entry for every partition in either.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        bootstrap_servers: str,
+        group: str,
+        *,
+        producer_config: Mapping[str, object] | None = None,
+        consumer_config: Mapping[str, object] | None = None,
+        admin_config: Mapping[str, str] | None = None,
+        changelog_topic_config: Mapping[str, str] | None = None,
+        on_corrupt: OnCorrupt = "fail",
+        committed_poll_interval_s: float = 0.5,
+        restore_stall_timeout_s: float = 60.0,
+        flush_timeout_s: float = 60.0,
+    ) -> None:
+        if on_corrupt not in ("fail", "skip"):
+            raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
+        if not group:
+            raise ValueError("group must be non-empty")
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.bootstrap_servers = bootstrap_servers
+        self.group = group
+        self.on_corrupt: OnCorrupt = on_corrupt
+        self._consumer_config = dict(consumer_config or {})
+        self._poll_interval_s = committed_poll_interval_s
+        self._stall_timeout_s = restore_stall_timeout_s
+        self._flush_timeout_s = flush_timeout_s
+        self._writer = ChangelogWriter(bootstrap_servers, producer_config)
+        self._admin = ChangelogTopicAdmin(bootstrap_servers, changelog_topic_config, admin_config)
+        self._committed_reader: CommittedOffsetReader | None = None
+        self._lock = threading.RLock()
+        self._active: dict[TP, ActivePartitionState] = {}
+        self._learners: dict[TP, PartitionLearner] = {}
+        self._status: dict[TP, RestoreStatus] = {}
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def changelog_topic(self, topic: str) -> str:
+        return changelog_topic_name(self.group, topic)
+
+    def _committed(self) -> CommittedOffsetReader:
+        with self._lock:
+            if self._committed_reader is None:
+                self._committed_reader = CommittedOffsetReader(
+                    self.bootstrap_servers, self.group, self._consumer_config
+                )
+            return self._committed_reader
+
+    def _reader(self, topic: str, partition: int) -> ChangelogReader:
+        return ChangelogReader(
+            self.bootstrap_servers,
+            self.changelog_topic(topic),
+            partition,
+            input_topic=topic,
+            consumer_config=self._consumer_config,
+            on_corrupt=self.on_corrupt,
+        )
+
+    def _take_checkpoint(self, directory: Path) -> Checkpoint | None:
+        """Read and delete the checkpoint: from here on the store may change, so it must not be reused
+        after a crash."""
+        ckpts = CheckpointStore(directory)
+        try:
+            ckpt = ckpts.read()
+        except CheckpointError as exc:
+            log.warning("ignoring %s: %s", ckpts.path, exc)
+            ckpt = None
+        ckpts.remove()
+        return ckpt
+
+    # -- PartitionStateHooks --------------------------------------------------------------------------
+
+    def open_partition(
+        self, topic: str, partition: int, committed_offset: int, progress: DoneOracle | None
+    ) -> None:
+        """Make the partition's store current and active (blocking; steps 1-5).
+
+        1. A partition this worker is learning is promoted (fast path; see ``learner.py``).
+        2. Otherwise make sure the changelog topic exists.
+        3. Take the checkpoint: reuse the local store when ``checkpoint_usable``, else wipe it.
+        4. Read the changelog to its end from the checkpoint offset (or 0), applying the changes of
+           complete records (below ``committed_offset`` or done per ``progress``), skipping the rest.
+        5. Register the partition as active.
+        """
+        tp = (topic, partition)
+        committed_offset = max(0, committed_offset)
+        flt = ApplyFilter(committed_offset, progress)
+        with self._lock:
+            if tp in self._active:
+                raise StatePhaseError(f"{topic}[{partition}] is already active")
+            learner = self._learners.pop(tp, None)
+        # 1.
+        if learner is not None:
+            result = learner.promote(committed_offset, progress)
+            learner.reader.close()
+            if result.fast:
+                log.info(
+                    "promoted %s[%d] in %.3fs (%d held-back changes applied, %d dropped)",
+                    topic,
+                    partition,
+                    result.seconds,
+                    result.applied_from_buffer,
+                    result.dropped,
+                )
+                self._activate(
+                    tp, learner.store, flt, result.changelog_offset, set(result.above_commit_sources)
+                )
+                return
+            log.warning(
+                "slow promotion of %s[%d]: %s; restoring from the changelog start",
+                topic,
+                partition,
+                result.reason,
+            )
+            metrics.SLOW_PROMOTIONS.labels(topic, str(partition)).inc()
+            learner.store.wipe()
+        # 2.
+        clt = self.changelog_topic(topic)
+        self._admin.ensure(clt, topic)
+        # 3.
+        directory = partition_dir(self.state_dir, topic, partition)
+        store = PartitionStore(directory)
+        ckpt = self._take_checkpoint(directory)
+        start, sources = 0, set()
+        if ckpt is not None:
+            ok, why = checkpoint_usable(ckpt, flt)
+            if ok:
+                start, sources = ckpt.changelog_offset, set(ckpt.above_commit_sources)
+            else:
+                log.info("checkpoint of %s[%d] not reusable (%s); full restore", topic, partition, why)
+        if start == 0:
+            store.wipe()
+        store.open()
+        # 4.
+        status = RestoreStatus(topic, partition, committed_offset=committed_offset)
+        with self._lock:
+            self._status[tp] = status
+        reader = self._reader(topic, partition)
+        applier = ChangeApplier(flt, None, sources)
+        t0 = time.monotonic()
+        try:
+            reader.seek(start)
+            ChangelogRestorer(
+                reader, store, applier, status, stall_timeout_s=self._stall_timeout_s
+            ).run_to_end()
+        except BaseException:
+            status.phase = "failed"
+            store.close()
+            raise
+        finally:
+            reader.close()
+        log.info(
+            "restored %s[%d] from changelog offset %d to %d in %.2fs (%d applied, %d skipped)",
+            topic,
+            partition,
+            start,
+            reader.position,
+            time.monotonic() - t0,
+            applier.applied,
+            applier.skipped,
+        )
+        # 5.
+        self._activate(tp, store, flt, reader.position, applier.above_commit_sources)
+
+    def _activate(
+        self,
+        tp: TP,
+        store: PartitionStore,
+        flt: ApplyFilter,
+        changelog_offset: int,
+        sources: set[tuple[int, int]],
+    ) -> None:
+        part = ActivePartitionState(
+            tp[0],
+            tp[1],
+            self.changelog_topic(tp[0]),
+            store,
+            self._writer,
+            flt.committed_offset,
+            sources,
+            changelog_offset,
+        )
+        with self._lock:
+            self._active[tp] = part
+            status = self._status.setdefault(tp, RestoreStatus(tp[0], tp[1]))
+            status.phase, status.unread, status.buffered = "active", 0, 0
+            status.committed_offset = flt.committed_offset
+            status.publish()
+
+    def view(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        key_range: KeyRange,
+        source_offset: int,
+        source_key_hash: int,
+    ) -> KeyRangeStateView:
+        part = self._active.get((topic, partition))
+        if part is None:
+            raise StatePhaseError(f"{topic}[{partition}] is not active in this worker's state store")
+        return KeyRangeStateView(part, key, key_range, source_offset, source_key_hash)
+
+    def before_commit(self, topic: str, partition: int, offset: int) -> None:
+        """Make every change produced so far for the partition durable (blocking), then remember that
+        ``offset`` is being committed. Raises :class:`StateDurabilityError`: do not commit then."""
+        part = self._active.get((topic, partition))
+        if part is None:
+            raise StatePhaseError(f"{topic}[{partition}] is not active in this worker's state store")
+        self._writer.flush_partition(part.changelog_topic, partition, self._flush_timeout_s)
+        part.mark_committed(offset)
+        status = self._status.get((topic, partition))
+        if status is not None:
+            status.committed_offset = offset
+
+    def close_partition(self, topic: str, partition: int, clean: bool) -> None:
+        """Close the partition's store (steps 1-3). ``clean``: the engine made its final commit.
+
+        1. Flush the partition's changes; a lost change turns a clean close into an unclean one.
+        2. Close the database (flushing its memtables).
+        3. Clean: write the checkpoint. Unclean: none, so the next open wipes the store.
+        """
+        tp = (topic, partition)
+        with self._lock:
+            part = self._active.pop(tp, None)
+            learner = self._learners.pop(tp, None)
+            self._status.pop(tp, None)
+        metrics.forget(topic, partition)
+        if learner is not None:
+            self._close_learner(learner, clean)
+            return
+        if part is None:
+            return
+        # 1.
+        if clean:
+            try:
+                self._writer.flush_partition(part.changelog_topic, partition, self._flush_timeout_s)
+            except StateDurabilityError as exc:
+                log.error("closing %s[%d] uncleanly: %s", topic, partition, exc)
+                clean = False
+        # 2.
+        part.store.close()
+        # 3.
+        ckpts = CheckpointStore(part.store.directory)
+        if clean:
+            committed, sources = part.snapshot_sources()
+            ckpts.write(Checkpoint(part.changelog_end(), committed, sources))
+        else:
+            ckpts.remove()
+        self._writer.reset(part.changelog_topic, partition)
+
+    def _close_learner(self, learner: PartitionLearner, clean: bool) -> None:
+        try:
+            learner.stop()
+        finally:
+            learner.reader.close()
+        ok = clean and learner.error is None
+        learner.store.close()
+        ckpts = CheckpointStore(learner.store.directory)
+        if ok:
+            ckpts.write(learner.checkpoint())
+        else:
+            ckpts.remove()
+
+    # -- learner control ------------------------------------------------------------------------------
+
+    def learn(self, topic: str, partition: int) -> None:
+        """Start learning a partition this worker does not process (returns at once; steps 1-4).
+
+        1. Make sure the changelog topic exists; read the input group's committed offset.
+        2. Take the checkpoint: reuse the store when the committed offset has not moved behind it
+           (sources not yet committed stay *unverified* until they commit or promotion checks them).
+        3. Otherwise wipe the store and start at changelog offset 0.
+        4. Start the tail thread.
+        """
+        tp = (topic, partition)
+        with self._lock:
+            if tp in self._active:
+                raise StatePhaseError(f"{topic}[{partition}] is active here: use demote()")
+            if tp in self._learners:
+                return
+            # 1.
+            self._admin.ensure(self.changelog_topic(topic), topic)
+            committed = self._committed().committed(topic, partition)
+            # 2.
+            directory = partition_dir(self.state_dir, topic, partition)
+            store = PartitionStore(directory)
+            ckpt = self._take_checkpoint(directory)
+            start, unverified = 0, set()
+            if ckpt is not None and committed >= ckpt.committed_offset:
+                start, unverified = ckpt.changelog_offset, set(ckpt.above_commit_sources)
+            # 3.
+            if start == 0:
+                store.wipe()
+            store.open()
+            reader = self._reader(topic, partition)
+            reader.seek(start)
+            status = RestoreStatus(topic, partition)
+            learner = PartitionLearner(
+                topic,
+                partition,
+                store,
+                reader,
+                self._committed(),
+                committed,
+                status,
+                unverified=unverified,
+                poll_interval_s=self._poll_interval_s,
+                stall_timeout_s=self._stall_timeout_s,
+            )
+            self._learners[tp] = learner
+            self._status[tp] = status
+            # 4.
+            learner.start()
+
+    def demote(self, topic: str, partition: int) -> None:
+        """Active -> learner: close cleanly (checkpoint), then learn from that checkpoint."""
+        with self._lock:
+            if (topic, partition) in self._active:
+                self.close_partition(topic, partition, clean=True)
+        self.learn(topic, partition)
+
+    def drop(self, topic: str, partition: int) -> None:
+        """Stop learning (if learning) and delete the partition's local files. Not for active ones."""
+        tp = (topic, partition)
+        with self._lock:
+            if tp in self._active:
+                raise StatePhaseError(f"{topic}[{partition}] is active here: release it before dropping")
+            learner = self._learners.pop(tp, None)
+            self._status.pop(tp, None)
+        if learner is not None:
+            self._close_learner(learner, clean=False)
+        PartitionStore(partition_dir(self.state_dir, topic, partition)).destroy()
+        metrics.forget(topic, partition)
+
+    def learner_status(self) -> list[dict[str, object]]:
+        """Per partition known here: phase, restore lag (unread + held back), rate, ETA."""
+        with self._lock:
+            statuses = list(self._status.values())
+        return [s.as_dict() for s in sorted(statuses, key=lambda s: (s.topic, s.partition))]
+
+    def learner_caught_up(self, topic: str, partition: int) -> bool:
+        """True once the learner of the partition has reached the end of the changelog at least once."""
+        learner = self._learners.get((topic, partition))
+        return learner is not None and learner.caught_up.is_set()
+
+    # -- inspection and shutdown ----------------------------------------------------------------------
+
+    def store(self, topic: str, partition: int) -> PartitionStore:
+        """The open store of an active or learning partition (tests, snapshots)."""
+        tp = (topic, partition)
+        part = self._active.get(tp)
+        if part is not None:
+            return part.store
+        learner = self._learners.get(tp)
+        if learner is not None:
+            return learner.store
+        raise StatePhaseError(f"{topic}[{partition}] is neither active nor learning here")
+
+    def close(self) -> None:
+        """Stop learners (with checkpoints), close still-active partitions *uncleanly* (the engine did
+        not say their final commit happened), flush and close the Kafka clients."""
+        with self._lock:
+            learners = list(self._learners)
+            active = list(self._active)
+        for topic, partition in learners:
+            self.close_partition(topic, partition, clean=True)
+        for topic, partition in active:
+            log.warning("state of %s[%d] still active at shutdown: closing uncleanly", topic, partition)
+            self.close_partition(topic, partition, clean=False)
+        self._writer.close()
+        with self._lock:
+            reader, self._committed_reader = self._committed_reader, None
+        if reader is not None:
+            reader.close()
+
+    def __enter__(self) -> StateManager:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,52 @@
+"""Prometheus metrics of the state store (process-wide singletons on the default registry). Does no I/O
+itself; the worker's metrics endpoint serves them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+__all__ = [
+    "CORRUPT_RECORDS",
+    "LEARNER_BUFFERED",
+    "RESTORE_RECORDS_PER_SECOND",
+    "RESTORE_RECORDS_REMAINING",
+    "SLOW_PROMOTIONS",
+]
+
+_LABELS = ("topic", "partition")
+
+RESTORE_RECORDS_REMAINING = Gauge(
+    "multilane_restore_records_remaining",
+    "Changelog records not yet applied to the local store (unread plus buffered); 0 when caught up",
+    _LABELS,
+)
+RESTORE_RECORDS_PER_SECOND = Gauge(
+    "multilane_restore_records_per_second",
+    "Changelog records read per second by the running restore or learner (smoothed)",
+    _LABELS,
+)
+LEARNER_BUFFERED = Gauge(
+    "multilane_learner_buffered_changes",
+    "Changes a learner holds back because their input records are not committed yet",
+    _LABELS,
+)
+CORRUPT_RECORDS = Counter(
+    "multilane_state_corrupt_records_total",
+    "Changelog records that did not decode and were skipped (on_corrupt='skip')",
+    _LABELS,
+)
+SLOW_PROMOTIONS = Counter(
+    "multilane_state_slow_promotions_total",
+    "Promotions that could not use the learner's store and restored from the changelog start",
+    _LABELS,
+)
+
+
+def forget(topic: str, partition: int) -> None:
+    """Remove a partition's gauge series (after drop/close) so stale values do not linger."""
+    labels = (topic, str(partition))
+    for gauge in (RESTORE_RECORDS_REMAINING, RESTORE_RECORDS_PER_SECOND, LEARNER_BUFFERED):
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass

@@ -1,0 +1,198 @@
+"""``ChangelogReader``: reads one changelog partition in offset order and decodes it. Does I/O (Kafka).
+
+The end of the partition is where librdkafka reports ``_PARTITION_EOF`` (``enable.partition.eof``):
+on the embedded broker ``get_watermark_offsets`` under-reports the end, the EOF event does not. Every
+(re)positioning (:meth:`seek`) makes a fresh fetch, so the next EOF event reflects every record written
+before the seek -- the learner's promotion relies on that.
+
+Null-value records: a delete is a ``D`` envelope immediately followed by a tombstone of the same key;
+that tombstone is redundant and skipped. A tombstone *not* preceded by its envelope (compaction removed
+the envelope) is returned as a delete of unknown source (``source_offset == -1``), which is always
+applicable. Corrupt records raise :class:`ChangelogCorruptError` naming their offset, or, with
+``on_corrupt="skip"``, are logged, counted in ``multilane_state_corrupt_records_total`` and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from multilane.worker.state import metrics
+from multilane.worker.state.apply import ChangelogEntry
+from multilane.worker.state.codec import Change, ChangelogCodec, ChangeOp
+from multilane.worker.state.errors import ChangelogCorruptError, RestoreError
+
+__all__ = ["ChangelogOffsetError", "ChangelogReader", "OnCorrupt", "ReadBatch"]
+
+log = logging.getLogger(__name__)
+
+OnCorrupt = Literal["fail", "skip"]
+
+_OUT_OF_RANGE = {KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET}
+
+
+class ChangelogOffsetError(RestoreError):
+    """The requested changelog offset is not in the partition (the topic was recreated or truncated)."""
+
+
+@dataclass(slots=True)
+class ReadBatch:
+    entries: list[ChangelogEntry]
+    eof: bool  # the reader reached the end of the partition during this read
+    records: int  # changelog records consumed (including skipped tombstones and corrupt records)
+
+
+class ChangelogReader:
+    """Reads one changelog partition. Not thread-safe: one thread uses a reader at a time.
+
+    Invariants: ``position`` is the next changelog offset to read; ``_prev`` is the key and op of the
+    record just before ``position`` (for tombstone pairing), None after a seek.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        partition: int,
+        *,
+        input_topic: str,
+        consumer_config: Mapping[str, object] | None = None,
+        on_corrupt: OnCorrupt = "fail",
+    ) -> None:
+        if on_corrupt not in ("fail", "skip"):
+            raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
+        config: dict[str, object] = {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"multilane-state-restore.{topic}",  # never joins, never commits
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "fetch.wait.max.ms": 100,
+            "fetch.queue.backoff.ms": 10,
+            **dict(consumer_config or {}),
+        }
+        self.topic = topic
+        self.partition = partition
+        self.on_corrupt: OnCorrupt = on_corrupt
+        self._labels = (input_topic, str(partition))
+        self._consumer = Consumer(config)
+        self.position = 0
+        self._prev: tuple[bytes, ChangeOp] | None = None
+        self.corrupt_skipped = 0
+
+    def seek(self, offset: int) -> None:
+        """Position the reader at ``offset`` (0 = the beginning) with a fresh fetch. Seeking to the
+        current position continues the stream (a tombstone right after it still pairs with its envelope)."""
+        self._consumer.assign(
+            [TopicPartition(self.topic, self.partition, OFFSET_BEGINNING if offset == 0 else offset)]
+        )
+        if offset != self.position:  # a continuation keeps the tombstone pairing state
+            self._prev = None
+        self.position = offset
+
+    def high_watermark(self) -> int | None:
+        """The end offset carried by the latest fetch response (None before the first one)."""
+        _low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.topic, self.partition), cached=True
+        )
+        return None if high is None or high < 0 else int(high)
+
+    def remaining(self) -> int | None:
+        high = self.high_watermark()
+        return None if high is None else max(0, high - self.position)
+
+    def read(self, timeout_s: float, max_records: int = 10_000) -> ReadBatch:
+        """Consume up to ``max_records`` records (waiting at most ``timeout_s``) and decode them."""
+        msgs = self._consumer.consume(max_records, timeout_s)
+        entries: list[ChangelogEntry] = []
+        eof = False
+        records = 0
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof = True
+                    eof_at = m.offset()
+                    if eof_at is not None and eof_at > self.position:
+                        self.position = eof_at
+                    continue
+                if err.code() in _OUT_OF_RANGE:
+                    raise ChangelogOffsetError(
+                        f"changelog {self.topic}[{self.partition}] has no offset {self.position}: {err}"
+                    )
+                if err.fatal() or not err.retriable():
+                    raise RestoreError(f"reading changelog {self.topic}[{self.partition}]: {err}")
+                log.warning("transient error reading changelog %s[%d]: %s", self.topic, self.partition, err)
+                continue
+            records += 1
+            offset = m.offset()
+            if offset is None:
+                raise RestoreError(
+                    f"changelog {self.topic}[{self.partition}] returned a record without offset"
+                )
+            eof = False  # a record after an EOF event means the end moved
+            entry = self._decode(offset, m.key(), m.value())
+            self.position = offset + 1
+            if entry is not None:
+                entries.append(entry)
+        return ReadBatch(entries, eof, records)
+
+    def _decode(self, offset: int, key: bytes | None, value: bytes | None) -> ChangelogEntry | None:
+        try:
+            if key is None:
+                raise ChangelogCorruptError(
+                    "record has no key", topic=self.topic, partition=self.partition, offset=offset
+                )
+            try:
+                change = ChangelogCodec.decode(value)
+            except ChangelogCorruptError as exc:
+                raise ChangelogCorruptError(
+                    exc.reason, topic=self.topic, partition=self.partition, offset=offset
+                ) from None
+        except ChangelogCorruptError as exc:
+            self._prev = None
+            if self.on_corrupt == "fail":
+                raise
+            self.corrupt_skipped += 1
+            metrics.CORRUPT_RECORDS.labels(*self._labels).inc()
+            log.error("%s; skipped (on_corrupt='skip')", exc)
+            return None
+        if change is None:  # null tombstone
+            paired = self._prev == (key, ChangeOp.DELETE)
+            self._prev = None
+            if paired:
+                return None
+            return ChangelogEntry(offset, key, Change(ChangeOp.DELETE, -1, 0))
+        self._prev = (key, change.op)
+        return ChangelogEntry(offset, key, change)
+
+    def close(self) -> None:
+        try:
+            self._consumer.close()
+        except RuntimeError:  # already closed
+            pass
+
+
+class RateMeter:
+    """Smoothed records-per-second over reads (pure; time from ``time.monotonic``)."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self._window_s = window_s
+        self._mark = time.monotonic()
+        self._count = 0
+        self.rate = 0.0
+
+    def add(self, n: int) -> float:
+        self._count += n
+        now = time.monotonic()
+        elapsed = now - self._mark
+        if elapsed >= self._window_s:
+            current = self._count / elapsed
+            self.rate = current if self.rate == 0.0 else 0.5 * self.rate + 0.5 * current
+            self._mark, self._count = now, 0
+        return self.rate

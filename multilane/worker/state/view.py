@@ -1,0 +1,95 @@
+"""``KeyRangeStateView``: the ``ctx.state`` a processor gets for one record. Does I/O through its
+partition (RocksDB reads; writes also produce changelog records).
+
+Keys default to the record's key. Any other key is allowed when it belongs to the lane's key range
+(``key_hash(key)`` in ``key_range``): a lane only touches keys it exclusively owns, so lanes never race
+on a key. A key outside the range, a non-bytes or empty key, or a keyless record without an explicit
+key raises :class:`StateKeyError` before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from multilane.worker.keyranges import KeyRange, key_hash
+from multilane.worker.state.errors import StateError, StateKeyError
+from multilane.worker.state.partition import ActivePartitionState
+
+__all__ = ["KeyRangeStateView"]
+
+
+class KeyRangeStateView:
+    """Implements :class:`multilane.api.StateView` for one processing attempt.
+
+    Invariant: writes carry ``(source_offset, source_key_hash)`` of the record being processed.
+    """
+
+    __slots__ = ("_key", "_part", "_range", "_source_key_hash", "_source_offset")
+
+    def __init__(
+        self,
+        part: ActivePartitionState,
+        key: bytes | None,
+        key_range: KeyRange,
+        source_offset: int,
+        source_key_hash: int,
+    ) -> None:
+        self._part = part
+        self._key = key
+        self._range = key_range
+        self._source_offset = source_offset
+        self._source_key_hash = source_key_hash
+
+    def _resolve(self, key: bytes | None) -> bytes:
+        if key is None:
+            if self._key is None:
+                raise StateKeyError(
+                    f"record {self._part.topic}[{self._part.partition}]@{self._source_offset} has no key: "
+                    "pass key=... explicitly"
+                )
+            key = self._key
+        elif not isinstance(key, bytes):
+            raise StateKeyError(f"state keys must be bytes, got {type(key).__name__}")
+        if not key:
+            raise StateKeyError("state keys must not be empty")
+        h = key_hash(key)
+        if not self._range.contains(h):
+            raise StateKeyError(
+                f"state key {key[:64]!r} hashes to {h}, outside this lane's key range "
+                f"[{self._range.start}, {self._range.end}); a lane may only use keys of its own range"
+            )
+        return key
+
+    def get(self, key: bytes | None = None) -> bytes | None:
+        return self._part.get(self._resolve(key))
+
+    def put(self, value: bytes, key: bytes | None = None) -> None:
+        if not isinstance(value, bytes):
+            if isinstance(value, bytearray | memoryview):
+                value = bytes(value)
+            else:
+                raise TypeError(
+                    f"state values must be bytes (use put_json for objects), got {type(value).__name__}"
+                )
+        self._part.put(self._resolve(key), value, self._source_offset, self._source_key_hash)
+
+    def delete(self, key: bytes | None = None) -> None:
+        self._part.delete(self._resolve(key), self._source_offset, self._source_key_hash)
+
+    def get_json(self, key: bytes | None = None) -> Any:
+        k = self._resolve(key)
+        raw = self._part.get(k)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise StateError(f"state value of key {k[:64]!r} is not JSON: {exc}") from exc
+
+    def put_json(self, value: Any, key: bytes | None = None) -> None:
+        try:
+            raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"state value is not JSON-serialisable: {exc}") from exc
+        self.put(raw, key)
