@@ -1,0 +1,684 @@
+"""The autoscaling policy: how many replicas (pods) and lanes per partition (the factor) to run.
+
+Pure: no I/O. The operator calls :meth:`AutoscalePolicy.decide` once per scaling interval with an
+:class:`Observation` built from lag and rate metrics, and stores the returned :class:`PolicyState`
+(JSON via ``to_dict``/``from_dict``) for the next call. The simulator (``multilane.sim``) calls the
+same method unchanged.
+
+The model is rate-based, in the manner of the Flink Kubernetes operator's autoscaler, not a lag
+threshold:
+
+- needed capacity (rec/s) = ``input_rate / target_utilisation + backlog / target_catchup_s``; when
+  ``max_lag`` is set and the backlog exceeds it, at least ``input_rate + (backlog - max_lag) /
+  max_lag_catchup_s`` (the excess over the bound is cleared faster than the rest);
+- ``r`` = processing rate of one lane, observed as ``processing_rate / busy_lanes``
+  (see :func:`estimate_lane_rate`);
+- lanes needed ``L = ceil(needed / r)``; concurrency is ``partitions x F``, so
+  ``F = clamp(ceil(L / partitions), min_factor, max_factor)``;
+- replicas carry CPU and memory, not concurrency: ``R`` is the smallest replica count (at least
+  ``min_replicas``, at most ``min(max_replicas, partitions)``) that keeps every pod within
+  ``max_lanes_per_replica`` lanes, where a pod holds ``ceil(partitions / R)`` partitions. Choosing the
+  smallest R for a given ``ceil(partitions / R)`` makes the shares as equal as they can be (R divides
+  the partition count whenever some R with that share does).
+
+Damping (all state lives in :class:`PolicyState`):
+
+- scale-up needs evidence: either the recommendation stayed above the current size for the whole
+  ``stabilisation_s`` window (then the size goes to the lowest recommendation of the window, so a
+  single noisy sample does not count), or the lag is a backlog and grew since the previous
+  observation (a real shortfall, scaled to immediately);
+- scale-down waits ``scale_down_delay_s`` after the last change, needs a history that covers that
+  window, and goes to the highest recommendation within it; never while a backlog is draining;
+- after a scale-up, further scale-ups wait ``settle_s`` (new pods start, lanes fill);
+- a scale-up that did not raise the processing rate after ``settle_s`` while the backlog stayed is
+  reported as a bottleneck; further scale-ups are held (with the reason) until the rate rises, the
+  backlog clears, or ``bottleneck_retry_s`` passes;
+- an invalid observation (negative lag, NaN or negative rates, missing partitions) holds the last
+  decision with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "AutoscalePolicy",
+    "Decision",
+    "LaneRateEstimate",
+    "Observation",
+    "PolicyConfig",
+    "PolicyState",
+    "Recommendation",
+    "ScaleUpRecord",
+    "estimate_lane_rate",
+    "needed_capacity",
+    "recommend",
+]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Bounds and targets, from the ParallelConsumer's ``spec.scaling`` (plus the partition count).
+
+    Fields beyond the contract in docs/architecture.md have defaults and are documented here.
+    """
+
+    partitions: int
+    """Partition count of the input topic(s); > 0."""
+    min_replicas: int = 1
+    """>= 1 (a replica count above ``partitions`` is cut to ``partitions``)."""
+    max_replicas: int = 10
+    """>= min_replicas."""
+    min_factor: int = 1
+    """>= 1."""
+    max_factor: int = 64
+    """>= min_factor."""
+    target_catchup_s: float = 300.0
+    """> 0: a backlog is to be cleared within this time."""
+    max_lag: int | None = None
+    """Optional bound on the total lag (records); > 0 when set."""
+    target_utilisation: float = 0.7
+    """In (0, 1]: steady-state share of capacity used by the input rate."""
+    scale_down_delay_s: float = 300.0
+    """>= 0: scale-down only after the recommendation stayed lower for this long."""
+    stabilisation_s: float = 60.0
+    """>= 0: a scale-up without lag evidence must be recommended for this long."""
+    # --- additions to the contract -------------------------------------------------------------
+    max_lanes_per_replica: int = 64
+    """>= 1: per-pod lane budget; replicas are added when ``ceil(partitions / R) x F`` exceeds it."""
+    max_lag_catchup_s: float = 60.0
+    """> 0: with ``max_lag`` set, the lag above it is to be cleared within this time."""
+    default_lane_rate: float = 100.0
+    """> 0: records/s of one lane, used only until a lane rate has been observed."""
+    backlog_threshold_s: float = 10.0
+    """>= 0: the lag is a *backlog* when above this many seconds of input (and above 100 records)."""
+    settle_s: float = 60.0
+    """>= 0: time after a scale-up before its effect on the processing rate is judged."""
+    min_scale_up_gain: float = 0.25
+    """In [0, 1]: a scale-up is ineffective when the rate rose by less than this share of the
+    expected rise (the expected rise is proportional to the added lanes)."""
+    bottleneck_retry_s: float = 600.0
+    """> 0: after this long, a held (bottlenecked) scale-up may be tried once more."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.partitions < 1:
+            problems.append("partitions must be >= 1")
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            problems.append("need 1 <= min_replicas <= max_replicas")
+        if not 1 <= self.min_factor <= self.max_factor:
+            problems.append("need 1 <= min_factor <= max_factor")
+        if not self.target_catchup_s > 0:
+            problems.append("target_catchup_s must be > 0")
+        if self.max_lag is not None and self.max_lag <= 0:
+            problems.append("max_lag must be > 0 when set")
+        if not 0 < self.target_utilisation <= 1:
+            problems.append("target_utilisation must be in (0, 1]")
+        if self.scale_down_delay_s < 0 or self.stabilisation_s < 0 or self.settle_s < 0:
+            problems.append("delays must be >= 0")
+        if self.max_lanes_per_replica < 1:
+            problems.append("max_lanes_per_replica must be >= 1")
+        if not self.max_lag_catchup_s > 0 or not self.default_lane_rate > 0:
+            problems.append("max_lag_catchup_s and default_lane_rate must be > 0")
+        if self.backlog_threshold_s < 0 or not 0 <= self.min_scale_up_gain <= 1:
+            problems.append("backlog_threshold_s >= 0 and min_scale_up_gain in [0, 1]")
+        if not self.bottleneck_retry_s > 0:
+            problems.append("bottleneck_retry_s must be > 0")
+        if problems:
+            raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
+
+    @property
+    def replica_ceiling(self) -> int:
+        """The largest useful replica count: replicas beyond the partition count hold nothing."""
+        return min(self.max_replicas, self.partitions)
+
+    @property
+    def replica_floor(self) -> int:
+        """The smallest replica count, cut to the ceiling."""
+        return min(self.min_replicas, self.replica_ceiling)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One look at the consumer group (the operator builds it from metrics)."""
+
+    now: float
+    """Seconds on a clock that only moves forward (wall or simulated)."""
+    lag_by_partition: Mapping[int, int]
+    """Records not yet committed, per partition index; must cover every partition, each >= 0."""
+    input_rate: float
+    """Records/s produced to the whole topic; >= 0."""
+    processing_rate: float
+    """Records/s completed by the whole group; >= 0."""
+    replicas: int
+    """Replicas the group is set to (the StatefulSet's spec, not the count of ready pods); >= 0."""
+    factor: int
+    """Lanes per partition the group is set to (the factor last applied); >= 1."""
+    busy_lanes: float | None = None
+    """Average number of lanes busy over the rate window (utilisation x lanes); None if unknown."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to run, and why. ``changed`` is true when (replicas, factor) differ from the observation."""
+
+    replicas: int
+    factor: int
+    reason: str
+    inputs: dict[str, Any]
+    changed: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LaneRateEstimate:
+    """The records/s one lane completes, and where the number came from."""
+
+    rate: float
+    """> 0."""
+    source: str
+    """``observed`` (rate / busy lanes), ``saturated`` (rate / all lanes while a backlog stands),
+    ``previous`` (last estimate) or ``default`` (configured; nothing observed yet)."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The unconstrained-by-history answer for one observation."""
+
+    replicas: int
+    factor: int
+    needed_rate: float
+    lanes_needed: int
+    capacity: float
+    """partitions x factor x lane rate."""
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class ScaleUpRecord:
+    """A scale-up whose effect on the processing rate is still to be judged."""
+
+    time: float
+    rate_before: float
+    lanes_before: int
+    lanes_after: int
+    replicas_before: int
+    replicas_after: int
+
+    def expected_gain(self) -> float:
+        """Relative processing-rate rise the scale-up should bring (0 when it added nothing)."""
+        if self.lanes_after > self.lanes_before:
+            return self.lanes_after / max(self.lanes_before, 1) - 1.0
+        return max(self.replicas_after / max(self.replicas_before, 1) - 1.0, 0.0)
+
+
+@dataclass
+class PolicyState:
+    """Everything :meth:`AutoscalePolicy.decide` remembers between calls; owned by the caller.
+
+    Invariant: ``history`` is sorted by time and holds only entries newer than
+    ``max(scale_down_delay_s, stabilisation_s)`` before the latest observation.
+    """
+
+    history: list[tuple[float, int, int]] = field(default_factory=list)
+    """(time, recommended replicas, recommended factor), oldest first."""
+    last_lag: int | None = None
+    last_time: float | None = None
+    lane_rate: float | None = None
+    """Last lane-rate estimate that came from an observation (not the default)."""
+    last_replicas: int | None = None
+    last_factor: int | None = None
+    last_change_time: float | None = None
+    pending_scale_up: ScaleUpRecord | None = None
+    bottleneck: ScaleUpRecord | None = None
+    """Set when a scale-up proved ineffective; scale-ups are held while it is set."""
+    bottleneck_since: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy."""
+
+        def rec(r: ScaleUpRecord | None) -> dict[str, Any] | None:
+            return None if r is None else dict(vars(r))
+
+        return {
+            "history": [list(h) for h in self.history],
+            "last_lag": self.last_lag,
+            "last_time": self.last_time,
+            "lane_rate": self.lane_rate,
+            "last_replicas": self.last_replicas,
+            "last_factor": self.last_factor,
+            "last_change_time": self.last_change_time,
+            "pending_scale_up": rec(self.pending_scale_up),
+            "bottleneck": rec(self.bottleneck),
+            "bottleneck_since": self.bottleneck_since,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PolicyState:
+        """Inverse of :meth:`to_dict`; ``None`` or ``{}`` gives a fresh state."""
+        if not data:
+            return cls()
+
+        def rec(d: Mapping[str, Any] | None) -> ScaleUpRecord | None:
+            return None if d is None else ScaleUpRecord(**d)
+
+        return cls(
+            history=[(float(t), int(r), int(f)) for t, r, f in data.get("history", [])],
+            last_lag=data.get("last_lag"),
+            last_time=data.get("last_time"),
+            lane_rate=data.get("lane_rate"),
+            last_replicas=data.get("last_replicas"),
+            last_factor=data.get("last_factor"),
+            last_change_time=data.get("last_change_time"),
+            pending_scale_up=rec(data.get("pending_scale_up")),
+            bottleneck=rec(data.get("bottleneck")),
+            bottleneck_since=data.get("bottleneck_since"),
+        )
+
+
+MIN_LANE_RATE = 1e-6
+"""Records/s; lane-rate estimates below this are treated as "not observed" (they would explode L)."""
+
+
+def _finite_nonneg(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x >= 0
+
+
+def validate_observation(obs: Observation, config: PolicyConfig) -> list[str]:
+    """The reasons ``obs`` cannot be used (empty when it can)."""
+    problems: list[str] = []
+    if not isinstance(obs.now, int | float) or not math.isfinite(obs.now):
+        problems.append(f"time is not finite ({obs.now!r})")
+    missing = [p for p in range(config.partitions) if p not in obs.lag_by_partition]
+    if missing:
+        problems.append(f"no lag for partitions {missing[:8]}{'...' if len(missing) > 8 else ''}")
+    bad = {p: v for p, v in obs.lag_by_partition.items() if not _finite_nonneg(v)}
+    if bad:
+        problems.append(f"invalid lag {dict(list(bad.items())[:4])}")
+    for name in ("input_rate", "processing_rate"):
+        v = getattr(obs, name)
+        if not _finite_nonneg(v):
+            problems.append(f"invalid {name} {v!r}")
+    if obs.busy_lanes is not None and not _finite_nonneg(obs.busy_lanes):
+        problems.append(f"invalid busy_lanes {obs.busy_lanes!r}")
+    if obs.replicas < 0 or obs.factor < 1:
+        problems.append(f"invalid current size replicas={obs.replicas} factor={obs.factor}")
+    return problems
+
+
+def backlog_threshold(config: PolicyConfig, input_rate: float) -> float:
+    """The lag (records) above which the lag counts as a backlog, not as records in flight."""
+    return max(100.0, input_rate * config.backlog_threshold_s)
+
+
+def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float | None) -> LaneRateEstimate:
+    """Records/s one lane completes (the key input of the policy).
+
+    1. ``processing_rate / busy_lanes`` when busy lanes are reported (>= 0.5 lane busy on average)
+       and records were processed: the service rate of a busy lane, independent of the load.
+    2. Else, while a backlog stands, every lane is busy: ``processing_rate / (partitions x factor)``.
+    3. Else the previous estimate, else ``config.default_lane_rate``.
+
+    Estimates below :data:`MIN_LANE_RATE` are discarded at each step.
+    """
+    lanes = config.partitions * max(obs.factor, 1)
+    backlog = sum(obs.lag_by_partition.values())
+    # 1.
+    if obs.busy_lanes is not None and obs.busy_lanes >= 0.5:
+        rate = obs.processing_rate / obs.busy_lanes
+        if rate >= MIN_LANE_RATE:
+            return LaneRateEstimate(rate, "observed")
+    # 2.
+    if backlog > backlog_threshold(config, obs.input_rate) and obs.replicas > 0:
+        rate = obs.processing_rate / lanes
+        if rate >= MIN_LANE_RATE:
+            return LaneRateEstimate(rate, "saturated")
+    # 3.
+    if previous is not None and previous >= MIN_LANE_RATE:
+        return LaneRateEstimate(previous, "previous")
+    return LaneRateEstimate(config.default_lane_rate, "default")
+
+
+def needed_capacity(config: PolicyConfig, input_rate: float, backlog: float) -> float:
+    """Records/s the group must be able to process (see the module docstring)."""
+    needed = input_rate / config.target_utilisation + backlog / config.target_catchup_s
+    if config.max_lag is not None and backlog > config.max_lag:
+        needed = max(needed, input_rate + (backlog - config.max_lag) / config.max_lag_catchup_s)
+    return needed
+
+
+def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
+    """The smallest replica count that keeps every pod within the lane budget.
+
+    Returns (replicas, within_budget). Candidates are, for each share size ``s`` (partitions per
+    pod), ``ceil(partitions / s)``: the fewest pods giving that share, hence the most even split.
+    """
+    p = config.partitions
+    for r in range(config.replica_floor, config.replica_ceiling + 1):
+        share = -(-p // r)
+        if share * factor <= config.max_lanes_per_replica:
+            return r, True
+    return config.replica_ceiling, False
+
+
+def recommend(config: PolicyConfig, needed: float, lane_rate: float) -> Recommendation:
+    """Replicas and factor whose capacity covers ``needed`` (or the maximum, with a warning).
+
+    1. lanes needed ``L = ceil(needed / lane_rate)`` (at least one lane per partition);
+    2. ``F = clamp(ceil(L / partitions), min_factor, max_factor)`` (rounded up: never one step short);
+    3. ``R`` from the per-pod lane budget (:func:`replicas_for`).
+    """
+    warnings: list[str] = []
+    p = config.partitions
+    # 1. (a ratio beyond the maximum lane count is cut there: it can only mean "the maximum")
+    ratio = needed / max(lane_rate, MIN_LANE_RATE)
+    lanes_needed = max(math.ceil(min(ratio, float(p * config.max_factor + 1))), p)
+    # 2.
+    factor = -(-lanes_needed // p)
+    if factor > config.max_factor:
+        warnings.append(
+            f"demand {needed:.1f} rec/s exceeds the maximum capacity "
+            f"{p * config.max_factor * lane_rate:.1f} rec/s (max_factor={config.max_factor})"
+        )
+    factor = min(max(factor, config.min_factor), config.max_factor)
+    # 3.
+    replicas, within = replicas_for(config, factor)
+    if not within:
+        warnings.append(
+            f"{-(-p // replicas) * factor} lanes per pod exceed max_lanes_per_replica="
+            f"{config.max_lanes_per_replica} at max replicas {replicas}"
+        )
+    return Recommendation(
+        replicas=replicas,
+        factor=factor,
+        needed_rate=needed,
+        lanes_needed=lanes_needed,
+        capacity=p * factor * lane_rate,
+        warnings=tuple(warnings),
+    )
+
+
+class AutoscalePolicy:
+    """Decides replicas x factor from one observation and the remembered state. Pure."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+
+    def decide(self, obs: Observation, state: PolicyState) -> tuple[Decision, PolicyState]:
+        """One scaling step.
+
+        1. Validate the observation; on a problem hold the last decision.
+        2. Estimate the lane rate and the needed capacity; compute the recommendation.
+        3. Record the recommendation in the history window.
+        4. Judge a pending scale-up (settled? did the rate rise?); set or clear the bottleneck.
+        5. Choose: scale up (confirmed by lag growth or a full stabilisation window, not held by a
+           bottleneck), scale down (delay passed, window covered, not draining, to the window max),
+           or hold.
+        6. Update the state and return the decision.
+        """
+        cfg = self.config
+        st = PolicyState.from_dict(state.to_dict())  # never mutate the caller's state
+        # 1.
+        problems = validate_observation(obs, cfg)
+        if problems:
+            return self._hold_invalid(obs, st, problems)
+        now = float(obs.now)
+        backlog = int(sum(obs.lag_by_partition.values()))
+        cur_r = obs.replicas
+        cur_f = obs.factor
+        cur_lanes = cfg.partitions * cur_f
+        threshold = backlog_threshold(cfg, obs.input_rate)
+        has_backlog = backlog > threshold
+        lag_rising = st.last_lag is not None and backlog > st.last_lag
+        draining = has_backlog and st.last_lag is not None and backlog < st.last_lag
+        # 2.
+        est = estimate_lane_rate(obs, cfg, st.lane_rate)
+        needed = needed_capacity(cfg, obs.input_rate, backlog)
+        rec = recommend(cfg, needed, est.rate)
+        warnings = list(rec.warnings)
+        if est.source == "default":
+            warnings.append(f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}")
+        inputs: dict[str, Any] = {
+            "backlog": backlog,
+            "backlog_threshold": round(threshold, 1),
+            "input_rate": round(obs.input_rate, 3),
+            "processing_rate": round(obs.processing_rate, 3),
+            "busy_lanes": obs.busy_lanes,
+            "lane_rate": round(est.rate, 3),
+            "lane_rate_source": est.source,
+            "needed_rate": round(needed, 3),
+            "lanes_needed": rec.lanes_needed,
+            "recommended_replicas": rec.replicas,
+            "recommended_factor": rec.factor,
+            "current_replicas": cur_r,
+            "current_factor": cur_f,
+        }
+        # 3.
+        horizon = max(cfg.scale_down_delay_s, cfg.stabilisation_s)
+        st.history = [h for h in st.history if h[0] >= now - horizon and h[0] <= now]
+        st.history.append((now, rec.replicas, rec.factor))
+        # 4.
+        self._judge_scale_up(obs, st, has_backlog, cur_lanes, warnings)
+        if st.bottleneck is not None:
+            b = st.bottleneck
+            warnings.append(
+                f"scale-up at t={b.time:.0f}s from {b.lanes_before} to {b.lanes_after} lanes "
+                f"({b.replicas_before}->{b.replicas_after} replicas) did not raise the processing rate "
+                f"(before {b.rate_before:.1f} rec/s, now {obs.processing_rate:.1f} rec/s): "
+                "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
+            )
+        # 5.
+        new_r, new_f, reason = self._choose(obs, st, rec, has_backlog, lag_rising, draining, inputs)
+        # 6.
+        if (new_r, new_f) != (cur_r, cur_f):
+            st.last_change_time = now
+            if cfg.partitions * new_f > cur_lanes or new_r > cur_r:
+                st.pending_scale_up = ScaleUpRecord(
+                    time=now,
+                    rate_before=obs.processing_rate,
+                    lanes_before=cur_lanes,
+                    lanes_after=cfg.partitions * new_f,
+                    replicas_before=cur_r,
+                    replicas_after=new_r,
+                )
+            else:
+                st.pending_scale_up = None
+        elif st.last_change_time is None:
+            st.last_change_time = now
+        if est.source in ("observed", "saturated"):
+            st.lane_rate = est.rate
+        st.last_lag = backlog
+        st.last_time = now
+        st.last_replicas, st.last_factor = new_r, new_f
+        decision = Decision(
+            replicas=new_r,
+            factor=new_f,
+            reason=reason,
+            inputs=inputs,
+            changed=(new_r, new_f) != (cur_r, cur_f),
+            warnings=warnings,
+        )
+        return decision, st
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _hold_invalid(
+        self, obs: Observation, st: PolicyState, problems: list[str]
+    ) -> tuple[Decision, PolicyState]:
+        cfg = self.config
+        if st.last_replicas is not None and st.last_factor is not None:
+            r, f, what = st.last_replicas, st.last_factor, "the last decision"
+        else:
+            r = min(max(obs.replicas, cfg.replica_floor), cfg.replica_ceiling)
+            f = min(max(obs.factor, cfg.min_factor), cfg.max_factor)
+            what = "the current size (within bounds)"
+        reason = f"hold {what} {r}x{f}: invalid observation: " + "; ".join(problems)
+        decision = Decision(
+            replicas=r,
+            factor=f,
+            reason=reason,
+            inputs={"problems": problems, "current_replicas": obs.replicas, "current_factor": obs.factor},
+            changed=(r, f) != (obs.replicas, obs.factor),
+            warnings=[reason],
+        )
+        return decision, st
+
+    def _judge_scale_up(
+        self,
+        obs: Observation,
+        st: PolicyState,
+        has_backlog: bool,
+        cur_lanes: int,
+        warnings: list[str],
+    ) -> None:
+        """Judge the pending scale-up once settled; clear a bottleneck that no longer holds."""
+        cfg = self.config
+        now = float(obs.now)
+        b = st.bottleneck
+        if b is not None:
+            risen = obs.processing_rate > b.rate_before * (
+                1.0 + max(cfg.min_scale_up_gain * b.expected_gain(), 0.05)
+            )
+            expired = st.bottleneck_since is not None and now - st.bottleneck_since >= cfg.bottleneck_retry_s
+            if not has_backlog or risen or expired:
+                st.bottleneck = None
+                st.bottleneck_since = None
+        p = st.pending_scale_up
+        if p is None or now - p.time < cfg.settle_s:
+            return
+        st.pending_scale_up = None
+        if not has_backlog or cur_lanes < p.lanes_after:
+            return  # demand met, or the scale-up was reverted: nothing to judge
+        gain = obs.processing_rate / p.rate_before - 1.0 if p.rate_before > 0 else math.inf
+        expected = p.expected_gain()
+        if expected > 0 and gain < cfg.min_scale_up_gain * expected:
+            st.bottleneck = p
+            st.bottleneck_since = now
+
+    def _choose(
+        self,
+        obs: Observation,
+        st: PolicyState,
+        rec: Recommendation,
+        has_backlog: bool,
+        lag_rising: bool,
+        draining: bool,
+        inputs: dict[str, Any],
+    ) -> tuple[int, int, str]:
+        cfg = self.config
+        now = float(obs.now)
+        # Bounds first: a size outside the (possibly edited) bounds is corrected at once, and the
+        # rest of the step starts from the corrected size.
+        cur_r = min(max(obs.replicas, cfg.replica_floor), cfg.replica_ceiling)
+        cur_f = min(max(obs.factor, cfg.min_factor), cfg.max_factor)
+        prefix = ""
+        if (cur_r, cur_f) != (obs.replicas, obs.factor):
+            prefix = f"clamp {obs.replicas}x{obs.factor} into bounds -> {cur_r}x{cur_f}; "
+        r, f, reason = self._choose_within_bounds(
+            now, cur_r, cur_f, st, rec, has_backlog, lag_rising, draining, inputs
+        )
+        return r, f, prefix + reason
+
+    def _choose_within_bounds(
+        self,
+        now: float,
+        cur_r: int,
+        cur_f: int,
+        st: PolicyState,
+        rec: Recommendation,
+        has_backlog: bool,
+        lag_rising: bool,
+        draining: bool,
+        inputs: dict[str, Any],
+    ) -> tuple[int, int, str]:
+        cfg = self.config
+        summary = (
+            f"need {rec.needed_rate:.1f} rec/s = {rec.lanes_needed} lanes at "
+            f"{inputs['lane_rate']} rec/s/lane ({inputs['lane_rate_source']}); backlog {inputs['backlog']}"
+        )
+        up = rec.factor > cur_f or rec.replicas > cur_r
+        if up:
+            if st.bottleneck is not None:
+                return (
+                    cur_r,
+                    cur_f,
+                    f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} held, "
+                    f"the last scale-up did not raise the processing rate; {summary}",
+                )
+            p = st.pending_scale_up
+            if p is not None and now - p.time < cfg.settle_s:
+                return (
+                    cur_r,
+                    cur_f,
+                    f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
+                    f"scale-up at t={p.time:.0f}s has settled ({cfg.settle_s:.0f}s); {summary}",
+                )
+            # The history holds at least this observation; right after a (re)start it is short and
+            # the window is whatever has been seen (as in the HPA).
+            window = [h for h in st.history if h[0] >= now - cfg.stabilisation_s]
+            low_r = min(h[1] for h in window)
+            low_f = min(h[2] for h in window)
+            if has_backlog and lag_rising:
+                r, f = max(rec.replicas, cur_r), max(rec.factor, cur_f)
+                return r, f, f"scale up {cur_r}x{cur_f} -> {r}x{f}: lag is rising; {summary}"
+            if low_f > cur_f or low_r > cur_r:
+                span = now - window[0][0]
+                seen = (
+                    f"recommended throughout the {cfg.stabilisation_s:.0f}s stabilisation window"
+                    if span >= cfg.stabilisation_s
+                    else f"recommended by every observation so far ({len(window)} in {span:.0f}s)"
+                )
+                r, f = max(low_r, cur_r), max(low_f, cur_f)
+                return (
+                    r,
+                    f,
+                    (f"scale up {cur_r}x{cur_f} -> {r}x{f}: {seen}; {summary}"),
+                )
+            return (
+                cur_r,
+                cur_f,
+                (
+                    f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
+                    f"{cfg.stabilisation_s:.0f}s stabilisation window; {summary}"
+                ),
+            )
+        down = rec.factor < cur_f or rec.replicas < cur_r
+        if not down:
+            return cur_r, cur_f, f"hold {cur_r}x{cur_f}: at the recommendation; {summary}"
+        if draining:
+            return cur_r, cur_f, f"hold {cur_r}x{cur_f}: no scale-down while a backlog is draining; {summary}"
+        since_change = now - st.last_change_time if st.last_change_time is not None else 0.0
+        covered = bool(st.history) and st.history[0][0] <= now - cfg.scale_down_delay_s
+        if since_change < cfg.scale_down_delay_s or not covered:
+            return (
+                cur_r,
+                cur_f,
+                (
+                    f"hold {cur_r}x{cur_f}: scale-down to {rec.replicas}x{rec.factor} waits for the "
+                    f"{cfg.scale_down_delay_s:.0f}s delay; {summary}"
+                ),
+            )
+        window = [h for h in st.history if h[0] >= now - cfg.scale_down_delay_s]
+        high_r = max(h[1] for h in window)
+        high_f = max(h[2] for h in window)
+        r, f = min(cur_r, high_r), min(cur_f, high_f)
+        if (r, f) == (cur_r, cur_f):
+            return (
+                cur_r,
+                cur_f,
+                (
+                    f"hold {cur_r}x{cur_f}: a higher size was recommended within the last "
+                    f"{cfg.scale_down_delay_s:.0f}s; {summary}"
+                ),
+            )
+        return (
+            r,
+            f,
+            (
+                f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last "
+                f"{cfg.scale_down_delay_s:.0f}s; {summary}"
+            ),
+        )
