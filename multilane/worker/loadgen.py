@@ -1,0 +1,428 @@
+"""``multilane loadgen``: produce synthetic records with Zipf-distributed keys, and know exactly what landed.
+
+Does I/O: produces to Kafka (confluent-kafka), optionally creates the topic and writes the produced set
+to a file.
+
+Library use (tests and benchmarks)::
+
+    result = produce_records(bootstrap, topic, n=100_000, keys=1000, value_size=100, seed=1)
+    result.records  # [ProducedRecord(topic, partition, offset, key), ...] from delivery reports
+
+or paced: ``produce_paced(bootstrap, topic, profile=RateProfile.parse("1000x10,5000x5,0x5"))``.
+
+Keys: ``keys`` distinct keys ``b"key-000000"``... (precomputed); key ``i`` (0-based) is drawn with
+probability proportional to ``1 / (i + 1) ** zipf_s`` (``zipf_s = 0`` is uniform; ``keys = 0`` produces
+null keys). The key sequence is a function of ``(seed, keys, zipf_s, n)`` and the sampler (numpy's
+``default_rng`` when numpy is importable, else Python's ``random.Random``; :attr:`LoadResult.sampler`
+says which). Values are ``value_size`` (>= 1) bytes: never empty, because the embedded broker does not
+deliver empty values.
+
+Every record counts once its delivery report arrives: ``records`` is the exact produced set (offsets
+from the reports, never from end offsets, which the embedded broker under-reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from multilane.testing.checkers import ProducedRecord
+
+__all__ = [
+    "LoadResult",
+    "RateProfile",
+    "RateStep",
+    "ZipfKeySampler",
+    "add_arguments",
+    "produce_paced",
+    "produce_records",
+    "read_produced",
+    "run",
+]
+
+DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
+    "linger.ms": 5,
+    "batch.num.messages": 100_000,
+    "batch.size": 1_000_000,
+    "queue.buffering.max.messages": 2_000_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+    "compression.type": "lz4",
+    "acks": "all",
+}
+_POLL_EVERY = 1 << 14  # serve delivery reports every 16k records (keeps the local queue bounded)
+
+
+@dataclass(frozen=True, slots=True)
+class RateStep:
+    """Produce at ``rate`` records/s for ``duration_s`` seconds. Invariant: both >= 0."""
+
+    rate: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if self.rate < 0 or self.duration_s < 0:
+            raise ValueError(f"rate and duration must be >= 0, got {self.rate} rec/s for {self.duration_s} s")
+
+
+@dataclass(frozen=True, slots=True)
+class RateProfile:
+    """A sequence of constant-rate steps (constant load, bursts, lulls). Invariant: at least one step."""
+
+    steps: tuple[RateStep, ...]
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError("a rate profile needs at least one step")
+
+    @classmethod
+    def constant(cls, rate: float, duration_s: float) -> RateProfile:
+        return cls((RateStep(rate, duration_s),))
+
+    @classmethod
+    def parse(cls, text: str) -> RateProfile:
+        """``"RATExSECONDS,RATExSECONDS,..."``, e.g. ``"1000x10,5000x5,0x5"`` (a burst, then a lull)."""
+        steps = []
+        for part in text.split(","):
+            rate, sep, dur = part.strip().partition("x")
+            if not sep:
+                raise ValueError(f"rate profile step {part!r} must look like RATExSECONDS, e.g. 1000x10")
+            try:
+                steps.append(RateStep(float(rate), float(dur)))
+            except ValueError as exc:
+                raise ValueError(f"rate profile step {part!r}: {exc}") from exc
+        return cls(tuple(steps))
+
+    @property
+    def duration_s(self) -> float:
+        return sum(s.duration_s for s in self.steps)
+
+    @property
+    def total_records(self) -> int:
+        return int(sum(s.rate * s.duration_s for s in self.steps))
+
+    def due(self, elapsed: float) -> int:
+        """How many records should have been produced ``elapsed`` seconds after the start."""
+        total = 0.0
+        for s in self.steps:
+            if elapsed <= s.duration_s:
+                return int(total + s.rate * max(0.0, elapsed))
+            total += s.rate * s.duration_s
+            elapsed -= s.duration_s
+        return int(total)
+
+
+class ZipfKeySampler:
+    """Draws key indices from a bounded Zipf distribution; keys are precomputed bytes.
+
+    Invariant: ``keys`` has ``n_keys`` distinct entries; ``_cum`` is the normalised cumulative weight
+    (non-decreasing, last element 1.0).
+    """
+
+    def __init__(self, n_keys: int, zipf_s: float = 1.1, seed: int = 0) -> None:
+        if n_keys < 0:
+            raise ValueError(f"number of keys must be >= 0, got {n_keys}")
+        if zipf_s < 0:
+            raise ValueError(f"zipf exponent must be >= 0, got {zipf_s}")
+        self.n_keys = n_keys
+        self.zipf_s = zipf_s
+        self.seed = seed
+        self.keys: list[bytes] = [b"key-%06d" % i for i in range(n_keys)]
+        weights = [1.0 / (i + 1) ** zipf_s for i in range(n_keys)]
+        total = sum(weights) or 1.0
+        self._cum = [c / total for c in itertools.accumulate(weights)]
+        if self._cum:
+            self._cum[-1] = 1.0
+        self.sampler = "none"
+
+    def indices(self, n: int) -> list[int]:
+        """``n`` key indices (reproducible for a given seed and sampler)."""
+        if self.n_keys == 0:
+            self.sampler = "none"
+            return []
+        try:
+            import numpy as np
+        except ImportError:
+            self.sampler = "python"
+            rng = random.Random(self.seed)
+            return rng.choices(range(self.n_keys), cum_weights=self._cum, k=n)
+        self.sampler = "numpy"
+        cum = np.asarray(self._cum)
+        draws = np.random.default_rng(self.seed).random(n)
+        idx = np.minimum(np.searchsorted(cum, draws, side="right"), self.n_keys - 1)
+        return [int(i) for i in idx.tolist()]
+
+    def key_stream(self, n: int) -> Iterator[bytes | None]:
+        if self.n_keys == 0:
+            return itertools.repeat(None, n)
+        keys = self.keys
+        return (keys[i] for i in self.indices(n))
+
+
+@dataclass
+class LoadResult:
+    """What a load generation run produced. Invariant: ``len(records) == delivered``."""
+
+    topic: str
+    records: list[ProducedRecord] = field(default_factory=list)
+    failed: int = 0  # delivery reports with an error
+    errors: list[str] = field(default_factory=list)  # the first few delivery errors
+    elapsed_s: float = 0.0
+    sampler: str = "none"
+
+    @property
+    def delivered(self) -> int:
+        return len(self.records)
+
+    @property
+    def rate(self) -> float:
+        return self.delivered / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "delivered": self.delivered,
+            "failed": self.failed,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "rate": round(self.rate, 1),
+            "sampler": self.sampler,
+            "errors": self.errors[:5],
+        }
+
+
+def _value(value_size: int, seed: int) -> bytes:
+    if value_size < 1:
+        raise ValueError(f"value size must be >= 1 byte (empty values are not delivered), got {value_size}")
+    return random.Random(seed ^ 0x5EED).randbytes(value_size)
+
+
+def _producer(bootstrap: str, result: LoadResult, extra: Mapping[str, Any] | None) -> Any:
+    from confluent_kafka import Producer
+
+    records = result.records
+    topic = result.topic
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            records.append(ProducedRecord(topic, msg.partition(), msg.offset(), msg.key()))
+        else:
+            result.failed += 1
+            if len(result.errors) < 10:
+                result.errors.append(str(err))
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, **DEFAULT_PRODUCER_CONFIG, **(extra or {})}
+    conf["on_delivery"] = on_delivery
+    return Producer(conf)
+
+
+def _produce_one(producer: Any, topic: str, value: bytes, key: bytes | None, partition: int | None) -> None:
+    while True:
+        try:
+            if partition is None:
+                producer.produce(topic, value, key)
+            else:
+                producer.produce(topic, value, key, partition)
+            return
+        except BufferError:  # local queue full: serve delivery reports and retry
+            producer.poll(0.05)
+
+
+def produce_records(
+    bootstrap: str,
+    topic: str,
+    n: int,
+    keys: int = 1000,
+    value_size: int = 100,
+    zipf_s: float = 1.1,
+    seed: int = 0,
+    partition: int | None = None,
+    producer_config: Mapping[str, Any] | None = None,
+    flush_timeout_s: float = 120.0,
+) -> LoadResult:
+    """Produce ``n`` records as fast as possible and wait for every delivery report (steps 1-3).
+
+    1. Precompute the value and the key sequence.
+    2. ``produce()`` in a loop (``partition`` None = the client's partitioner picks by key), polling
+       for delivery reports every few thousand records.
+    3. Flush; records whose report did not arrive in ``flush_timeout_s`` count as neither delivered
+       nor failed (``delivered + failed < n`` then).
+    """
+    if n < 0:
+        raise ValueError(f"record count must be >= 0, got {n}")
+    # 1.
+    value = _value(value_size, seed)
+    sampler = ZipfKeySampler(keys, zipf_s, seed)
+    key_seq = sampler.key_stream(n)
+    result = LoadResult(topic, sampler=sampler.sampler)
+    producer = _producer(bootstrap, result, producer_config)
+    t0 = time.monotonic()
+    # 2.
+    produce = producer.produce
+    for i, key in enumerate(key_seq):
+        try:
+            if partition is None:
+                produce(topic, value, key)
+            else:
+                produce(topic, value, key, partition)
+        except BufferError:
+            _produce_one(producer, topic, value, key, partition)
+        if i % _POLL_EVERY == 0:
+            producer.poll(0)
+    # 3.
+    producer.flush(flush_timeout_s)
+    result.elapsed_s = time.monotonic() - t0
+    result.sampler = sampler.sampler
+    return result
+
+
+def produce_paced(
+    bootstrap: str,
+    topic: str,
+    profile: RateProfile,
+    keys: int = 1000,
+    value_size: int = 100,
+    zipf_s: float = 1.1,
+    seed: int = 0,
+    partition: int | None = None,
+    producer_config: Mapping[str, Any] | None = None,
+    flush_timeout_s: float = 120.0,
+    should_stop: Callable[[], bool] | None = None,
+    tick_s: float = 0.005,
+) -> LoadResult:
+    """Produce following ``profile`` (records/s per step), then wait for every delivery report.
+
+    1. Precompute the value and the whole key sequence (``profile.total_records`` keys).
+    2. Every ``tick_s``, produce the records that are due by now (catching up after a stall), until
+       the profile ends or ``should_stop()`` says so.
+    3. Flush, as in :func:`produce_records`.
+    """
+    # 1.
+    value = _value(value_size, seed)
+    sampler = ZipfKeySampler(keys, zipf_s, seed)
+    total = profile.total_records
+    key_seq = iter(sampler.key_stream(total))
+    result = LoadResult(topic, sampler=sampler.sampler)
+    producer = _producer(bootstrap, result, producer_config)
+    t0 = time.monotonic()
+    sent = 0
+    # 2.
+    while sent < total:
+        elapsed = time.monotonic() - t0
+        if elapsed > profile.duration_s + 1.0 or (should_stop is not None and should_stop()):
+            break
+        due = min(total, profile.due(elapsed))
+        while sent < due:
+            _produce_one(producer, topic, value, next(key_seq), partition)
+            sent += 1
+        producer.poll(0)
+        if sent < total:
+            time.sleep(tick_s)
+    # 3.
+    producer.flush(flush_timeout_s)
+    result.elapsed_s = time.monotonic() - t0
+    return result
+
+
+def read_produced(path: str, topic: str) -> list[ProducedRecord]:
+    """Read a produced set written by ``multilane loadgen --output`` (``ValueError`` on a bad line)."""
+    out: list[ProducedRecord] = []
+    with open(path, encoding="ascii") as f:
+        for n, line in enumerate(f, 1):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 3:
+                raise ValueError(f"{path}:{n}: expected 3 tab-separated fields, got {line!r}")
+            try:
+                key = None if parts[2] == "-" else bytes.fromhex(parts[2])
+                out.append(ProducedRecord(topic, int(parts[0]), int(parts[1]), key))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{n}: {exc}") from exc
+    return out
+
+
+# -- CLI --------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers, HOST:PORT")
+    parser.add_argument("--topic", required=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--records", type=int, help="produce this many records as fast as possible")
+    what.add_argument("--rate", type=float, help="records per second (with --duration)")
+    what.add_argument("--profile", help='rate steps "RATExSECONDS,...", e.g. "1000x10,5000x5,0x5"')
+    parser.add_argument("--duration", type=float, help="seconds, with --rate")
+    parser.add_argument("--keys", type=int, default=1000, help="distinct keys (0 = null keys)")
+    parser.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent (0 = uniform)")
+    parser.add_argument("--value-size", type=int, default=100, help="bytes per value (>= 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--partition", type=int, default=None, help="produce to this partition only")
+    parser.add_argument(
+        "--create-partitions", type=int, default=0, help="create the topic with this many partitions first"
+    )
+    parser.add_argument(
+        "--producer-config", action="append", default=[], metavar="KEY=VALUE", help="extra producer settings"
+    )
+    parser.add_argument("--output", help="write the produced set as TSV lines: partition, offset, key hex")
+
+
+def _parse_config(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--producer-config {item!r} must look like key=value")
+        out[k] = v
+    return out
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    try:
+        fut.result(30)
+    except Exception as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+            raise
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = _parse_config(args.producer_config)
+        if args.rate is not None:
+            if args.duration is None:
+                raise ValueError("--rate needs --duration")
+            profile: RateProfile | None = RateProfile.constant(args.rate, args.duration)
+        elif args.profile is not None:
+            profile = RateProfile.parse(args.profile)
+        else:
+            profile = None
+        if args.create_partitions:
+            _create_topic(args.bootstrap_servers, args.topic, args.create_partitions)
+        common: dict[str, Any] = {
+            "keys": args.keys,
+            "value_size": args.value_size,
+            "zipf_s": args.zipf_s,
+            "seed": args.seed,
+            "partition": args.partition,
+            "producer_config": config,
+        }
+        if profile is None:
+            result = produce_records(args.bootstrap_servers, args.topic, args.records, **common)
+        else:
+            result = produce_paced(args.bootstrap_servers, args.topic, profile, **common)
+    except ValueError as exc:
+        print(f"multilane loadgen: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w", encoding="ascii") as f:
+            for r in result.records:
+                f.write(f"{r.partition}\t{r.offset}\t{'-' if r.key is None else r.key.hex()}\n")
+    print(json.dumps(result.summary()))
+    return 0 if result.failed == 0 else 1
