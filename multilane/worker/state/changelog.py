@@ -105,7 +105,9 @@ class ChangelogTopicAdmin:
             return have
 
     def _partition_count(self, topic: str) -> int | None:
-        md = self._admin.list_topics(topic, timeout=self._timeout_s)
+        # All topics, not ``list_topics(topic)``: a metadata request naming a missing topic makes
+        # brokers with auto-creation enabled create it (without the changelog's topic config).
+        md = self._admin.list_topics(timeout=self._timeout_s)
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             return None

@@ -136,7 +136,7 @@ class StateManager:
     # -- PartitionStateHooks --------------------------------------------------------------------------
 
     def open_partition(
-        self, topic: str, partition: int, committed_offset: int, progress: DoneOracle | None
+        self, topic: str, partition: int, committed_offset: int | None, progress: DoneOracle | None
     ) -> None:
         """Make the partition's store current and active (blocking; steps 1-5).
 
@@ -146,9 +146,12 @@ class StateManager:
         4. Read the changelog to its end from the checkpoint offset (or 0), applying the changes of
            complete records (below ``committed_offset`` or done per ``progress``), skipping the rest.
         5. Register the partition as active.
+
+        ``committed_offset`` None (or negative): the group never committed this partition, so no
+        change is committed and only changes done per ``progress`` apply.
         """
         tp = (topic, partition)
-        committed_offset = max(0, committed_offset)
+        committed_offset = 0 if committed_offset is None else max(0, committed_offset)
         flt = ApplyFilter(committed_offset, progress)
         with self._lock:
             if tp in self._active:
