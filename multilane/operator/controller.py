@@ -1,0 +1,325 @@
+"""``ConsumerController``: one control-loop pass for one consumer, platform-agnostic. Does I/O only
+through what it is given (a :class:`Platform`, a :class:`WorkerControl`, a :class:`MetricSource`, a
+persist callback), so the Kubernetes handlers and a local subprocess platform share it.
+
+A pass (:meth:`ConsumerController.tick`), numbered as in the code:
+
+1. Scaling, when due (``interval_s`` since the last decision): sample the metric source. A source
+   that is unreachable or answers nonsense holds the last decision (condition Degraded with reason
+   ``MetricsUnavailable``/``MetricsInvalid``); otherwise feed :class:`AutoscalePolicy` and record the
+   decision (``status.lastDecision``, an Event, the new PolicyState).
+2. Replicas: scale up at once (``ensure_workers``); scale down only after the assignment no longer
+   gives partitions to the workers that go away (release before removal).
+3. Assignment: one step of the :class:`AssignmentCoordinator` protocol over the workers that stay;
+   when no change is pending, ``sync`` re-pushes the assignment and the factor where a worker
+   disagrees (restarted workers).
+4. Status: replicas, factor, lag, rates, conditions Ready/Scaling/Rebalancing/Degraded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from multilane.operator.assignment import AssignmentCoordinator, AssignmentState, Persist, WorkerControl
+from multilane.operator.children import ConsumerRef
+from multilane.operator.conditions import condition, now_iso, set_condition
+from multilane.operator.planner import AssignmentPlanner, parse_partition
+from multilane.operator.platform import Platform, parse_time
+from multilane.operator.policy import AutoscalePolicy, Observation, PolicyConfig, PolicyState
+from multilane.operator.sources import (
+    MetricSample,
+    MetricsInvalidError,
+    MetricSource,
+    MetricsUnavailableError,
+    QueryContext,
+)
+from multilane.operator.validation import ConsumerSpec
+
+__all__ = ["ConsumerController", "EventRecord", "TickResult", "policy_config"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+@dataclass
+class TickResult:
+    """What the pass wants written: a status merge-patch, Events, and the PolicyState to keep."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[EventRecord] = field(default_factory=list)
+    policy_state: PolicyState | None = None
+    decided: bool = False
+    changed: bool = False  # the decision changed replicas or factor
+
+
+def policy_config(spec: ConsumerSpec, partitions: int) -> PolicyConfig:
+    """The policy's bounds; a fixed ``spec.scaling.replicas`` (scale subresource) pins replicas."""
+    min_r, max_r = spec.min_replicas, spec.max_replicas
+    if spec.replicas is not None:
+        min_r = max_r = spec.replicas
+    return PolicyConfig(
+        partitions=max(1, partitions),
+        min_replicas=min_r,
+        max_replicas=max_r,
+        min_factor=spec.min_factor,
+        max_factor=spec.max_factor,
+        target_catchup_s=spec.target_catchup_s,
+        max_lag=spec.max_lag,
+        target_utilisation=spec.target_utilisation,
+        scale_down_delay_s=spec.scale_down_delay_s,
+        stabilisation_s=spec.stabilisation_s,
+    )
+
+
+def _global_index(partitions: Sequence[str]) -> dict[str, int]:
+    """Topics in order, partitions in order: one index per partition for the policy."""
+    ordered = sorted(partitions, key=parse_partition)
+    return {p: i for i, p in enumerate(ordered)}
+
+
+class ConsumerController:
+    """Stateless across passes except for what callers persist; ``clock`` is seconds (epoch)."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        control: WorkerControl,
+        release_deadline_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.platform = platform
+        self.control = control
+        self.release_deadline_s = release_deadline_s
+        self.clock = clock
+
+    async def tick(
+        self,
+        ref: ConsumerRef,
+        spec: ConsumerSpec,
+        status: Mapping[str, Any],
+        policy_state: PolicyState,
+        partitions: Sequence[str],
+        source: MetricSource,
+        persist_assignment: Persist,
+    ) -> TickResult:
+        result = TickResult()
+        conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+        now = self.clock()
+        stamp = now_iso()
+        last = dict(status.get("lastDecision") or {})
+        target_replicas = int(last.get("replicas") or spec.replicas or spec.min_replicas)
+        if spec.replicas is not None:
+            target_replicas = spec.replicas  # pinned through the scale subresource
+        factor = int(status.get("factor") or last.get("factor") or spec.min_factor)
+        target_replicas = min(max(target_replicas, spec.min_replicas), spec.max_replicas)
+        factor = min(max(factor, spec.min_factor), spec.max_factor)
+        workers = await self.platform.list_workers(ref)
+        alive = [w for w in workers if w.alive]
+
+        # 1. Scaling, when due.
+        degraded: tuple[str, str] | None = None
+        decided_at = parse_time(last.get("time"))
+        last_time = decided_at.timestamp() if decided_at else 0.0
+        if now - last_time >= spec.interval_s:
+            ctx = QueryContext(ref.namespace, ref.name, spec.consumer_group, list(partitions))
+            try:
+                sample = await source.sample(ctx)
+            except MetricsUnavailableError as exc:
+                degraded = (
+                    "MetricsUnavailable",
+                    f"metric source unreachable, holding the last decision: {exc}",
+                )
+            except MetricsInvalidError as exc:
+                degraded = (
+                    "MetricsInvalid",
+                    f"metric source answered nonsense, holding the last decision: {exc}",
+                )
+            else:
+                result.status.update(self._sample_status(sample))
+                if sample.input_rate is None or sample.processing_rate is None:
+                    log.info("%s/%s: metrics warming up (no rates yet)", ref.namespace, ref.name)
+                else:
+                    decision_status, event, state = self._decide(
+                        spec,
+                        partitions,
+                        sample,
+                        policy_state,
+                        target_replicas,
+                        factor,
+                        len(alive),
+                        now,
+                        stamp,
+                    )
+                    result.status["lastDecision"] = decision_status
+                    result.events.append(event)
+                    result.policy_state = state
+                    result.decided = True
+                    result.changed = (int(decision_status["replicas"]), int(decision_status["factor"])) != (
+                        target_replicas,
+                        factor,
+                    )
+                    target_replicas = int(decision_status["replicas"])
+                    factor = int(decision_status["factor"])
+            previous = condition(conditions, "Degraded") or {}
+            if degraded and (previous.get("status") != "True" or previous.get("reason") != degraded[0]):
+                result.events.append(EventRecord("Warning", degraded[0], degraded[1]))  # on transition only
+
+        # 2. Replicas: up at once, down after release.
+        assignment = AssignmentState.from_status(status.get("assignment"))
+        current = await self.platform.current_workers(ref)
+        if target_replicas > current:
+            await self.platform.ensure_workers(ref, target_replicas)
+            result.events.append(EventRecord("Normal", "ScaledUp", f"workers {current} -> {target_replicas}"))
+        stays = {w.name for w in workers if w.ordinal < target_replicas}
+
+        # 3. Assignment.
+        coordinator = AssignmentCoordinator(
+            self.control,
+            AssignmentPlanner(max_moves=spec.max_moves),
+            persist_assignment,
+            release_deadline_s=self.release_deadline_s,
+        )
+        step = await coordinator.step(assignment, workers, partitions, eligible=stays)
+        assignment = step.state
+        sync_problems: list[str] = []
+        if assignment.pending is None:
+            sync_problems = await coordinator.sync(assignment, alive, factor)
+        if step.committed:
+            result.events.append(
+                EventRecord(
+                    "Normal",
+                    "Rebalanced",
+                    f"assignment generation {assignment.generation} in force "
+                    f"({step.moves} partition(s) moved)",
+                )
+            )
+        leaving_own = any(assignment.members.get(w.name) for w in workers if w.name not in stays)
+        if target_replicas < current and assignment.pending is None and not leaving_own:
+            await self.platform.ensure_workers(ref, target_replicas)
+            result.events.append(
+                EventRecord("Normal", "ScaledDown", f"workers {current} -> {target_replicas}")
+            )
+
+        # 4. Status.
+        covered = {p for ps in assignment.members.values() for p in ps}
+        all_assigned = bool(partitions) and set(partitions) <= covered and assignment.pending is None
+        scaling = target_replicas != current or any(
+            not w.alive for w in workers if w.ordinal < target_replicas
+        )
+        conditions = set_condition(
+            conditions,
+            "Scaling",
+            scaling,
+            "ScalingWorkers" if scaling else "Stable",
+            f"{len(alive)} of {target_replicas} workers alive" if scaling else f"{target_replicas} workers",
+            now=stamp,
+        )
+        rebalancing = assignment.pending is not None
+        conditions = set_condition(
+            conditions,
+            "Rebalancing",
+            rebalancing,
+            "HandoffInProgress" if rebalancing else "Assigned",
+            step.blocked or ("change pending" if rebalancing else f"generation {assignment.generation}"),
+            now=stamp,
+        )
+        if degraded:
+            conditions = set_condition(conditions, "Degraded", True, degraded[0], degraded[1], now=stamp)
+        elif sync_problems:
+            conditions = set_condition(
+                conditions, "Degraded", True, "WorkerUnreachable", "; ".join(sync_problems)[:1000], now=stamp
+            )
+        else:
+            conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
+        ready = all_assigned and not sync_problems
+        reason = "AllPartitionsAssigned" if ready else ("Rebalancing" if rebalancing else "WaitingForWorkers")
+        message = (
+            f"{len(covered)} partitions on {len(assignment.members)} workers, factor {factor}"
+            if ready
+            else step.blocked
+            or f"{len(alive)} workers alive, {len(covered)}/{len(partitions)} partitions assigned"
+        )
+        conditions = set_condition(conditions, "Ready", ready, reason, message, now=stamp)
+        result.status.update(
+            {
+                "replicas": len(alive),
+                "factor": factor,
+                "conditions": conditions,
+                "assignment": assignment.to_status(),
+            }
+        )
+        return result
+
+    @staticmethod
+    def _sample_status(sample: MetricSample) -> dict[str, Any]:
+        out: dict[str, Any] = {"lag": sample.total_lag}
+        if sample.input_rate is not None:
+            out["inputRate"] = round(sample.input_rate, 3)
+        if sample.processing_rate is not None:
+            out["processingRate"] = round(sample.processing_rate, 3)
+        return out
+
+    def _decide(
+        self,
+        spec: ConsumerSpec,
+        partitions: Sequence[str],
+        sample: MetricSample,
+        state: PolicyState,
+        replicas: int,
+        factor: int,
+        alive: int,
+        now: float,
+        stamp: str,
+    ) -> tuple[dict[str, Any], EventRecord, PolicyState]:
+        index = _global_index(partitions)
+        obs = Observation(
+            now=now,
+            lag_by_partition={index[p]: v for p, v in sample.lag.items() if p in index},
+            input_rate=float(sample.input_rate or 0.0),
+            processing_rate=float(sample.processing_rate or 0.0),
+            replicas=replicas,
+            factor=factor,
+        )
+        policy = AutoscalePolicy(policy_config(spec, len(partitions)))
+        decision, new_state = policy.decide(obs, state)
+        inputs = {k: v for k, v in decision.inputs.items() if _json_safe(v)}
+        inputs.update({"aliveWorkers": alive, "totalLag": sample.total_lag})
+        status = {
+            "time": stamp,
+            "replicas": decision.replicas,
+            "factor": decision.factor,
+            "reason": decision.reason,
+            "inputs": inputs,
+            "warnings": list(decision.warnings),
+        }
+        verb = "scale" if decision.changed else "hold"
+        event = EventRecord(
+            "Normal",
+            "ScalingDecision",
+            f"{verb}: replicas {replicas}->{decision.replicas}, factor {factor}->{decision.factor}: "
+            f"{decision.reason}",
+        )
+        return status, event, new_state
+
+
+def _json_safe(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str | int | bool) or value is None:
+        return True
+    if isinstance(value, list | tuple):
+        return all(_json_safe(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())
+    return False

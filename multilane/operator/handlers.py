@@ -1,0 +1,463 @@
+"""kopf handlers for ParallelConsumer: children, validation, the control loop. Does I/O (Kubernetes
+API, Kafka admin, metric sources, worker control endpoints).
+
+:class:`OperatorHandlers` holds the dependencies (injectable for tests) and registers into a kopf
+registry:
+
+- ``on.create`` / ``on.update(field="spec")`` / ``on.resume`` -> :meth:`OperatorHandlers.reconcile`:
+
+  1. Paused (annotation ``multilane.dev/paused: "true"``)? Set condition Paused and change nothing.
+  2. Validate the spec (pure, :func:`validate_spec`).
+  3. Check the environment: the credentials Secret exists; the topics exist (Kafka admin, short
+     timeout; an unreachable broker is a problem, not a crash).
+  4. On any problem: condition Ready=False / Degraded=True with the reason, a Warning Event per problem,
+     and return without touching a child (never a half-applied change). The timer re-checks later.
+  5. Apply the children: the control-token Secret only if missing (never overwritten), then
+     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet (create, or
+     merge-patch when they exist; the StatefulSet keeps the replicas the operator decided).
+  6. Status: observedGeneration, labelSelector, conditions.
+
+- ``timer`` (every ``tick_s``) -> :meth:`OperatorHandlers.tick`: re-reads the object, honours Paused,
+  re-runs :meth:`reconcile` when the spec is not yet applied or an environment problem may have gone,
+  then runs one :class:`ConsumerController` pass (scaling, replicas, assignment, status).
+- ``on.delete`` (optional: no finalizer) forgets in-memory caches; the children go with the owner
+  through Kubernetes' garbage collector (owner references).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from multilane.operator import children as ch
+from multilane.operator.assignment import AssignmentState, WorkerControl
+from multilane.operator.conditions import condition, now_iso, set_condition
+from multilane.operator.controller import ConsumerController, EventRecord
+from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
+from multilane.operator.kube import KubeClient, KubeConflictError, KubeError, api_path
+from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.planner import format_partition
+from multilane.operator.platform import KubernetesPlatform, Platform
+from multilane.operator.policy import PolicyState
+from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSource
+from multilane.operator.validation import ConsumerSpec, Problem, check_environment, validate_spec
+from multilane.operator.workers import WorkerControlClient
+
+__all__ = [
+    "GROUP",
+    "PAUSED_ANNOTATION",
+    "PLURAL",
+    "POLICY_STATE_ANNOTATION",
+    "HandlerSettings",
+    "OperatorHandlers",
+]
+
+log = logging.getLogger(__name__)
+
+GROUP = "multilane.dev"
+VERSION = "v1alpha1"
+PLURAL = "parallelconsumers"
+CR_API = f"{GROUP}/{VERSION}"
+PAUSED_ANNOTATION = "multilane.dev/paused"
+POLICY_STATE_ANNOTATION = "multilane.dev/policy-state"
+# Problems that can go away without a spec change: re-checked on every tick.
+TRANSIENT_REASONS = {"KafkaUnreachable", "TopicNotFound", "CredentialsSecretMissing"}
+
+
+@dataclass(frozen=True)
+class HandlerSettings:
+    tick_s: float = 5.0  # control-loop period; scaling decisions are further gated by intervalSeconds
+    kafka_timeout_s: float = 5.0
+    release_deadline_s: float = 30.0
+    worker_timeout_s: float = 10.0
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf's own bookkeeping in annotations (the status schema is structural and would prune it);
+    handler log lines become Events only from WARNING up (the operator posts its own Events)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.WARNING
+    settings.networking.request_timeout = 30
+    settings.watching.server_timeout = 300
+
+
+def _ref(body: Mapping[str, Any]) -> ch.ConsumerRef:
+    meta = body.get("metadata") or {}
+    return ch.ConsumerRef(
+        name=str(meta["name"]), namespace=str(meta["namespace"]), uid=str(meta.get("uid", ""))
+    )
+
+
+def _paused(body: Mapping[str, Any]) -> bool:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(PAUSED_ANNOTATION, "")).lower() == "true"
+
+
+def _event(body: Mapping[str, Any], record: EventRecord) -> None:
+    # kopf accepts any mapping with apiVersion/kind/metadata; its annotation says Body.
+    target: Any = dict(body)
+    kopf.event(target, type=record.type, reason=record.reason, message=record.message[:1000])
+
+
+class OperatorHandlers:
+    """Dependencies are injectable: ``platform`` (default Kubernetes), ``control_factory(token)``,
+    ``admin_factory(config)``, ``source_factory(spec, kafka_config)``, ``token_factory()``."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        platform: Platform | None = None,
+        settings: HandlerSettings | None = None,
+        metrics: OperatorMetrics | None = None,
+        control_factory: Callable[[str], WorkerControl] | None = None,
+        admin_factory: Callable[[Mapping[str, str]], KafkaAdminClient] | None = None,
+        source_factory: Callable[[ConsumerSpec, Mapping[str, str]], MetricSource] | None = None,
+        token_factory: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+    ) -> None:
+        self.kube = kube
+        self.settings = settings or HandlerSettings()
+        self.platform = platform or KubernetesPlatform(kube)
+        self.metrics = metrics or OperatorMetrics()
+        self.control_factory = control_factory or (
+            lambda token: WorkerControlClient(token, timeout_s=self.settings.worker_timeout_s)
+        )
+        self.admin_factory = admin_factory or (
+            lambda config: KafkaAdminClient(config, timeout_s=self.settings.kafka_timeout_s)
+        )
+        self.source_factory = source_factory or self._default_source
+        self.token_factory = token_factory
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._sources: dict[str, tuple[Any, MetricSource]] = {}
+        self._controls: dict[str, tuple[str, WorkerControl]] = {}
+
+    # ---- kopf wiring ------------------------------------------------------------------------------
+
+    def register(self, registry: kopf.OperatorRegistry) -> None:
+        resource = (GROUP, VERSION, PLURAL)
+
+        @kopf.on.startup(registry=registry)
+        async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+            configure_kopf(settings)
+
+        @kopf.on.create(*resource, registry=registry)
+        @kopf.on.update(*resource, field="spec", registry=registry)
+        @kopf.on.resume(*resource, registry=registry)
+        async def _reconcile(body: kopf.Body, **_: Any) -> None:
+            await self.reconcile(body)
+
+        @kopf.timer(*resource, interval=self.settings.tick_s, sharp=True, registry=registry)
+        async def _tick(body: kopf.Body, **_: Any) -> None:
+            await self.tick(body)
+
+        @kopf.on.delete(*resource, optional=True, registry=registry)
+        async def _deleted(body: kopf.Body, **_: Any) -> None:
+            self.forget(body)
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def forget(self, body: Mapping[str, Any]) -> None:
+        ref = _ref(body)
+        self._locks.pop(ref.uid, None)
+        self._sources.pop(ref.uid, None)
+        self._controls.pop(ref.uid, None)
+        self.metrics.forget(ref.namespace, ref.name)
+        log.info("forgot %s/%s (children go with it through owner references)", ref.namespace, ref.name)
+
+    # ---- status helpers ---------------------------------------------------------------------------
+
+    def _cr_path(self, ref: ch.ConsumerRef, subresource: str | None = None) -> str:
+        return api_path(CR_API, PLURAL, ref.namespace, ref.name, subresource)
+
+    async def _patch_status(self, ref: ch.ConsumerRef, status: Mapping[str, Any]) -> None:
+        await self.kube.patch(self._cr_path(ref, "status"), {"status": dict(status)})
+
+    # ---- reconcile --------------------------------------------------------------------------------
+
+    async def reconcile(self, body: Mapping[str, Any]) -> bool:
+        """Validate fully, then apply the children. Returns True when the children are applied."""
+        ref = _ref(body)
+        async with self._lock(ref.uid):
+            try:
+                applied = await self._reconcile(ref, body)
+            except KubeError as exc:
+                self.metrics.reconciles.labels("error").inc()
+                self.metrics.errors.labels("kubernetes").inc()
+                raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=10) from exc
+            self.metrics.reconciles.labels("applied" if applied else "held").inc()
+            return applied
+
+    async def _reconcile(self, ref: ch.ConsumerRef, body: Mapping[str, Any]) -> bool:
+        status = dict(body.get("status") or {})
+        conditions = list(status.get("conditions") or [])
+        generation = int((body.get("metadata") or {}).get("generation") or 1)
+        stamp = now_iso()
+        # 1. Paused: hold everything.
+        if _paused(body):
+            if (condition(conditions, "Paused") or {}).get("status") != "True":
+                _event(body, EventRecord("Normal", "Paused", f"annotation {PAUSED_ANNOTATION}=true: holding"))
+            conditions = set_condition(
+                conditions, "Paused", True, "PausedByAnnotation", "changes held", now=stamp
+            )
+            await self._patch_status(ref, {"conditions": conditions})
+            return False
+        conditions = set_condition(conditions, "Paused", False, "NotPaused", "", now=stamp)
+        # 2. Validate the spec.
+        spec, problems = validate_spec(body.get("spec"))
+        # 3. Check the environment.
+        if spec is not None:
+            problems, _, _ = await self._check_environment(ref, spec)
+        # 4. Problems: a condition and Events, no child touched.
+        if problems or spec is None:
+            await self._degrade(ref, body, conditions, problems, generation)
+            return False
+        # 5. Apply the children.
+        await self._apply_children(ref, spec, body, status)
+        # 6. Status.
+        conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
+        ready_reason = (condition(conditions, "Ready") or {}).get("reason")
+        if ready_reason not in {"WaitingForWorkers", "Rebalancing", "AllPartitionsAssigned"}:
+            conditions = set_condition(
+                conditions, "Ready", False, "WaitingForWorkers", "children applied", now=stamp
+            )
+        patch: dict[str, Any] = {
+            "observedGeneration": generation,
+            "labelSelector": f"{ch.CONSUMER_LABEL}={ref.name}",
+            "conditions": conditions,
+        }
+        if spec.replicas is not None:
+            last = dict(status.get("lastDecision") or {})
+            if last.get("replicas") != spec.replicas:
+                patch["lastDecision"] = {
+                    **last,
+                    "time": last.get("time") or stamp,
+                    "replicas": spec.replicas,
+                    "factor": int(last.get("factor") or status.get("factor") or spec.min_factor),
+                    "reason": "spec.scaling.replicas (scale subresource) pins the replica count",
+                }
+        await self._patch_status(ref, patch)
+        _event(body, EventRecord("Normal", "Applied", f"children applied for generation {generation}"))
+        return True
+
+    async def _check_environment(
+        self, ref: ch.ConsumerRef, spec: ConsumerSpec
+    ) -> tuple[list[Problem], dict[str, str], dict[str, int] | None]:
+        """Problems, the Kafka client config (with credentials, in memory only), partition counts."""
+        secret_exists: bool | None = None
+        config: dict[str, str] = {"bootstrap.servers": spec.bootstrap_servers, **spec.kafka_config}
+        if spec.credentials_secret:
+            secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, spec.credentials_secret))
+            secret_exists = secret is not None
+            for key, value in ((secret or {}).get("data") or {}).items():
+                config[key] = base64.b64decode(value).decode()
+        topic_partitions: dict[str, int] | None
+        kafka_error = None
+        if secret_exists is False:
+            topic_partitions = {
+                t: 0 for t in spec.topics
+            }  # cannot ask without credentials; report the Secret
+        else:
+            try:
+                topic_partitions = await self.admin_factory(config).topic_partitions(spec.topics)
+            except KafkaUnavailableError as exc:
+                self.metrics.errors.labels("kafka").inc()
+                topic_partitions, kafka_error = None, str(exc)
+        problems = check_environment(
+            spec, secret_exists=secret_exists, topic_partitions=topic_partitions, kafka_error=kafka_error
+        )
+        return problems, config, topic_partitions
+
+    async def _degrade(
+        self,
+        ref: ch.ConsumerRef,
+        body: Mapping[str, Any],
+        conditions: list[dict[str, Any]],
+        problems: list[Problem],
+        generation: int,
+    ) -> None:
+        stamp = now_iso()
+        message = "; ".join(p.message for p in problems)[:1000]
+        reason = problems[0].reason if problems else "InvalidSpec"
+        previous = condition(conditions, "Degraded") or {}
+        if previous.get("status") != "True" or previous.get("message") != message:
+            for p in problems:
+                _event(body, EventRecord("Warning", p.reason, p.message))
+        conditions = set_condition(conditions, "Degraded", True, reason, message, now=stamp)
+        conditions = set_condition(conditions, "Ready", False, reason, message, now=stamp)
+        await self._patch_status(ref, {"conditions": conditions})
+        log.warning("%s/%s not applied (generation %d): %s", ref.namespace, ref.name, generation, message)
+
+    async def _apply_children(
+        self, ref: ch.ConsumerRef, spec: ConsumerSpec, body: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> None:
+        raw_spec = dict(body.get("spec") or {})
+        # The token Secret: created once, never overwritten.
+        secrets_path = api_path("v1", "secrets", ref.namespace)
+        if await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret)) is None:
+            try:
+                await self.kube.create(secrets_path, ch.control_token_secret(ref, self.token_factory()))
+            except KubeConflictError:
+                pass  # someone (an earlier pass) created it: keep theirs
+        sts_path = api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
+        existing = await self.kube.get(sts_path)
+        if existing is not None:
+            replicas = int((existing.get("spec") or {}).get("replicas") or 0)
+        else:
+            replicas = spec.replicas or int(
+                (status.get("lastDecision") or {}).get("replicas") or spec.min_replicas
+            )
+        if spec.replicas is not None and spec.replicas > replicas:
+            replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
+        replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
+        for manifest in ch.children(ref, raw_spec, replicas):
+            kind = manifest["kind"]
+            api_version = manifest["apiVersion"]
+            plural = {
+                "ServiceAccount": "serviceaccounts",
+                "Role": "roles",
+                "RoleBinding": "rolebindings",
+                "Service": "services",
+                "PodDisruptionBudget": "poddisruptionbudgets",
+                "StatefulSet": "statefulsets",
+            }[kind]
+            collection = api_path(api_version, plural, ref.namespace)
+            try:
+                await self.kube.create(collection, manifest)
+            except KubeConflictError:
+                await self.kube.patch(
+                    api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"]), manifest
+                )
+
+    # ---- the control loop -------------------------------------------------------------------------
+
+    def _default_source(self, spec: ConsumerSpec, kafka_config: Mapping[str, str]) -> MetricSource:
+        if spec.metrics.source == "prometheus":
+            return PrometheusSource(
+                spec.metrics.prometheus_url, spec.metrics.lag_query, spec.metrics.rate_query
+            )
+        return KafkaSource(self.admin_factory(kafka_config))
+
+    def _source(self, ref: ch.ConsumerRef, spec: ConsumerSpec, config: Mapping[str, str]) -> MetricSource:
+        key = (spec.metrics, spec.bootstrap_servers, spec.consumer_group, tuple(sorted(config.items())))
+        cached = self._sources.get(ref.uid)
+        if cached is None or cached[0] != key:
+            cached = (key, self.source_factory(spec, config))
+            self._sources[ref.uid] = cached
+        return cached[1]
+
+    async def _control(self, ref: ch.ConsumerRef) -> WorkerControl | None:
+        secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret))
+        if secret is None:
+            return None
+        data = secret.get("data") or {}
+        token = (
+            base64.b64decode(data["token"]).decode()
+            if "token" in data
+            else (secret.get("stringData") or {}).get("token", "")
+        )
+        if not token:
+            return None
+        cached = self._controls.get(ref.uid)
+        if cached is None or cached[0] != token:
+            cached = (token, self.control_factory(token))
+            self._controls[ref.uid] = cached
+        return cached[1]
+
+    async def tick(self, body: Mapping[str, Any]) -> None:
+        ref = _ref(body)
+        self.metrics.ticks.inc()
+        fresh = await self.kube.get(self._cr_path(ref))
+        if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        status = dict(fresh.get("status") or {})
+        generation = int((fresh.get("metadata") or {}).get("generation") or 1)
+        degraded = condition(status.get("conditions"), "Degraded") or {}
+        paused = _paused(fresh)
+        # Hold everything while paused; re-apply when the spec is not yet applied or may now apply.
+        if (
+            paused
+            or status.get("observedGeneration") != generation
+            or (degraded.get("status") == "True" and degraded.get("reason") in TRANSIENT_REASONS)
+        ):
+            if not await self.reconcile(fresh):
+                return
+            fresh = await self.kube.get(self._cr_path(ref)) or fresh
+            status = dict(fresh.get("status") or {})
+        elif (condition(status.get("conditions"), "Paused") or {}).get("status") == "True":
+            stamp = now_iso()
+            conditions = set_condition(status.get("conditions"), "Paused", False, "NotPaused", "", now=stamp)
+            await self._patch_status(ref, {"conditions": conditions})
+            status["conditions"] = conditions
+            _event(fresh, EventRecord("Normal", "Resumed", "pause annotation removed"))
+        spec, _ = validate_spec(fresh.get("spec"))
+        if spec is None:
+            return
+        async with self._lock(ref.uid):
+            try:
+                await self._tick(ref, fresh, spec, status)
+            except KubeError as exc:
+                self.metrics.errors.labels("kubernetes").inc()
+                log.warning("%s/%s: Kubernetes API error in control loop: %s", ref.namespace, ref.name, exc)
+            except Exception:
+                self.metrics.errors.labels("internal").inc()
+                log.exception("%s/%s: control loop failed; retrying next tick", ref.namespace, ref.name)
+
+    async def _tick(
+        self, ref: ch.ConsumerRef, body: Mapping[str, Any], spec: ConsumerSpec, status: dict[str, Any]
+    ) -> None:
+        problems, config, topic_partitions = await self._check_environment(ref, spec)
+        if problems or topic_partitions is None:
+            await self._degrade(ref, body, list(status.get("conditions") or []), problems, 0)
+            return
+        partitions = [format_partition(t, i) for t, n in sorted(topic_partitions.items()) for i in range(n)]
+        control = await self._control(ref)
+        if control is None:
+            return  # the token Secret is created by reconcile; next tick
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        try:
+            policy_state = PolicyState.from_dict(json.loads(annotations.get(POLICY_STATE_ANNOTATION) or "{}"))
+        except (ValueError, TypeError, KeyError):
+            log.warning("%s/%s: unreadable policy state annotation; starting afresh", ref.namespace, ref.name)
+            policy_state = PolicyState()
+
+        async def persist(state: AssignmentState) -> None:
+            await self._patch_status(ref, {"assignment": state.to_status()})
+
+        controller = ConsumerController(
+            self.platform, control, release_deadline_s=self.settings.release_deadline_s
+        )
+        result = await controller.tick(
+            ref, spec, status, policy_state, partitions, self._source(ref, spec, config), persist
+        )
+        if result.policy_state is not None:
+            await self.kube.patch(
+                self._cr_path(ref),
+                {
+                    "metadata": {
+                        "annotations": {POLICY_STATE_ANNOTATION: json.dumps(result.policy_state.to_dict())}
+                    }
+                },
+            )
+        await self._patch_status(ref, result.status)
+        for record in result.events:
+            _event(body, record)
+        if result.decided:
+            self.metrics.decisions.labels(str(result.changed).lower()).inc()
+        self.metrics.replicas.labels(ref.namespace, ref.name).set(result.status.get("replicas", 0))
+        self.metrics.factor.labels(ref.namespace, ref.name).set(result.status.get("factor", 0))
+        self.metrics.assignment_generation.labels(ref.namespace, ref.name).set(
+            (result.status.get("assignment") or {}).get("generation", 0)
+        )
