@@ -39,11 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="http://0.0.0.0:8080/healthz",
         help="liveness endpoint URL served by kopf ('' to disable)",
     )
-    parser.add_argument("--metrics-port", type=int, default=9465, help="operator Prometheus metrics port (0: off)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=9465, help="operator Prometheus metrics port (0: off)"
+    )
     parser.add_argument("--tick-seconds", type=float, default=5.0, help="control-loop period")
     parser.add_argument("--kafka-timeout", type=float, default=5.0, help="Kafka admin call timeout (s)")
     parser.add_argument(
-        "--release-deadline", type=float, default=30.0, help="how long a worker may take to release partitions"
+        "--release-deadline",
+        type=float,
+        default=30.0,
+        help="how long a worker may take to release partitions",
     )
     parser.add_argument("--log-format", choices=["json", "plain", "full"], default="json")
     parser.add_argument("--verbose", action="store_true")

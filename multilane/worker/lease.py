@@ -156,7 +156,8 @@ class LeaseKeeper:
     def check_deadline(self) -> None:
         """Step 3: call ``on_lost`` once when the stop deadline passed without a renewal."""
         since = self.last_renewal if self.last_renewal is not None else self._started
-        if not self.lost and self.clock() - since >= self.settings.lease_duration_s - self.settings.stop_margin_s:
+        deadline = self.settings.lease_duration_s - self.settings.stop_margin_s
+        if not self.lost and self.clock() - since >= deadline:
             self.lost = True
             log.error("lease %s not renewed in time: stopping processing", self.settings.name)
             self.on_lost()
