@@ -116,14 +116,16 @@ def _meta(ref: ConsumerRef, name: str, component: str) -> dict[str, Any]:
 def worker_args(spec: Mapping[str, Any]) -> list[str]:
     """Arguments of ``multilane worker`` in a pod: operator mode, control endpoint, engine settings.
 
-    The assignment and the factor arrive later through the control endpoint (``--assign operator``:
-    start with no partitions and wait for the operator's pushes).
+    The assignment and the factor arrive later through the control endpoint (``--assign ""``:
+    operator mode with no partitions yet; the operator pushes them). ``$(MULTILANE_POD_NAME)`` is
+    expanded by the kubelet from the container's env.
     """
     kafka = spec["kafka"]
     workload = spec["workload"]
     args = [
         "worker",
-        "--assign", "operator",
+        "--assign", "",
+        "--worker-id", "$(MULTILANE_POD_NAME)",
         "--control-port", str(CONTROL_PORT),
         "--metrics-port", str(METRICS_PORT),
         "--control-token-file", TOKEN_FILE,
@@ -134,11 +136,12 @@ def worker_args(spec: Mapping[str, Any]) -> list[str]:
         "--max-in-flight", str(workload.get("maxInFlightRecords", 10000)),
         "--max-in-flight-bytes", str(workload.get("maxInFlightBytes", 67108864)),
         "--max-retries", str(workload.get("maxRetries", 3)),
+        "--factor", str((spec.get("scaling") or {}).get("minFactor", 1)),
     ]
     if workload.get("deadLetterTopic"):
         args += ["--dead-letter-topic", workload["deadLetterTopic"]]
     for key, value in sorted((kafka.get("config") or {}).items()):
-        args += ["--kafka-config", f"{key}={value}"]
+        args += ["--consumer-config", f"{key}={value}"]
     if (spec.get("state") or {}).get("enabled"):
         args += ["--state-dir", STATE_DIR]
     return args
