@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -44,7 +45,15 @@ def chart() -> Any:
 def render(chart: Any) -> Callable[..., list[Manifest]]:
     """``render(values)``: every non-empty document the chart renders (NOTES.txt left out)."""
 
+    cache: dict[str, list[Manifest]] = {}
+
     def _render(values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE) -> list[Manifest]:
+        key = json.dumps([values or {}, namespace], sort_keys=True)
+        if key not in cache:
+            cache[key] = _render_uncached(values, namespace)
+        return copy.deepcopy(cache[key])
+
+    def _render_uncached(values: dict[str, Any] | None, namespace: str) -> list[Manifest]:
         out = chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
         docs: list[Manifest] = []
         for path, text in sorted(out.items()):

@@ -7,7 +7,7 @@ import copy
 import re
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # no stubs in the dev extra
 import kubernetes_validate
 import pytest
 

@@ -1,0 +1,494 @@
+"""The Helm chart charts/multilane: lint, rendering under several value sets, values.schema.json,
+manifest validity, CRD sync with crds/, least-privilege RBAC, pod security, NetworkPolicies."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from .conftest import (
+    CHART_DIR,
+    CRD_FILE,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    Manifest,
+    find,
+    helm,
+    load_sync_module,
+    one,
+)
+
+FULLNAME = f"{RELEASE}-multilane"
+WORKER_ROLE = f"{FULLNAME}-worker"
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "namespaced": {"operator": {"watchNamespaces": ["team-a", "team-b"]}},
+    "peering-clusterwide": {"peering": {"enabled": True, "priority": 200}},
+    "peering-namespaced": {"peering": {"enabled": True}, "operator": {"watchNamespaces": ["team-a"]}},
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "workerPodMonitor": {"enabled": True},
+        }
+    },
+    "minimal-footprint": {
+        "metrics": {"enabled": False},
+        "networkPolicy": {"enabled": False},
+        "crds": {"enabled": False},
+    },
+    "external-sa-no-rbac": {
+        "serviceAccount": {"create": False, "name": "platform-sa"},
+        "rbac": {"create": False},
+    },
+    "pinned-image": {
+        "image": {"repository": "registry.example.com/ml", "digest": "sha256:" + "a" * 64},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "operator": {"extraEnv": [{"name": "EXTRA", "value": "1"}], "extraArgs": ["--debug"]},
+        "networkPolicy": {
+            "namespaces": ["apps"],
+            "metrics": {"podSelector": {"matchLabels": {"app": "prom"}}},
+        },
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+    },
+}
+
+# Documents already validated (the same CRD comes out of every value set).
+_VALIDATED: set[str] = set()
+
+# Kinds without a schema in kubernetes-validate (custom resources of other projects).
+UNVALIDATED_GROUPS = ("monitoring.coreos.com/", "kopf.dev/")
+
+
+# --- lint, render, schema ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_lint_is_clean(value_set: str) -> None:
+    report = helm.lint(str(CHART_DIR), VALUE_SETS[value_set], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == []
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_manifests_are_valid_kubernetes_objects(render: Any, value_set: str) -> None:
+    docs = render(VALUE_SETS[value_set])
+    assert docs
+    validated = 0
+    for doc in docs:
+        assert doc["metadata"].get("name"), doc
+        if doc["apiVersion"].startswith(UNVALIDATED_GROUPS):
+            assert doc["kind"] in {"ServiceMonitor", "PodMonitor", "ClusterKopfPeering", "KopfPeering"}
+            continue
+        key = json.dumps(doc, sort_keys=True)
+        if key not in _VALIDATED:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            _VALIDATED.add(key)
+        validated += 1
+    assert validated >= 3
+
+
+def test_default_render_has_the_expected_objects(render: Any) -> None:
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in render())
+    assert kinds == sorted(
+        [
+            ("ClusterRole", FULLNAME),
+            ("ClusterRole", WORKER_ROLE),
+            ("ClusterRoleBinding", FULLNAME),
+            ("CustomResourceDefinition", "parallelconsumers.multilane.dev"),
+            ("Deployment", FULLNAME),
+            ("NetworkPolicy", f"{FULLNAME}-operator"),
+            ("NetworkPolicy", f"{FULLNAME}-workers"),
+            ("Service", f"{FULLNAME}-metrics"),
+            ("ServiceAccount", FULLNAME),
+        ]
+    )
+    for doc in render():
+        if doc["kind"] not in {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}:
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_chart_has_no_crds_folder(chart: Any) -> None:
+    """The CRD is a template (upgradable); a crds/ folder would be installed once and never upgraded."""
+    assert chart.crds == []
+    assert not (CHART_DIR / "crds").exists()
+
+
+SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "unknown top-level key": ({"replicaCount": 2}, ["additional properties 'replicaCount' not allowed"]),
+    "unknown nested key (typo)": (
+        {"metrics": {"serviceMonitr": {"enabled": True}}},
+        ["/metrics", "additional properties 'serviceMonitr' not allowed"],
+    ),
+    "wrong type": ({"metrics": {"port": "9465"}}, ["/metrics/port", "got string, want integer"]),
+    "port out of range": ({"operator": {"healthPort": 70000}}, ["/operator/healthPort", "maximum"]),
+    "bad enum": ({"operator": {"logFormat": "xml"}}, ["/operator/logFormat"]),
+    "root allowed": ({"securityContext": {"runAsNonRoot": False}}, ["/securityContext/runAsNonRoot"]),
+    "privilege escalation": (
+        {"securityContext": {"allowPrivilegeEscalation": True}},
+        ["/securityContext/allowPrivilegeEscalation"],
+    ),
+    "wildcard worker verb": (
+        {"worker": {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}]}},
+        ["/worker/rules/0/verbs/0"],
+    ),
+    "secret list verb": ({"rbac": {"secretVerbs": ["get", "list"]}}, ["/rbac/secretVerbs/1"]),
+    "bad namespace name": ({"operator": {"watchNamespaces": ["Team_A"]}}, ["/operator/watchNamespaces/0"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_REJECTS))
+def test_values_schema_rejects(chart: Any, case: str) -> None:
+    values, fragments = SCHEMA_REJECTS[case]
+    with pytest.raises(helm.HelmValuesError) as excinfo:
+        chart.validate_schema(values)
+    message = str(excinfo.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    # render (what helm install/template does) refuses the same values
+    with pytest.raises(helm.HelmValuesError):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_values_schema_accepts_every_value_set(chart: Any) -> None:
+    for values in VALUE_SETS.values():
+        chart.validate_schema(values)
+
+
+def test_notes_explain_next_steps(render_notes: Any) -> None:
+    notes = render_notes()
+    assert "kubectl get pc -A -w" in notes
+    assert "all namespaces" in notes
+    assert "team-a, team-b" in render_notes(VALUE_SETS["namespaced"])
+    assert "NOT installed" in render_notes({"crds": {"enabled": False}})
+
+
+# --- the CRD template ---------------------------------------------------------------------------------
+
+
+def test_crd_template_is_generated_from_crds_folder() -> None:
+    sync = load_sync_module()
+    template = (CHART_DIR / "templates" / "crd-parallelconsumers.yaml").read_text(encoding="utf-8")
+    assert template == sync.render_template(CRD_FILE.read_text(encoding="utf-8")), (
+        "run: python charts/multilane/hack/sync_crd.py"
+    )
+    assert sync.main(["--check"]) == 0
+
+
+def test_rendered_crd_equals_crds_folder(render: Any, crd: Manifest) -> None:
+    rendered = one(render(), "CustomResourceDefinition", "parallelconsumers.multilane.dev")
+    metadata = rendered["metadata"]
+    assert metadata["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert metadata["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    stripped = dict(rendered, metadata={"name": metadata["name"]})
+    assert stripped == crd
+
+
+def test_crd_switches(render: Any) -> None:
+    unkept = one(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"]
+    assert find(render({"crds": {"enabled": False}}), "CustomResourceDefinition") == []
+
+
+def test_sync_script_refuses_template_braces() -> None:
+    sync = load_sync_module()
+    with pytest.raises(ValueError, match="must not contain"):
+        sync.render_template(CRD_FILE.read_text(encoding="utf-8").replace("Comma-separated", "{{ x }}"))
+
+
+# --- RBAC ---------------------------------------------------------------------------------------------
+
+
+def _roles(docs: list[Manifest]) -> list[Manifest]:
+    return [d for d in docs if d["kind"] in {"Role", "ClusterRole"}]
+
+
+def _operator_rules(docs: list[Manifest]) -> list[Manifest]:
+    return [
+        rule
+        for role in _roles(docs)
+        if role["metadata"]["name"] != WORKER_ROLE
+        for rule in role.get("rules", [])
+    ]
+
+
+def _grants(rules: list[Manifest], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in r["apiGroups"]
+        and resource in r["resources"]
+        and verb in r["verbs"]
+        and not r.get("resourceNames")
+        for r in rules
+    )
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rbac_has_no_wildcards_and_no_escalation(render: Any, value_set: str) -> None:
+    for role in _roles(render(VALUE_SETS[value_set])):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(key, []), (role["metadata"]["name"], rule)
+            assert not {"escalate", "impersonate", "deletecollection"} & set(rule["verbs"]), rule
+            assert not any(r.endswith("/*") for r in rule["resources"]), rule
+
+
+def test_secrets_verbs_are_limited(render: Any) -> None:
+    rules = _operator_rules(render())
+    secret_rules = [r for r in rules if "secrets" in r["resources"]]
+    assert len(secret_rules) == 1
+    assert set(secret_rules[0]["verbs"]) == {"get", "create", "patch"}
+    assert not _grants(rules, "", "secrets", "list") and not _grants(rules, "", "secrets", "watch")
+    narrowed = _operator_rules(render({"rbac": {"secretVerbs": ["create", "patch"]}}))
+    assert [set(r["verbs"]) for r in narrowed if "secrets" in r["resources"]] == [{"create", "patch"}]
+
+
+def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
+    rules = _operator_rules(render())
+    needed = [
+        ("multilane.dev", "parallelconsumers", "list"),
+        ("multilane.dev", "parallelconsumers", "watch"),
+        ("multilane.dev", "parallelconsumers", "patch"),
+        ("multilane.dev", "parallelconsumers/status", "patch"),
+        ("", "events", "create"),
+        ("apps", "statefulsets", "create"),
+        ("apps", "statefulsets", "patch"),
+        ("", "services", "create"),
+        ("policy", "poddisruptionbudgets", "create"),
+        ("", "serviceaccounts", "create"),
+        ("", "secrets", "create"),
+        ("", "pods", "delete"),
+        ("coordination.k8s.io", "leases", "update"),
+        ("rbac.authorization.k8s.io", "rolebindings", "create"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ]
+    missing = [n for n in needed if not _grants(rules, *n)]
+    assert missing == []
+
+
+def test_operator_cannot_write_crds_or_roles(render: Any) -> None:
+    rules = _operator_rules(render())
+    for verb in ("create", "update", "patch", "delete"):
+        assert not _grants(rules, "apiextensions.k8s.io", "customresourcedefinitions", verb)
+        assert not _grants(rules, "rbac.authorization.k8s.io", "roles", verb)
+        assert not _grants(rules, "rbac.authorization.k8s.io", "clusterroles", verb)
+        assert not _grants(rules, "rbac.authorization.k8s.io", "clusterrolebindings", verb)
+
+
+def test_operator_may_bind_exactly_the_worker_cluster_role(render: Any) -> None:
+    docs = render()
+    binds = [r for r in _operator_rules(docs) if "bind" in r["verbs"]]
+    assert binds == [
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"],
+            "verbs": ["bind"],
+            "resourceNames": [WORKER_ROLE],
+        }
+    ]
+    worker = one(docs, "ClusterRole", WORKER_ROLE)
+    assert worker["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"]}
+    ]
+    # the chart itself never binds the worker role: the operator does, per namespace
+    bindings = find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding")
+    assert all(b["roleRef"]["name"] != WORKER_ROLE for b in bindings)
+    # ... and tells the operator its name
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    assert env["MULTILANE_WORKER_CLUSTER_ROLE"] == WORKER_ROLE
+
+
+def test_cluster_role_is_bound_to_the_operator_service_account(render: Any) -> None:
+    docs = render()
+    binding = one(docs, "ClusterRoleBinding", FULLNAME)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": FULLNAME,
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+def test_namespaced_mode_grants_only_inside_watched_namespaces(render: Any) -> None:
+    docs = render(VALUE_SETS["namespaced"])
+    roles = find(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in find(docs, "RoleBinding")) == ["team-a", "team-b"]
+    # the only cluster-wide grant is read-only discovery
+    discovery = one(docs, "ClusterRole", f"{FULLNAME}-discovery")
+    assert {v for r in discovery["rules"] for v in r["verbs"]} <= {"get", "list", "watch"}
+    assert {res for r in discovery["rules"] for res in r["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    assert [b["roleRef"]["name"] for b in find(docs, "ClusterRoleBinding")] == [f"{FULLNAME}-discovery"]
+    args = _container(docs)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+    # NetworkPolicies follow the watched namespaces
+    worker_policies = [p for p in find(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-workers")]
+    assert sorted(p["metadata"]["namespace"] for p in worker_policies) == ["team-a", "team-b"]
+
+
+def test_no_rbac_when_disabled(render: Any) -> None:
+    docs = render(VALUE_SETS["external-sa-no-rbac"])
+    assert (
+        _roles(docs) == [] and find(docs, "ClusterRoleBinding") == [] and find(docs, "ServiceAccount") == []
+    )
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "platform-sa"
+
+
+# --- the operator Deployment --------------------------------------------------------------------------
+
+
+def _container(docs: list[Manifest]) -> Manifest:
+    containers = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    container: Manifest = containers[0]
+    return container
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_deployment_security_context(render: Any, value_set: str) -> None:
+    docs = render(VALUE_SETS[value_set])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    sc = _container(docs)["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # the read-only root filesystem needs a writable /tmp (HOME and TMPDIR)
+    mounts = {m["mountPath"]: m["name"] for m in _container(docs)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    assert env["HOME"] == "/tmp" and env["TMPDIR"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_deployment_runs_the_operator_with_kopf_liveness(render: Any) -> None:
+    docs = render()
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    container = _container(docs)
+    assert container["image"] == "ghcr.io/multilane/multilane:0.1.0"
+    args = container["args"]
+    assert args[0] == "operator"
+    assert "--liveness=http://0.0.0.0:8080/healthz" in args
+    assert "--all-namespaces" in args and "--standalone" in args and "--metrics-port=9465" in args
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+    assert selector["app.kubernetes.io/component"] == "operator"
+
+
+def test_image_digest_wins_over_tag(render: Any) -> None:
+    container = _container(render(VALUE_SETS["pinned-image"]))
+    assert container["image"] == "registry.example.com/ml@sha256:" + "a" * 64
+    assert container["args"][-1] == "--debug"
+    assert {"name": "EXTRA", "value": "1"} in container["env"]
+
+
+def test_metrics_service_and_monitors(render: Any) -> None:
+    docs = render(VALUE_SETS["monitoring"])
+    service = one(docs, "Service", f"{FULLNAME}-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9465, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
+    pod_monitor = one(docs, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    off = render(VALUE_SETS["minimal-footprint"])
+    assert find(off, "Service") == [] and "--metrics-port=9465" not in _container(off)["args"]
+
+
+# --- peering ------------------------------------------------------------------------------------------
+
+
+def test_peering_clusterwide(render: Any) -> None:
+    docs = render(VALUE_SETS["peering-clusterwide"])
+    crds = {d["metadata"]["name"] for d in find(docs, "CustomResourceDefinition")}
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= crds
+    peering = one(docs, "ClusterKopfPeering", "multilane")
+    # created after its CRD exists: a post-install/upgrade hook
+    assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+    args = _container(docs)["args"]
+    assert "--peering=multilane" in args and "--priority=200" in args and "--standalone" not in args
+    assert _grants(_operator_rules(docs), "kopf.dev", "clusterkopfpeerings", "patch")
+    assert not _grants(_operator_rules(render()), "kopf.dev", "clusterkopfpeerings", "patch")
+
+
+def test_peering_namespaced(render: Any) -> None:
+    docs = render(VALUE_SETS["peering-namespaced"])
+    assert one(docs, "KopfPeering")["metadata"]["namespace"] == "team-a"
+    assert find(docs, "ClusterKopfPeering") == []
+    assert _grants(one(docs, "Role")["rules"], "kopf.dev", "kopfpeerings", "patch")
+    without_crds = render({"peering": {"enabled": True, "installCRDs": False}})
+    assert [d["metadata"]["name"] for d in find(without_crds, "CustomResourceDefinition")] == [
+        "parallelconsumers.multilane.dev"
+    ]
+
+
+# --- NetworkPolicies ----------------------------------------------------------------------------------
+
+
+def test_worker_network_policy(render: Any) -> None:
+    docs = render()
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-workers")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"] == {
+        "matchExpressions": [
+            {"key": "app.kubernetes.io/component", "operator": "In", "values": ["worker"]},
+            {"key": "multilane.dev/consumer", "operator": "Exists"},
+        ]
+    }
+    control, metrics = policy["spec"]["ingress"]
+    assert control["ports"] == [{"protocol": "TCP", "port": 8471}]
+    (peer,) = control["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 9464}]
+    assert metrics["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    # no rule opens the control port to anyone else
+    assert all(8471 not in [p["port"] for p in rule["ports"]] for rule in policy["spec"]["ingress"][1:])
+
+
+def test_network_policy_namespaces_and_prometheus_selector(render: Any) -> None:
+    docs = render(VALUE_SETS["pinned-image"])
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-workers")
+    assert policy["metadata"]["namespace"] == "apps"
+    assert policy["spec"]["ingress"][1]["from"][0]["podSelector"] == {"matchLabels": {"app": "prom"}}
+    operator_policy = one(docs, "NetworkPolicy", f"{FULLNAME}-operator")
+    assert operator_policy["metadata"]["namespace"] == NAMESPACE
+    assert find(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_values_yaml_is_commented() -> None:
+    text = (CHART_DIR / "values.yaml").read_text(encoding="utf-8")
+    values = yaml.safe_load(text)
+    comments = [line for line in text.splitlines() if line.strip().startswith("# --")]
+    assert len(comments) >= len(values)
