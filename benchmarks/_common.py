@@ -544,14 +544,17 @@ def zipf_key(rank: int) -> bytes:
 
 @dataclass(frozen=True)
 class ProducedTopic:
-    """What :func:`produce_zipf` wrote: exact counts from delivery reports."""
+    """What :func:`produce_zipf` wrote, from delivery reports (exact offsets, in offset order).
+
+    Invariant: the offsets ``first_offset .. last_offset`` are exactly the produced records.
+    """
 
     topic: str
     records: int
     first_offset: int
     last_offset: int
     seconds: float
-    key_counts: dict[bytes, int]
+    keys: list[bytes]  # keys[i] is the key of the record at offset first_offset + i
 
 
 def produce_zipf(
@@ -586,25 +589,18 @@ def produce_zipf(
     }
     config.update(producer_config or {})
     producer = Producer(config)
-    delivered = 0
     failed: list[str] = []
-    offsets = [math.inf, -1.0]
+    by_offset: dict[int, bytes] = {}
 
     def on_delivery(err: Any, msg: Any) -> None:
-        nonlocal delivered
         if err is not None:
             failed.append(str(err))
             return
-        delivered += 1
-        off = msg.offset()
-        offsets[0] = min(offsets[0], off)
-        offsets[1] = max(offsets[1], off)
+        by_offset[msg.offset()] = msg.key()
 
-    counts: dict[bytes, int] = {}
     t0 = time.perf_counter()
     for rank in ranks:
         key = keys[rank]
-        counts[key] = counts.get(key, 0) + 1
         while True:
             try:
                 producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
@@ -614,16 +610,17 @@ def produce_zipf(
         producer.poll(0)
     remaining = producer.flush(120)
     seconds = time.perf_counter() - t0
-    if remaining or failed or delivered != records:
+    first, last = (min(by_offset), max(by_offset)) if by_offset else (0, -1)
+    if remaining or failed or len(by_offset) != records or last - first + 1 != records:
         raise RuntimeError(
-            f"produced {delivered}/{records} records to {topic}; {remaining} undelivered; "
-            f"errors: {failed[:3]}"
+            f"produced {len(by_offset)}/{records} records to {topic} (offsets {first}..{last}); "
+            f"{remaining} undelivered; errors: {failed[:3]}"
         )
     return ProducedTopic(
         topic=topic,
-        records=delivered,
-        first_offset=int(offsets[0]),
-        last_offset=int(offsets[1]),
+        records=records,
+        first_offset=first,
+        last_offset=last,
         seconds=seconds,
-        key_counts=counts,
+        keys=[by_offset[o] for o in range(first, last + 1)],
     )

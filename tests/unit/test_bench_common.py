@@ -1,0 +1,85 @@
+"""The benchmarks' shared ``--json`` contract (benchmarks/_common.py): pure, no broker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+
+import pytest
+
+from benchmarks._common import Column, Report, main, ratio
+
+
+def _body(args: argparse.Namespace, report: Report) -> None:
+    table = report.table("t", "A table", [Column("system"), Column("rate", "rec/s", ",.0f"), Column("note")])
+    table.add(system="fast", rate=1234.5)
+    table.add(system="odd", rate=math.nan)
+    table.add_unavailable("engine missing", system="multilane")
+    report.goal("fast ÷ slow", ratio(2.0, 1.0), 1.5)
+    report.goal("missing ÷ slow", ratio(None, 1.0), 1.5)
+    report.params["size"] = 10 if args.quick else 1000
+
+
+def _run(
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    body: Callable[[argparse.Namespace, Report], None] = _body,
+) -> tuple[int, list[str]]:
+    code = main("demo", "demo benchmark", body, argv=argv)
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_json_is_the_last_line_and_holds_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = _run(capsys, ["--quick", "--json"])
+    assert code == 0
+    doc = json.loads(lines[-1])
+    assert doc["benchmark"] == "demo"
+    assert doc["schema"] == 1
+    assert doc["quick"] is True and doc["ok"] is True and doc["errors"] == []
+    assert doc["params"] == {"size": 10}
+    assert {"cores", "cpu_model", "python", "confluent_kafka", "librdkafka"} <= set(doc["machine"])
+    rows = doc["tables"][0]["rows"]
+    assert rows[0] == {"system": "fast", "rate": 1234.5, "note": None}
+    assert rows[1]["rate"] is None  # NaN is not JSON: it becomes null
+    assert rows[2]["rate"] is None and rows[2]["note"] == "not available (engine missing)"
+    assert [g["passed"] for g in doc["goals"]] == [True, None]
+    # the text report comes first, as a Markdown table
+    text = "\n".join(lines[:-1])
+    assert "| fast | 1,234 |" in text
+    assert "not available (engine missing)" in text
+    assert "PASS: fast ÷ slow" in text and "not measured: missing ÷ slow" in text
+
+
+def test_without_json_no_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = _run(capsys, [])
+    assert code == 0
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(lines[-1])
+
+
+def test_a_failing_body_still_prints_json_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    def body(args: argparse.Namespace, report: Report) -> None:
+        report.table("t", "T", [Column("x")]).add(x=1)
+        raise RuntimeError("broker gone")
+
+    code, lines = _run(capsys, ["--json"], body)
+    assert code == 1
+    doc = json.loads(lines[-1])
+    assert doc["ok"] is False
+    assert doc["errors"] == ["RuntimeError: broker gone"]
+    assert doc["tables"][0]["rows"] == [{"x": 1}]
+
+
+def test_unknown_column_is_an_error() -> None:
+    report = Report(benchmark="b", quick=False, command="c")
+    with pytest.raises(KeyError):
+        report.table("t", "T", [Column("x")]).add(y=1)
+
+
+def test_ratio_handles_missing_and_zero() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(1.0, 0.0) is None
+    assert ratio(1.0, None) is None
