@@ -1,0 +1,193 @@
+"""``multilane worker``: run one worker process (engine + control endpoint + metrics). Does I/O.
+
+Contract (others rely on it): prints exactly one line
+``multilane-worker ready worker_id=... control_port=... metrics_port=...`` to stdout once it is
+consuming; logs to stderr; on SIGTERM/SIGINT drains in-flight records, commits synchronously and exits 0.
+Exit codes: 0 clean stop, 2 bad arguments or configuration, 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from multilane.api import OrderingMode, ProcessorLoadError, load_processor
+from multilane.worker.config import ConfigError, EngineConfig
+
+__all__ = ["add_arguments", "build_config", "run"]
+
+log = logging.getLogger("multilane.worker")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--bootstrap-servers", required=True, help="Kafka bootstrap servers, HOST:PORT[,...]")
+    a("--group", required=True, help="consumer group id (commits and progress live under it)")
+    a("--processor", required=True, help="the processing function, 'package.module:function'")
+    a("--topic", action="append", default=[], help="standalone mode: subscribe to this topic (repeatable)")
+    a("--assign", default=None, help="operator mode: static assignment T:P[,T:P...] (no group join)")
+    a("--ordering", choices=[m.value for m in OrderingMode], default="key")
+    a("--factor", type=int, default=8, help="lanes per partition (default 8)")
+    a("--max-in-flight", type=int, default=10_000, help="records in flight per process")
+    a("--max-in-flight-bytes", type=int, default=64 * 1024 * 1024, help="bytes in flight per process")
+    a("--max-retries", type=int, default=3)
+    a("--retry-backoff-ms", type=int, default=100)
+    a("--dead-letter-topic", default=None, help='default "<topic>.dlq"')
+    a("--commit-interval-ms", type=int, default=1000)
+    a("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
+    a("--control-port", type=int, default=0, help="control API port (0 = off)")
+    a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
+    a("--worker-id", default=None)
+    a("--state-dir", default=None, help="directory of the per-partition state stores (enables state)")
+    a("--stall-threshold-s", type=float, default=60.0)
+    a("--drain-timeout-s", type=float, default=30.0, help="shutdown: wait this long for in-flight records")
+    a("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
+      help="extra librdkafka setting (repeatable)")
+    a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"))
+
+
+def _parse_assign(text: str) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        topic, sep, part = item.rpartition(":")
+        if not sep or not topic:
+            raise ConfigError(f"--assign entry {item!r} must look like TOPIC:PARTITION")
+        try:
+            p = int(part)
+        except ValueError as exc:
+            raise ConfigError(f"--assign entry {item!r}: partition {part!r} is not an int") from exc
+        if p < 0:
+            raise ConfigError(f"--assign entry {item!r}: partition must be >= 0")
+        out.append((topic, p))
+    return tuple(out)
+
+
+def _parse_kv(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise ConfigError(f"--consumer-config {item!r} must look like key=value")
+        out[k.strip()] = v
+    return out
+
+
+def build_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration named by the command line; ConfigError on bad values."""
+    operator_mode = args.assign is not None
+    if operator_mode and args.topic:
+        raise ConfigError("use either --topic (standalone) or --assign (operator mode), not both")
+    if not operator_mode and not args.topic:
+        raise ConfigError("give --topic (standalone mode) or --assign (operator mode)")
+    extra: dict[str, Any] = {}
+    if args.worker_id:
+        extra["worker_id"] = args.worker_id
+    return EngineConfig(
+        bootstrap_servers=args.bootstrap_servers,
+        group=args.group,
+        topics=tuple(args.topic),
+        assign=_parse_assign(args.assign) if operator_mode else (),
+        operator_mode=operator_mode,
+        ordering=OrderingMode(args.ordering),
+        factor=args.factor,
+        max_in_flight=args.max_in_flight,
+        max_in_flight_bytes=args.max_in_flight_bytes,
+        max_retries=args.max_retries,
+        retry_backoff_ms=args.retry_backoff_ms,
+        dead_letter_topic=args.dead_letter_topic,
+        commit_interval_ms=args.commit_interval_ms,
+        stall_threshold_s=args.stall_threshold_s,
+        drain_timeout_s=args.drain_timeout_s,
+        consumer_overrides=_parse_kv(args.consumer_config),
+        **extra,
+    )
+
+
+def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+    if not args.state_dir:
+        return None
+    from multilane.worker.state.manager import StateManager
+
+    security = {k: v for k, v in cfg.consumer_overrides.items() if k.startswith(("sasl.", "ssl.", "security."))}
+    return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
+                        producer_config=security, consumer_config=security, admin_config=security)
+
+
+async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None) -> int:
+    """Run until a signal (steps 1-5).
+
+    1. Build the engine (and the state hooks with --state-dir).
+    2. Start the control and metrics endpoints (they answer /healthz and status while starting).
+    3. Start the engine (initial assignment or subscription).
+    4. Print the ready line; wait for SIGTERM/SIGINT.
+    5. Stop the engine (drain, final commit), then the endpoints.
+    """
+    from multilane.worker.control import ControlServer
+    from multilane.worker.engine import Engine
+    from multilane.worker.metrics import MetricsServer
+
+    loop = asyncio.get_running_loop()
+    # 1. engine
+    engine = Engine(cfg, processor, _state_hooks(args, cfg))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, engine.request_stop)
+    # 2. endpoints
+    control = metrics = None
+    control_port = metrics_port = 0
+    if args.control_port:
+        assert token is not None
+        control = ControlServer(engine, token, port=args.control_port)
+        control_port = await control.start()
+    if args.metrics_port:
+        metrics = MetricsServer(engine.metrics, port=args.metrics_port)
+        metrics_port = await metrics.start()
+    try:
+        # 3. engine
+        await engine.start()
+        # 4. ready
+        print(f"multilane-worker ready worker_id={cfg.worker_id} control_port={control_port} "
+              f"metrics_port={metrics_port}", flush=True)
+        await engine.wait_stop_requested()
+        log.info("stop requested: draining")
+    finally:
+        # 5. stop
+        await engine.stop()
+        if control is not None:
+            await control.stop()
+        if metrics is not None:
+            await metrics.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(args)
+        processor = load_processor(args.processor)
+        token: str | None = None
+        if args.control_port:
+            from multilane.worker.control import TokenError, load_token
+
+            try:
+                token = load_token(args.control_token_file)
+            except TokenError as exc:
+                raise ConfigError(str(exc)) from exc
+    except (ConfigError, ProcessorLoadError, ValueError) as exc:
+        print(f"multilane worker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(args, cfg, processor, token))
+    except KeyboardInterrupt:
+        return 0
+    except Exception:
+        log.exception("worker failed")
+        return 1

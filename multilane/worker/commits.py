@@ -1,0 +1,171 @@
+"""The commit cycle: state hooks, progress records, offset commits. Does I/O (Kafka, thread pool).
+
+Every ``commit_interval_ms`` the engine runs :meth:`CommitCycle.run` over its active partitions, and
+once more, synchronously, when a partition is released and on shutdown. Offsets committed are always
+values of :meth:`OffsetTracker.committable` (never beyond an incomplete record). Every consumer call
+happens on the event loop's thread; blocking hook calls run on a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from multilane.api import OrderingMode
+from multilane.worker.partition import PartitionRuntime
+from multilane.worker.progress import ProgressCodec
+from multilane.worker.progress_store import ProgressStore
+
+__all__ = ["CommitCycle"]
+
+log = logging.getLogger(__name__)
+
+
+def _tp(topic: str, partition: int, offset: int, metadata: str | None) -> Any:
+    if metadata is None:
+        return TopicPartition(topic, partition, offset)
+    return TopicPartition(topic, partition, offset, metadata=metadata)
+
+
+class CommitCycle:
+    """Commits the committable offsets of partitions, with their progress records.
+
+    Invariant: a commit request for offset ``C`` of a partition is sent only after the state hooks
+    flushed every change of records below ``C`` and (when progress is kept) after the progress record
+    with base ``C`` was acknowledged or its write failed (then the progress is simply not used later).
+    """
+
+    def __init__(self, consumer: Any, store: ProgressStore | None, hooks: Any | None,
+                 progress_timeout_s: float = 10.0) -> None:
+        self._consumer = consumer
+        self._store = store
+        self._hooks = hooks
+        self._progress_timeout_s = progress_timeout_s
+        self.last_progress_bytes = 0
+        self.commit_errors = 0
+
+    async def run(self, parts: Sequence[PartitionRuntime], *, final: bool = False) -> None:
+        """One cycle over ``parts`` (steps 1-4). ``final``: commit synchronously, even if unchanged.
+
+        1. Snapshot each partition's committable offset ``C`` and its progress record (base ``C``);
+           skip partitions where neither changed since the last cycle (unless ``final``).
+        2. State hooks: ``before_commit(topic, partition, C)`` on a worker thread.
+        3. Progress: produce each record to the progress topic and wait for the acknowledgements.
+        4. Commit the offsets (progress as metadata when it fits); asynchronously, or synchronously
+           when ``final``.
+        """
+        loop = asyncio.get_running_loop()
+        # 1. snapshot
+        batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
+        for part in parts:
+            part.flush()
+            c = part.tracker.committable()
+            if c is None:
+                continue
+            encoded: bytes | None = None
+            if part.mode is not OrderingMode.PARTITION and self._store is not None:
+                encoded = ProgressCodec.encode(part.progress(c))
+                self.last_progress_bytes = len(encoded)
+            if not final and c == part.commit_sent and encoded == part.last_progress:
+                continue
+            batch.append((part, c, encoded))
+        if not batch:
+            return
+        # 2. state hooks
+        hooks = self._hooks
+        if hooks is not None:
+            for part, c, _ in batch:
+                await loop.run_in_executor(None, hooks.before_commit, part.topic, part.partition, c)
+        # 3. progress records
+        store = self._store
+        if store is not None:
+            waits = []
+            for part, c, encoded in batch:
+                if encoded is not None:
+                    waits.append((part, store.write(part.topic, part.partition, encoded)))
+            for part, fut in waits:
+                try:
+                    await asyncio.wait_for(fut, self._progress_timeout_s)
+                except (KafkaException, TimeoutError) as exc:
+                    log.warning("progress record for %s/%d not written (%s); committing without it",
+                                part.topic, part.partition, exc)
+        # 4. commit
+        offsets = []
+        for part, c, encoded in batch:
+            meta = ProgressStore.metadata_for(encoded) if encoded is not None else None
+            offsets.append(_tp(part.topic, part.partition, c, meta))
+            part.commit_sent = c
+            part.last_progress = encoded
+        try:
+            if final:
+                result = self._consumer.commit(offsets=offsets, asynchronous=False)
+                self.on_commit(None, result or [], {(p.topic, p.partition): p for p, _, _ in batch})
+            else:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            self.commit_errors += 1
+            for part, _, _ in batch:
+                part.commit_sent = None  # try again next cycle
+            log.warning("commit failed (%s); will retry", exc)
+            if final:
+                raise
+
+    def run_blocking(self, parts: Sequence[PartitionRuntime], producer: Any, timeout_s: float = 10.0) -> None:
+        """The same cycle, blocking, for rebalance callbacks (which cannot await); always synchronous.
+
+        1. Snapshot committable offsets and progress. 2. ``before_commit`` hooks, called directly.
+        3. Produce the progress records and flush the producer (delivery callbacks run here, on the
+        loop thread). 4. Synchronous commit.
+        """
+        # 1. snapshot
+        batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
+        for part in parts:
+            part.flush()
+            c = part.tracker.committable()
+            if c is None:
+                continue
+            encoded = None
+            if part.mode is not OrderingMode.PARTITION and self._store is not None:
+                encoded = ProgressCodec.encode(part.progress(c))
+            batch.append((part, c, encoded))
+        if not batch:
+            return
+        # 2. hooks
+        if self._hooks is not None:
+            for part, c, _ in batch:
+                self._hooks.before_commit(part.topic, part.partition, c)
+        # 3. progress
+        if self._store is not None:
+            futs = [self._store.write(part.topic, part.partition, enc) for part, _, enc in batch
+                    if enc is not None]
+            if futs:
+                producer.flush(timeout_s)
+            for f in futs:
+                if not f.done() or f.exception() is not None:
+                    log.warning("progress record not written before revoke commit; committing without it")
+        # 4. commit
+        offsets = []
+        for part, c, enc in batch:
+            meta = ProgressStore.metadata_for(enc) if enc is not None else None
+            offsets.append(_tp(part.topic, part.partition, c, meta))
+        result = self._consumer.commit(offsets=offsets, asynchronous=False)
+        self.on_commit(None, result or [], {(p.topic, p.partition): p for p, _, _ in batch})
+
+    def on_commit(self, err: Any, tps: list[Any], parts: dict[tuple[str, int], PartitionRuntime]) -> None:
+        """Record confirmed commits (the consumer's ``on_commit`` callback, on the loop thread)."""
+        if err is not None:
+            self.commit_errors += 1
+            log.warning("offset commit failed: %s", err)
+        for tp in tps:
+            part = parts.get((tp.topic, tp.partition))
+            if part is None:
+                continue
+            if tp.error is not None:
+                part.commit_sent = None
+                log.warning("commit of %s/%d failed: %s", tp.topic, tp.partition, tp.error)
+            elif tp.offset >= 0 and (part.committed is None or tp.offset >= part.committed):
+                part.committed = tp.offset

@@ -1,0 +1,150 @@
+"""Engine configuration: the settings of one worker process and the librdkafka settings derived from them.
+
+Pure: no I/O. :class:`EngineConfig` is validated on construction (bad values raise
+:class:`ConfigError` naming the field); :meth:`EngineConfig.consumer_config` derives the consumer's
+librdkafka settings, sizing librdkafka's own prefetch queue from the byte bound so that resident memory
+stays bounded by the back-pressure limits, not by librdkafka's 64 MiB default.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from multilane.api import OrderingMode
+
+__all__ = ["ConfigError", "EngineConfig", "TopicPartitionId"]
+
+TopicPartitionId = tuple[str, int]
+
+
+class ConfigError(ValueError):
+    """An engine setting is invalid; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of one worker engine. Defaults suit tests on the embedded broker and production alike."""
+
+    bootstrap_servers: str
+    group: str
+    topics: tuple[str, ...] = ()  # standalone mode: subscribe() to these (cooperative-sticky)
+    assign: tuple[TopicPartitionId, ...] = ()  # operator mode: initial static assignment
+    operator_mode: bool = False  # True: assign() only, the assignment changes through the control API
+    ordering: OrderingMode = OrderingMode.KEY
+    factor: int = 8
+    max_in_flight: int = 10_000  # records, per process
+    max_in_flight_bytes: int = 64 * 1024 * 1024  # bytes, per process
+    max_in_flight_per_partition: int | None = None  # None: the process bound
+    max_in_flight_bytes_per_partition: int | None = None
+    resume_fraction: float = 0.5  # a paused partition resumes below this fraction of its bounds
+    max_retries: int = 3
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 10_000
+    dead_letter_topic: str | None = None  # None: "<topic>.dlq"
+    commit_interval_ms: int = 1000
+    stall_threshold_s: float = 60.0
+    worker_id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")
+    consume_batch: int = 2000  # max records per consume() call
+    sync_batch: int = 64  # max records per thread-pool submission (sync processors)
+    max_threads: int = 256  # thread pool size bound for sync processors
+    yield_every: int = 64  # a lane runner yields to the loop after this many records in a row
+    drain_timeout_s: float = 30.0  # shutdown: how long in-flight records may take to finish
+    progress_topic: str | None = None  # None: "multilane-progress.<group>"
+    consumer_overrides: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: float) -> None:
+            if value <= 0:
+                raise ConfigError(f"{name} must be > 0, got {value!r}")
+
+        if not self.bootstrap_servers:
+            raise ConfigError("bootstrap_servers is required")
+        if not self.group:
+            raise ConfigError("group is required")
+        if self.operator_mode and self.topics:
+            raise ConfigError("operator mode assigns partitions; it cannot also subscribe to topics")
+        if not self.operator_mode and not self.topics:
+            raise ConfigError("standalone mode needs at least one topic (or use operator mode)")
+        if not isinstance(self.ordering, OrderingMode):
+            raise ConfigError(f"ordering must be an OrderingMode, got {self.ordering!r}")
+        if not isinstance(self.factor, int) or self.factor < 1 or self.factor > 65536:
+            raise ConfigError(f"factor must be an int in [1, 65536], got {self.factor!r}")
+        for name in ("max_in_flight", "max_in_flight_bytes", "commit_interval_ms", "consume_batch",
+                     "sync_batch", "max_threads", "yield_every", "retry_backoff_max_ms"):
+            positive(name, getattr(self, name))
+        positive("stall_threshold_s", self.stall_threshold_s)
+        if self.max_retries < 0:
+            raise ConfigError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.retry_backoff_ms < 0:
+            raise ConfigError(f"retry_backoff_ms must be >= 0, got {self.retry_backoff_ms}")
+        if not 0.0 < self.resume_fraction < 1.0:
+            raise ConfigError(f"resume_fraction must be in (0, 1), got {self.resume_fraction}")
+        for tp in self.assign:
+            if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[1], int) and tp[1] >= 0):
+                raise ConfigError(f"assign entries must be (topic, partition >= 0), got {tp!r}")
+
+    # -- derived values ----------------------------------------------------------------------------
+
+    @property
+    def partition_max_records(self) -> int:
+        return min(self.max_in_flight_per_partition or self.max_in_flight, self.max_in_flight)
+
+    @property
+    def partition_max_bytes(self) -> int:
+        return min(self.max_in_flight_bytes_per_partition or self.max_in_flight_bytes,
+                   self.max_in_flight_bytes)
+
+    @property
+    def progress_topic_name(self) -> str:
+        return self.progress_topic or f"multilane-progress.{self.group}"
+
+    def dead_letter_topic_for(self, topic: str) -> str:
+        return self.dead_letter_topic or f"{topic}.dlq"
+
+    def consumer_config(self) -> dict[str, str | int | bool]:
+        """librdkafka consumer settings (overrides from ``consumer_overrides`` win).
+
+        The prefetch queue (``queued.max.messages.kbytes``) and fetch sizes are derived from the byte
+        bound: librdkafka holds at most about that much besides the engine's own in-flight records.
+        """
+        kbytes = max(1024, self.max_in_flight_bytes // 2048)  # half the byte bound, >= 1 MiB
+        fetch_max = max(1 << 20, min(50 << 20, self.max_in_flight_bytes // 2))
+        conf: dict[str, str | int | bool] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group,
+            "client.id": f"multilane-{self.worker_id}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "fetch.queue.backoff.ms": 10,
+            "queued.max.messages.kbytes": kbytes,
+            "queued.min.messages": max(1000, min(100_000, self.max_in_flight)),
+            "fetch.max.bytes": fetch_max,
+            "max.partition.fetch.bytes": min(fetch_max, 1 << 20),
+            "receive.message.max.bytes": fetch_max + 65536,
+            "fetch.wait.max.ms": 100,
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 1000,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "statistics.interval.ms": 0,
+        }
+        conf.update(self.consumer_overrides)
+        return conf
+
+    def producer_config(self) -> dict[str, str | int | bool]:
+        """Settings of the producer used for dead letters and progress records."""
+        conf: dict[str, str | int | bool] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": f"multilane-{self.worker_id}-producer",
+            "linger.ms": 5,
+            "acks": "all",
+            "enable.idempotence": False,
+            "message.timeout.ms": 30_000,
+        }
+        for key in ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username",
+                    "sasl.password", "ssl.ca.location", "ssl.certificate.location",
+                    "ssl.key.location", "ssl.key.password"):
+            if key in self.consumer_overrides:
+                conf[key] = self.consumer_overrides[key]
+        return conf

@@ -1,0 +1,216 @@
+"""The worker's authenticated HTTP control endpoint (aiohttp, on the engine's loop). Does I/O.
+
+Routes and bodies are fixed in docs/architecture.md ("Worker control API"). Every request except
+``GET /healthz`` needs ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
+without it the answer is 401. Bad JSON or fields -> 400 with a message; a stale assignment generation
+-> 409. Learner routes are forwarded to the state hooks when the worker has them (else 404).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from multilane.worker.engine import Engine, EngineError, FencingError
+
+__all__ = ["ControlServer", "TokenError", "load_token"]
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "MULTILANE_CONTROL_TOKEN"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class TokenError(ValueError):
+    """No usable control token was configured."""
+
+
+def load_token(token_file: str | None) -> str:
+    """The control token: from ``token_file`` if given, else ``$MULTILANE_CONTROL_TOKEN``."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise TokenError(f"cannot read control token file {token_file!r}: {exc}") from exc
+        if not token:
+            raise TokenError(f"control token file {token_file!r} is empty")
+        return token
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise TokenError(f"the control port needs a token: --control-token-file or ${TOKEN_ENV}")
+    return token
+
+
+class _BadRequestError(Exception):
+    pass
+
+
+def _partitions(body: dict[str, Any], field: str = "partitions") -> list[tuple[str, int]]:
+    raw = body.get(field)
+    if not isinstance(raw, list):
+        raise _BadRequestError(f"'{field}' must be a list of {{topic, partition}} objects")
+    out = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise _BadRequestError(f"each of '{field}' must be an object, got {item!r}")
+        topic, part = item.get("topic"), item.get("partition")
+        if not isinstance(topic, str) or not topic or not isinstance(part, int) \
+                or isinstance(part, bool) or part < 0:
+            raise _BadRequestError(f"bad partition {item!r}: needs topic (str) and partition (int >= 0)")
+        out.append((topic, part))
+    return out
+
+
+def _number(body: dict[str, Any], field: str, default: float) -> float:
+    v = body.get(field, default)
+    if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+        raise _BadRequestError(f"'{field}' must be a number >= 0")
+    return float(v)
+
+
+class ControlServer:
+    """Serves the control API of one engine. Invariant: ``_token`` is non-empty."""
+
+    def __init__(self, engine: Engine, token: str, host: str = "0.0.0.0", port: int = 8471) -> None:
+        if not token:
+            raise TokenError("empty control token")
+        self.engine = engine
+        self._token = token.encode()
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth_middleware, self._error_middleware])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/v1/status", self._status)
+        app.router.add_post("/v1/assignment", self._assignment)
+        app.router.add_post("/v1/factor", self._factor)
+        app.router.add_post("/v1/pause", self._pause)
+        app.router.add_post("/v1/resume", self._resume)
+        app.router.add_post("/v1/release", self._release)
+        for verb in ("learn", "promote", "demote", "drop"):
+            app.router.add_post(f"/v1/{verb}", self._learner(verb))
+        return app
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port (useful with port 0)."""
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        if server is not None and getattr(server, "sockets", None):
+            self.port = server.sockets[0].getsockname()[1]
+        log.info("control endpoint on %s:%d", self.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- middlewares -----------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, supplied = header.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), self._token)
+        if not ok:
+            return web.json_response({"error": "unauthorized"}, status=401,
+                                     headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    @web.middleware
+    async def _error_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _BadRequestError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except FencingError as exc:
+            return web.json_response({"error": str(exc), "generation": self.engine.generation},
+                                     status=409)
+        except EngineError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _BadRequestError(f"body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise _BadRequestError("body must be a JSON object")
+        return body
+
+    # -- handlers ------------------------------------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        status = self.engine.status()
+        hooks = self.engine.hooks
+        if hooks is not None and hasattr(hooks, "learner_status"):
+            status["learners"] = hooks.learner_status()
+        return web.json_response(status)
+
+    async def _assignment(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        generation = body.get("generation")
+        if not isinstance(generation, int) or isinstance(generation, bool):
+            raise _BadRequestError("'generation' must be an int")
+        parts = _partitions(body)
+        deadline = _number(body, "release_deadline_s", 30.0)
+        released = await self.engine.assign(parts, generation, deadline)
+        return web.json_response({"generation": self.engine.generation,
+                                  "released": [r.to_dict() for r in released]})
+
+    async def _factor(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        f = body.get("factor")
+        if not isinstance(f, int) or isinstance(f, bool):
+            raise _BadRequestError("'factor' must be an int")
+        return web.json_response({"factor": await self.engine.set_factor(f)})
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        self.engine.pause()
+        return web.json_response({"paused": True})
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        self.engine.resume()
+        return web.json_response({"paused": False})
+
+    async def _release(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        parts = _partitions(body)
+        deadline = _number(body, "deadline_s", 30.0)
+        released = await self.engine.release(parts, deadline)
+        return web.json_response({"released": [r.to_dict() for r in released]})
+
+    def _learner(self, verb: str) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            hooks = self.engine.hooks
+            fn = getattr(hooks, verb, None) if hooks is not None else None
+            if fn is None:
+                return web.json_response({"error": f"/v1/{verb} needs a worker with a state store"},
+                                         status=404)
+            body = await self._body(request)
+            parts = _partitions(body)
+            for topic, partition in parts:
+                await self.engine._run_io(fn, topic, partition)
+            return web.json_response({verb: [{"topic": t, "partition": p} for t, p in parts]})
+
+        return handle

@@ -1,0 +1,744 @@
+"""The worker engine: one Kafka consumer feeding the lanes of every assigned partition. Does I/O.
+
+Everything runs on ONE asyncio event loop, and every consumer call happens on that loop's thread:
+
+- the *fetch loop* calls ``consumer.consume(num_messages=..., timeout=0)`` (librdkafka prefetches in
+  its own threads), hands each message to its :class:`PartitionRuntime` (which routes it to a lane),
+  applies back-pressure (pause + seek back when a record does not fit; resume below low water), and
+  sleeps a moment only when nothing came back;
+- lane runners (see ``lanes``) process records: ``async def`` processors on the loop, plain functions
+  on a thread pool in per-lane batches;
+- the *housekeeping loop* runs the commit cycle (``commits``), the stall watchdog, high-watermark lag
+  and rate bookkeeping; the *producer loop* polls the producer (dead letters, progress records).
+
+Modes: operator mode (``assign()`` only; the assignment changes through :meth:`Engine.assign` /
+:meth:`Engine.release`, fenced by a generation number) and standalone mode (``subscribe()`` with the
+cooperative-sticky assignor; revoked partitions are committed in the revoke callback).
+
+The Python control API (:meth:`assign`, :meth:`release`, :meth:`set_factor`, :meth:`pause`,
+:meth:`resume`, :meth:`status`) must be called on the engine's loop; ``runner.EngineRunner`` wraps
+it for other threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from multilane.api import Processor, is_async_processor
+from multilane.worker.commits import CommitCycle
+from multilane.worker.config import EngineConfig, TopicPartitionId
+from multilane.worker.flow import FlowController
+from multilane.worker.lanes import LaneEnv
+from multilane.worker.metrics import LatencyHistogram, WorkerMetrics
+from multilane.worker.partition import PartitionRuntime, Phase
+from multilane.worker.progress import ProgressRecord
+from multilane.worker.progress_store import ProgressStore, choose_progress
+from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
+from multilane.worker.watchdog import StallWatchdog
+
+__all__ = ["Engine", "EngineError", "FencingError", "ReleasedPartition"]
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine cannot do what was asked (bad argument or wrong state)."""
+
+
+class FencingError(EngineError):
+    """An assignment carried a generation lower than the worker's current one."""
+
+
+@dataclass(frozen=True)
+class ReleasedPartition:
+    topic: str
+    partition: int
+    committed_offset: int | None  # the final committed offset (None if nothing was ever committed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition,
+                "committed_offset": self.committed_offset}
+
+
+class Engine:
+    """One worker process's consumer, lanes, commits and control API.
+
+    Invariants: ``_parts`` holds exactly the partitions this engine owns (any phase); every consumer
+    call runs on ``_loop``'s thread; ``generation`` never decreases.
+    """
+
+    def __init__(self, config: EngineConfig, processor: Processor, hooks: Any | None = None) -> None:
+        self.config = config
+        self.processor = processor
+        self.hooks = hooks
+        self.generation = 0
+        self._factor = config.factor
+        self._parts: dict[TopicPartitionId, PartitionRuntime] = {}
+        self._flow = FlowController(config.max_in_flight, config.max_in_flight_bytes,
+                                    config.partition_max_records, config.partition_max_bytes,
+                                    config.resume_fraction)
+        self._retry = RetryPolicy(config.max_retries, config.retry_backoff_ms, config.retry_backoff_max_ms)
+        self._hist = LatencyHistogram()
+        self._watchdog = StallWatchdog(config.stall_threshold_s)
+        self.metrics = WorkerMetrics(self)
+        self._is_async = is_async_processor(processor)
+        self._proc_pool: ThreadPoolExecutor | None = None
+        self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="multilane-io")
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._store: ProgressStore | None = None
+        self._dlq: DeadLetterPublisher | None = None
+        self._commits: CommitCycle | None = None
+        self._env: LaneEnv | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._control_lock = asyncio.Lock()
+        self._stop_requested: asyncio.Event | None = None
+        self._stopping = False
+        self._stopped = False
+        self.ready = asyncio.Event()
+        self.user_paused = False
+        self.processing_rate = 0.0
+        self._released_total = 0  # processed counts of released partitions (for processed_total)
+        self._last_rate_sample: tuple[float, int] = (time.monotonic(), 0)
+        self._fetch_errors: dict[int, float] = {}
+
+    # ------------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create clients, make the progress topic, take the initial assignment, start the loops.
+
+        1. Create the producer (dead letters, progress) and the consumer.
+        2. Ensure the progress topic exists (one partition per input partition index).
+        3. Operator mode: assign the initial partitions; standalone: subscribe.
+        4. Start the fetch, housekeeping and producer loops; set ``ready``.
+        """
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        if not self._is_async:
+            self._proc_pool = ThreadPoolExecutor(max_workers=cfg.max_threads,
+                                                 thread_name_prefix="multilane-proc")
+        self._env = LaneEnv(self.processor, self._is_async, self._proc_pool, cfg.yield_every,
+                            cfg.sync_batch, self.hooks.view if self.hooks is not None else None)
+        # 1. clients
+        self._producer = Producer(cfg.producer_config())
+        conf: dict[str, Any] = dict(cfg.consumer_config())
+        conf["on_commit"] = self._on_commit
+        conf["error_cb"] = self._on_client_error
+        self._consumer = Consumer(conf)
+        self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic)
+        self._store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name,
+                                    self._producer, _client_security(cfg.consumer_overrides))
+        self._commits = CommitCycle(self._consumer, self._store, self.hooks)
+        # 2. progress topic
+        topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
+        await self._run_io(self._ensure_progress_topic, topics)
+        # 3. assignment
+        if cfg.operator_mode:
+            if cfg.assign:
+                await self.assign(list(cfg.assign), self.generation)
+        else:
+            self._consumer.subscribe(list(cfg.topics), on_assign=self._on_assign,
+                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
+        # 4. loops
+        loop = self._loop
+        self._tasks = [
+            loop.create_task(self._fetch_loop(), name="multilane-fetch"),
+            loop.create_task(self._housekeeping_loop(), name="multilane-housekeeping"),
+            loop.create_task(self._producer_loop(), name="multilane-producer"),
+        ]
+        self.ready.set()
+        log.info("engine %s started (%s mode, ordering=%s, factor=%d)", cfg.worker_id,
+                 "operator" if cfg.operator_mode else "standalone", cfg.ordering.value, self._factor)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to stop (safe from signal handlers on the loop)."""
+        if self._stop_requested is not None:
+            self._stop_requested.set()
+
+    async def run(self) -> None:
+        """Start, wait until :meth:`request_stop`, then stop cleanly."""
+        await self.start()
+        assert self._stop_requested is not None
+        await self._stop_requested.wait()
+        await self.stop()
+
+    async def wait_stop_requested(self) -> None:
+        assert self._stop_requested is not None
+        await self._stop_requested.wait()
+
+    async def stop(self) -> None:
+        """Drain, commit and close (steps 1-4); idempotent.
+
+        1. Stop fetching (pause every partition).
+        2. Release every partition: drain in-flight records up to ``drain_timeout_s``, final
+           synchronous commit with progress, ``close_partition``.
+        3. Stop the loops; flush the producer.
+        4. Close the consumer (standalone: leaves the group) and the thread pools.
+        """
+        if self._stopped or self._consumer is None:
+            return
+        self._stopped = True
+        # 1. stop fetching
+        self._pause_fetch(list(self._parts.values()))
+        # 2. drain and commit
+        try:
+            async with self._control_lock:
+                await self._release_parts(list(self._parts.values()), self.config.drain_timeout_s,
+                                          unassign=self.config.operator_mode)
+        except Exception:
+            log.exception("error while releasing partitions at shutdown")
+        # 3. loops and producer
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._dlq is not None:
+            self._dlq.close()
+        await self._run_io(self._producer.flush, 10.0)
+        # 4. close
+        try:
+            self._consumer.close()
+        except Exception as exc:  # closing after a lost broker
+            log.warning("consumer close: %s", exc)
+        if self._proc_pool is not None:
+            self._proc_pool.shutdown(wait=False, cancel_futures=True)
+        self._io_pool.shutdown(wait=False, cancel_futures=True)
+        log.info("engine %s stopped", self.config.worker_id)
+
+    # ------------------------------------------------------------------------------------------------
+    # control API (call on the engine's loop)
+    # ------------------------------------------------------------------------------------------------
+
+    async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
+                     release_deadline_s: float = 30.0) -> list[ReleasedPartition]:
+        """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``.
+
+        1. Refuse (FencingError) a generation below the current one; adopt the new generation.
+        2. Release partitions no longer wanted (drain up to the deadline, final commit).
+        3. Add new partitions at their committed offset, skipping what their progress says is done.
+        """
+        if not self.config.operator_mode:
+            raise EngineError("assign() is for operator mode; standalone mode uses group rebalances")
+        wanted = _normalise(partitions)
+        async with self._control_lock:
+            # 1. fencing
+            if generation < self.generation:
+                raise FencingError(f"assignment generation {generation} is older than current "
+                                   f"generation {self.generation}")
+            self.generation = generation
+            # 2. release
+            gone = [p for tp, p in self._parts.items() if tp not in wanted]
+            released = await self._release_parts(gone, release_deadline_s, unassign=True)
+            # 3. add
+            new = [tp for tp in wanted if tp not in self._parts]
+            if new:
+                await self._add_partitions(new)
+            return released
+
+    async def release(self, partitions: Iterable[TopicPartitionId],
+                      deadline_s: float = 30.0) -> list[ReleasedPartition]:
+        """Drain and hand back partitions; returns their final committed offsets."""
+        tps = _normalise(partitions)
+        async with self._control_lock:
+            unknown = [tp for tp in tps if tp not in self._parts]
+            if unknown:
+                log.info("release of partitions not owned: %s", unknown)
+            parts = [self._parts[tp] for tp in tps if tp in self._parts]
+            return await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode)
+
+    async def set_factor(self, factor: int) -> int:
+        """Change lanes per partition at run time (quiesce + re-route; see LaneGroup.resize)."""
+        if not isinstance(factor, int) or isinstance(factor, bool) or not 1 <= factor <= 65536:
+            raise EngineError(f"factor must be an int in [1, 65536], got {factor!r}")
+        async with self._control_lock:
+            self._factor = factor
+            await asyncio.gather(*(p.lanes.resize(factor) for p in list(self._parts.values())))
+        return factor
+
+    def pause(self) -> bool:
+        """Stop fetching every partition (records in flight still finish)."""
+        self.user_paused = True
+        parts = list(self._parts.values())
+        for p in parts:
+            p.user_paused = True
+        self._pause_fetch(parts)
+        return True
+
+    def resume(self) -> bool:
+        """Undo :meth:`pause` (partitions paused by back-pressure stay paused until drained)."""
+        self.user_paused = False
+        for p in self._parts.values():
+            p.user_paused = False
+            if not p.flow_counters.paused and p.phase == Phase.ACTIVE:
+                self._resume_fetch(p)
+        return False
+
+    @property
+    def factor(self) -> int:
+        return self._factor
+
+    def status(self) -> dict[str, Any]:
+        parts = sorted(self._parts.values(), key=lambda p: (p.topic, p.partition))
+        return {
+            "worker_id": self.config.worker_id,
+            "generation": self.generation,
+            "factor": self._factor,
+            "mode": self.config.ordering.value,
+            "paused": self.user_paused,
+            "partitions": [p.status() for p in parts],
+            "processed_total": self.processed_total(),
+            "processing_rate": round(self.processing_rate, 3),
+            "in_flight": self._flow.records,
+            "in_flight_bytes": self._flow.bytes,
+            "peak_in_flight": self._flow.peak_records,
+            "peak_in_flight_bytes": self._flow.peak_bytes,
+            "max_in_flight": self._flow.max_records,
+            "max_in_flight_bytes": self._flow.max_bytes,
+            "stalled": self._watchdog.stalled,
+            "back_pressure_pauses": sum(p.flow_counters.pauses for p in parts),
+        }
+
+    def processed_total(self) -> int:
+        return self._released_total + sum(p.processed for p in self._parts.values())
+
+    # -- metrics source --------------------------------------------------------------------------------
+
+    def metric_partitions(self) -> list[PartitionRuntime]:
+        return list(self._parts.values())
+
+    @property
+    def histogram(self) -> LatencyHistogram:
+        return self._hist
+
+    def stalled_count(self) -> int:
+        return self._watchdog.stalled
+
+    def lane_utilisation(self) -> float:
+        parts = list(self._parts.values())
+        if not parts:
+            return 0.0
+        return sum(p.lanes.busy_fraction for p in parts) / len(parts)
+
+    def last_progress_bytes(self) -> int:
+        return self._commits.last_progress_bytes if self._commits is not None else 0
+
+    # ------------------------------------------------------------------------------------------------
+    # partitions: add and release
+    # ------------------------------------------------------------------------------------------------
+
+    def _new_runtime(self, topic: str, partition: int, committed: int | None,
+                     progress: ProgressRecord | None) -> PartitionRuntime:
+        assert self._env is not None and self._dlq is not None
+        cfg = self.config
+        return PartitionRuntime(topic, partition, cfg.ordering, self._factor, self._env, self._flow,
+                                self._retry, self._dlq, self._hist, cfg.group, cfg.worker_id,
+                                committed, progress)
+
+    async def _add_partitions(self, tps: list[TopicPartitionId]) -> None:
+        """Start consuming ``tps`` (operator mode; steps 1-4).
+
+        1. Read committed offsets (and metadata) from the group coordinator.
+        2. Read progress records (metadata first, else the progress topic; on a worker thread) and vet
+           them (undecodable / stale / foreign -> warning, ignored).
+        3. Let the state hooks restore (``open_partition``; blocking, on a worker thread).
+        4. Create the runtimes, start their lanes, and ``incremental_assign`` at the committed offsets.
+        """
+        # 1. committed offsets
+        committed = self._committed(tps)
+        # 2. progress
+        progress = await asyncio.gather(*(self._run_io(self._load_progress, tp, committed[tp])
+                                          for tp in tps))
+        runtimes: list[PartitionRuntime] = []
+        for tp, prog in zip(tps, progress, strict=True):
+            off, _meta = committed[tp]
+            # 3. state restore
+            if self.hooks is not None:
+                await self._run_io(self.hooks.open_partition, tp[0], tp[1], off, prog)
+            runtimes.append(self._new_runtime(tp[0], tp[1], off, prog))
+        # 4. start
+        for rt in runtimes:
+            self._activate(rt)
+        self._consumer.incremental_assign([
+            TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
+            else TopicPartition(rt.topic, rt.partition) for rt in runtimes
+        ])
+        log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
+
+    def _activate(self, rt: PartitionRuntime) -> None:
+        self._parts[(rt.topic, rt.partition)] = rt
+        rt.lanes.start()
+        rt.phase = Phase.ACTIVE
+        if self.user_paused:
+            rt.user_paused = True
+
+    def _committed(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
+        """Committed offsets and metadata of ``tps`` (blocking consumer call on the loop thread)."""
+        out: dict[TopicPartitionId, tuple[int | None, str | None]] = {}
+        result = self._consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=15)
+        for tp in result:
+            off = tp.offset if tp.offset >= 0 else None
+            out[(tp.topic, tp.partition)] = (off, getattr(tp, "metadata", None))
+        for tp in tps:
+            out.setdefault(tp, (None, None))
+        return out
+
+    def _load_progress(self, tp: TopicPartitionId, committed: tuple[int | None, str | None]) -> ProgressRecord | None:
+        """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
+        off, meta = committed
+        if off is None:
+            return None
+        cfg = self.config
+        if meta:
+            rec = choose_progress(meta, source="commit metadata", group=cfg.group, topic=tp[0],
+                                  partition=tp[1], committed=off)
+            if rec is not None:
+                return rec
+        if cfg.ordering.value == "partition" or self._store is None:
+            return None
+        try:
+            raw = self._store.read_latest(tp[0], tp[1])
+        except Exception as exc:
+            log.warning("cannot read progress for %s/%d (%s); replaying from the committed offset",
+                        tp[0], tp[1], exc)
+            return None
+        return choose_progress(raw, source="progress topic", group=cfg.group, topic=tp[0],
+                               partition=tp[1], committed=off)
+
+    async def _release_parts(self, parts: list[PartitionRuntime], deadline_s: float,
+                             unassign: bool) -> list[ReleasedPartition]:
+        """Drain, commit and drop ``parts`` (steps 1-6).
+
+        1. Phase ``releasing``; pause fetching (records fetched later are ignored).
+        2. Wait until their in-flight records finished, or the deadline passed.
+        3. Stop their lanes (records still running are abandoned; the next owner replays them).
+        4. Final synchronous commit of the committable offsets, with progress records.
+        5. ``close_partition`` (clean when nothing was abandoned).
+        6. ``incremental_unassign`` (operator mode) and forget them.
+        """
+        if not parts:
+            return []
+        # 1. stop fetching
+        for p in parts:
+            p.phase = Phase.RELEASING
+        self._pause_fetch(parts)
+        # 2. drain
+        deadline = time.monotonic() + max(0.0, deadline_s)
+        while any(p.in_flight for p in parts) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        clean = {id(p): p.in_flight == 0 for p in parts}
+        for p in parts:
+            if p.in_flight:
+                log.warning("releasing %s/%d with %d records unfinished after %.1fs; they will be "
+                            "replayed by the next owner", p.topic, p.partition, p.in_flight, deadline_s)
+        # 3. stop lanes (keep the tracker: completed work is still committed)
+        for p in parts:
+            p.close()
+        # 4. final commit
+        assert self._commits is not None
+        try:
+            await self._commits.run(parts, final=True)
+        except KafkaException as exc:
+            log.warning("final commit failed for %s: %s", [(p.topic, p.partition) for p in parts], exc)
+        # 5. state hooks
+        if self.hooks is not None:
+            for p in parts:
+                await self._run_io(self.hooks.close_partition, p.topic, p.partition, clean[id(p)])
+        # 6. unassign and forget
+        if unassign:
+            try:
+                self._consumer.incremental_unassign([TopicPartition(p.topic, p.partition) for p in parts])
+            except KafkaException as exc:
+                log.warning("unassign failed: %s", exc)
+        out = []
+        for p in parts:
+            self._parts.pop((p.topic, p.partition), None)
+            self._released_total += p.processed
+            out.append(ReleasedPartition(p.topic, p.partition, p.committed))
+        log.info("released %s", [r.to_dict() for r in out])
+        return out
+
+    # -- standalone mode: rebalance callbacks (run inside consume(), on the loop thread) -------------
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Cooperative assign: committed offsets, progress, state restore, then assign (blocking)."""
+        tps = [(tp.topic, tp.partition) for tp in partitions if (tp.topic, tp.partition) not in self._parts]
+        if not tps:
+            return
+        committed = self._committed(tps)
+        runtimes = []
+        for tp in tps:
+            off = committed[tp][0]
+            prog = self._load_progress(tp, committed[tp])
+            if self.hooks is not None:
+                self.hooks.open_partition(tp[0], tp[1], off, prog)
+            runtimes.append(self._new_runtime(tp[0], tp[1], off, prog))
+        for rt in runtimes:
+            self._activate(rt)
+        consumer.incremental_assign([
+            TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
+            else TopicPartition(rt.topic, rt.partition) for rt in runtimes
+        ])
+        log.info("group assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        """Cooperative revoke: stop the lanes and commit completed work with progress (blocking).
+
+        Records still running are abandoned; the progress record lets the next owner replay only
+        those (and the queued ones), not what already completed.
+        """
+        parts = [self._parts[(tp.topic, tp.partition)] for tp in partitions
+                 if (tp.topic, tp.partition) in self._parts]
+        if not parts:
+            return
+        for p in parts:
+            p.phase = Phase.RELEASING
+            p.close()
+        assert self._commits is not None
+        try:
+            self._commits.run_blocking(parts, self._producer)
+        except Exception as exc:
+            log.warning("commit on revoke failed: %s", exc)
+        for p in parts:
+            if self.hooks is not None:
+                try:
+                    self.hooks.close_partition(p.topic, p.partition, False)
+                except Exception:
+                    log.exception("close_partition failed for %s/%d", p.topic, p.partition)
+            self._parts.pop((p.topic, p.partition), None)
+            self._released_total += p.processed
+        log.info("group revoked %s", [(p.topic, p.partition, p.committed) for p in parts])
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        """Partitions lost (session expired): drop them without committing."""
+        for tp in partitions:
+            p = self._parts.pop((tp.topic, tp.partition), None)
+            if p is not None:
+                p.close()
+                self._released_total += p.processed
+                if self.hooks is not None:
+                    self.hooks.close_partition(p.topic, p.partition, False)
+        log.warning("group lost %s", [(tp.topic, tp.partition) for tp in partitions])
+
+    # ------------------------------------------------------------------------------------------------
+    # loops
+    # ------------------------------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        consumer = self._consumer
+        parts = self._parts
+        flow = self._flow
+        batch_max = self.config.consume_batch
+        active = Phase.ACTIVE
+        while not self._stopping:
+            for part in parts.values():
+                if part.done_buf:
+                    part.flush()
+            room = flow.room()
+            try:
+                msgs = consumer.consume(num_messages=min(batch_max, room) if room else 1, timeout=0)
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consume failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if not msgs:
+                self._resume_drained()
+                await asyncio.sleep(0.001 if room else 0.002)
+                continue
+            last_t: str | None = None
+            last_p = -1
+            part: PartitionRuntime | None = None
+            refused: set[int] | None = None
+            for m in msgs:
+                if m.error() is not None:
+                    self._on_fetch_error(m)
+                    continue
+                p = m.partition()
+                t = m.topic()
+                if p != last_p or t != last_t:
+                    part = parts.get((t, p))
+                    last_t, last_p = t, p
+                if part is None or part.phase != active:
+                    continue
+                if refused is not None and id(part) in refused:
+                    continue
+                if not part.accept(m):
+                    # back-pressure: stop fetching it and go back to the record that did not fit
+                    self._pause_for_flow(part, m.offset())
+                    if refused is None:
+                        refused = set()
+                    refused.add(id(part))
+            self._resume_drained()
+            await asyncio.sleep(0)
+
+    def _pause_for_flow(self, part: PartitionRuntime, offset: int) -> None:
+        fc = part.flow_counters
+        fc.paused = True
+        fc.pauses += 1
+        tp = TopicPartition(part.topic, part.partition, offset)
+        try:
+            self._consumer.pause([tp])
+            self._consumer.seek(tp)
+        except KafkaException as exc:
+            log.warning("pause/seek of %s/%d@%d failed (%s); will seek on resume",
+                        part.topic, part.partition, offset, exc)
+
+    def _resume_drained(self) -> None:
+        flow = self._flow
+        for part in self._parts.values():
+            fc = part.flow_counters
+            if fc.paused and flow.can_resume(fc) and part.phase == Phase.ACTIVE:
+                fc.paused = False
+                if not part.user_paused:
+                    self._resume_fetch(part)
+
+    def _resume_fetch(self, part: PartitionRuntime) -> None:
+        pos = part.tracker.position
+        try:
+            if pos is not None:
+                self._consumer.seek(TopicPartition(part.topic, part.partition, pos))
+        except KafkaException as exc:
+            log.debug("seek on resume of %s/%d: %s", part.topic, part.partition, exc)
+        try:
+            self._consumer.resume([TopicPartition(part.topic, part.partition)])
+        except KafkaException as exc:
+            log.warning("resume of %s/%d failed: %s", part.topic, part.partition, exc)
+
+    def _pause_fetch(self, parts: list[PartitionRuntime]) -> None:
+        if not parts or self._consumer is None:
+            return
+        try:
+            self._consumer.pause([TopicPartition(p.topic, p.partition) for p in parts])
+        except KafkaException as exc:
+            log.warning("pause failed: %s", exc)
+
+    def _on_fetch_error(self, m: Any) -> None:
+        err = m.error()
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            return
+        now = time.monotonic()
+        if now - self._fetch_errors.get(code, 0.0) > 10.0:
+            self._fetch_errors[code] = now
+            log.warning("fetch error on %s/%s: %s", m.topic(), m.partition(), err)
+
+    def _on_client_error(self, err: Any) -> None:
+        code = err.code() if hasattr(err, "code") else -1
+        now = time.monotonic()
+        if now - self._fetch_errors.get(code, 0.0) > 10.0:
+            self._fetch_errors[code] = now
+            log.warning("kafka client error: %s", err)
+
+    def _on_commit(self, err: Any, tps: list[Any]) -> None:
+        if self._commits is not None:
+            self._commits.on_commit(err, tps, self._parts)
+
+    async def _housekeeping_loop(self) -> None:
+        interval = self.config.commit_interval_ms / 1000.0
+        assert self._commits is not None
+        next_commit = time.monotonic() + interval
+        while not self._stopping:
+            await asyncio.sleep(min(0.5, interval))
+            now = time.monotonic()
+            self._watchdog.scan([s for p in self._parts.values() for s in p.lanes.slots()], now)
+            self._update_watermarks()
+            self._update_rate(now)
+            if now >= next_commit:
+                next_commit = now + interval
+                active = [p for p in self._parts.values() if p.phase == Phase.ACTIVE]
+                try:
+                    await self._commits.run(active)
+                except Exception:
+                    log.exception("commit cycle failed; retrying next cycle")
+
+    def _update_watermarks(self) -> None:
+        for p in self._parts.values():
+            try:
+                _lo, hi = self._consumer.get_watermark_offsets(
+                    TopicPartition(p.topic, p.partition), cached=True)
+            except KafkaException:
+                continue
+            if hi is not None and hi >= 0:
+                p.high_watermark = hi
+
+    def _update_rate(self, now: float) -> None:
+        t0, n0 = self._last_rate_sample
+        n = self.processed_total()
+        if now - t0 >= 1.0:
+            rate = (n - n0) / (now - t0)
+            self.processing_rate = rate if self.processing_rate == 0 else 0.5 * self.processing_rate + 0.5 * rate
+            self._last_rate_sample = (now, n)
+
+    async def _producer_loop(self) -> None:
+        producer = self._producer
+        while not self._stopping:
+            producer.poll(0)
+            await asyncio.sleep(0.005 if len(producer) else 0.05)
+
+    # ------------------------------------------------------------------------------------------------
+    # helpers
+    # ------------------------------------------------------------------------------------------------
+
+    async def _run_io(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
+
+    def _ensure_progress_topic(self, topics: list[str]) -> None:
+        assert self._store is not None
+        admin = AdminClient({"bootstrap.servers": self.config.bootstrap_servers,
+                             **_client_security(self.config.consumer_overrides)})
+        n = 1
+        for t in topics:
+            md = admin.list_topics(t, timeout=10).topics.get(t)
+            if md is not None and md.error is None:
+                n = max(n, len(md.partitions))
+        self._store.ensure_topic(n)
+
+    def _ensure_topic(self, topic: str) -> None:
+        """Create a dead-letter topic if it does not exist (blocking, short timeout)."""
+        admin = AdminClient({"bootstrap.servers": self.config.bootstrap_servers,
+                             **_client_security(self.config.consumer_overrides)})
+        md = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if md is not None and md.error is None and md.partitions:
+            return
+        fut = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=-1)])[topic]
+        try:
+            fut.result(5)
+        except KafkaException as exc:
+            if "already exists" not in str(exc) and "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def _normalise(partitions: Iterable[Any]) -> list[TopicPartitionId]:
+    out: list[TopicPartitionId] = []
+    for tp in partitions:
+        if isinstance(tp, dict):
+            topic, part = tp.get("topic"), tp.get("partition")
+        else:
+            try:
+                topic, part = tp
+            except (TypeError, ValueError) as exc:
+                raise EngineError(f"a partition must be (topic, partition), got {tp!r}") from exc
+        if not isinstance(topic, str) or not topic or not isinstance(part, int) or isinstance(part, bool) \
+                or part < 0:
+            raise EngineError(f"a partition must be (topic: str, partition: int >= 0), got {tp!r}")
+        if (topic, part) not in out:
+            out.append((topic, part))
+    return out
+
+
+def _client_security(overrides: dict[str, str]) -> dict[str, str]:
+    keys = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.password",
+            "ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password")
+    return {k: v for k, v in overrides.items() if k in keys}

@@ -1,0 +1,471 @@
+"""Lanes: per-partition queues of records and the long-lived runner coroutines that process them.
+
+Does no network I/O itself; runs user processors (on the event loop or on a thread pool).
+
+- A :class:`Lane` is a deque of :class:`Work` items plus ``concurrency`` runner coroutines.
+  ``key`` mode: F lanes of concurrency 1, one per key range (records of a key run one at a time, in
+  offset order). ``partition`` mode: 1 lane of concurrency 1. ``unordered`` mode: 1 lane of
+  concurrency F.
+- Runners are long-lived: no asyncio Task per record. An ``async def`` processor is awaited directly
+  (a processor that never suspends costs no scheduling; the runner yields every ``yield_every``
+  records). A plain function runs on a thread pool in per-lane batches (one submission per batch).
+- A failed record waiting for its retry *parks* its key (blocking lanes only): later records of the
+  same key hash wait behind it, other keys keep flowing. When the head finishes (success or dead
+  letter) the parked records go back to the front of the queue, in order.
+- :class:`LaneGroup` routes records of one partition to lanes by key-hash range and changes the
+  factor at run time (see :meth:`LaneGroup.resize`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from multilane.api import Context, OrderingMode, Record
+from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
+
+__all__ = ["Lane", "LaneEnv", "LaneGroup", "LaneHost", "RunSlot", "Work"]
+
+log = logging.getLogger(__name__)
+
+FULL_RANGE = KeyRange(0, HASH_SPACE)
+
+
+class Work:
+    """One record on its way through a lane."""
+
+    __slots__ = ("attempt", "key_hash", "nbytes", "record")
+
+    def __init__(self, record: Record, key_hash: int, nbytes: int) -> None:
+        self.record = record
+        self.key_hash = key_hash  # routing hash: key_hash(key), or of the offset for null keys
+        self.nbytes = nbytes  # what it counts against the byte bound
+        self.attempt = 1  # 1-based number of the next attempt
+
+
+class RunSlot:
+    """What one runner is doing now (read by the stall watchdog; written by the runner only)."""
+
+    __slots__ = ("index", "started", "warned", "work")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.work: Work | None = None  # the record running now, None when idle
+        self.started = 0.0  # time.monotonic() when ``work`` started
+        self.warned: Work | None = None  # the record the watchdog last warned about
+
+
+class LaneHost(Protocol):
+    """Receives the outcome of every attempt (the partition runtime)."""
+
+    def on_success(self, work: Work, seconds: float) -> None: ...
+    def on_success_many(self, works: list[Work], durations: list[float]) -> None: ...
+    def on_failure(self, work: Work, exc: BaseException, lane: Lane) -> None: ...
+
+
+@dataclass
+class LaneEnv:
+    """What every lane of the process shares."""
+
+    processor: Callable[[Record, Context], Any]
+    is_async: bool
+    executor: Executor | None
+    yield_every: int = 64
+    sync_batch: int = 64
+    # state view factory: (topic, partition, key, key_range, offset, key_hash) -> StateView
+    view: Callable[[str, int, bytes | None, KeyRange, int, int], Any] | None = None
+
+
+@dataclass
+class _Parked:
+    head: Work  # the failed record whose retry is pending; runs before any other record of its key
+    waiting: deque[Work] = field(default_factory=deque)  # later records of the key, in offset order
+
+
+class Lane:
+    """A queue and its runners.
+
+    Invariants: ``queue`` holds records not yet started (and retries that are due); ``running`` counts
+    records handed to the processor and not yet returned; a record is in exactly one of: ``queue``, a
+    ``_Parked.waiting`` deque, ``_timers`` (retry pending), a runner (running). Records of one key
+    hash leave this lane to the processor in offset order when the lane is blocking.
+    """
+
+    def __init__(self, index: int, key_range: KeyRange, host: LaneHost, env: LaneEnv,
+                 concurrency: int, blocking: bool) -> None:
+        self.index = index
+        self.key_range = key_range
+        self.host = host
+        self.env = env
+        self.blocking = blocking
+        self.queue: deque[Work] = deque()
+        self.running = 0
+        self.holding = False  # True while the group re-routes: runners take nothing
+        self.closed = False
+        self.concurrency = concurrency
+        self.slots: list[RunSlot] = []
+        self.blocked: dict[int, _Parked] = {}  # key hash -> parked key (blocking lanes only)
+        self._timers: dict[Work, asyncio.TimerHandle] = {}
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.processed = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        slot = RunSlot(len(self.slots))
+        self.slots.append(slot)
+        runner = self._run_async(slot) if self.env.is_async else self._run_sync(slot)
+        self._tasks.append(asyncio.get_running_loop().create_task(runner))
+
+    def set_concurrency(self, n: int) -> None:
+        """Unordered mode: run ``n`` runners (extra ones exit after their current record)."""
+        self.concurrency = n
+        live = sum(1 for t in self._tasks if not t.done())
+        while live < n:
+            self._spawn()
+            live += 1
+        self._wake_all()
+
+    def close(self) -> None:
+        """Stop the runners (cancelling running async records) and the retry timers."""
+        self.closed = True
+        for h in self._timers.values():
+            h.cancel()
+        self._timers.clear()
+        for t in self._tasks:
+            t.cancel()
+        self._wake_all()
+
+    # -- feeding -----------------------------------------------------------------------------------
+
+    def push(self, work: Work) -> None:
+        self.queue.append(work)
+        if self._waiters and not self.holding:
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            f = waiters.popleft()
+            if not f.done():
+                f.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, deque()
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    def _wake_n(self, n: int) -> None:
+        for _ in range(min(n, len(self._waiters))):
+            self._wake_one()
+
+    async def _idle(self) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        await fut
+
+    # -- retries and parking -----------------------------------------------------------------------
+
+    def retry_later(self, work: Work, delay: float) -> None:
+        """Run ``work`` again after ``delay`` s; a blocking lane parks its key meanwhile."""
+        if self.blocking and work.key_hash not in self.blocked:
+            self.blocked[work.key_hash] = _Parked(work)
+        loop = asyncio.get_running_loop()
+        self._timers[work] = loop.call_later(delay, self._retry_due, work)
+
+    def _retry_due(self, work: Work) -> None:
+        self._timers.pop(work, None)
+        if self.closed:
+            return
+        self.queue.appendleft(work)
+        if not self.holding:
+            self._wake_one()
+
+    def key_done(self, work: Work) -> None:
+        """``work`` finished for good (success or dead letter): release its parked key."""
+        blocked = self.blocked
+        if blocked:
+            p = blocked.get(work.key_hash)
+            if p is not None and p.head is work:
+                del blocked[work.key_hash]
+                if p.waiting:
+                    self.queue.extendleft(reversed(p.waiting))
+                    if not self.holding:
+                        self._wake_n(len(p.waiting))
+
+    def _parks(self, work: Work) -> bool:
+        """True when ``work`` must wait behind a failed record of its key (and was parked)."""
+        p = self.blocked.get(work.key_hash)
+        if p is None or p.head is work:
+            return False
+        p.waiting.append(work)
+        return True
+
+    def drain_items(self) -> tuple[list[Work], list[tuple[Work, float]]]:
+        """Take every record not running: (queued and parked, retry-pending with remaining delay).
+
+        Only while ``holding`` and nothing runs (the group's resize).
+        """
+        items = list(self.queue)
+        self.queue.clear()
+        for p in self.blocked.values():
+            items.extend(p.waiting)
+        self.blocked.clear()
+        loop = asyncio.get_running_loop()
+        pending = [(w, max(0.0, h.when() - loop.time())) for w, h in self._timers.items()]
+        for h in self._timers.values():
+            h.cancel()
+        self._timers.clear()
+        return items, pending
+
+    def incomplete_offsets(self) -> list[int]:
+        """Offsets of every record of this lane that is not finished (for diagnostics)."""
+        out = [w.record.offset for w in self.queue]
+        for p in self.blocked.values():
+            out.extend(w.record.offset for w in p.waiting)
+        out.extend(w.record.offset for w in self._timers)
+        out.extend(s.work.record.offset for s in self.slots if s.work is not None)
+        return out
+
+    # -- runners -------------------------------------------------------------------------------------
+
+    def _ctx(self, work: Work, slot: RunSlot) -> tuple[Record, Context]:
+        rec = work.record
+        lane = self.index if self.concurrency == 1 else slot.index
+        ctx = Context(rec.topic, rec.partition, rec.offset, rec.key, rec.headers, lane, work.attempt)
+        view = self.env.view
+        if view is not None:
+            ctx.state = view(rec.topic, rec.partition, rec.key, self.key_range, rec.offset, work.key_hash)
+        return rec, ctx
+
+    def _exit_now(self, slot: RunSlot) -> bool:
+        return self.closed or slot.index >= self.concurrency
+
+    async def _run_async(self, slot: RunSlot) -> None:
+        q = self.queue
+        proc = self.env.processor
+        host = self.host
+        monotonic = time.monotonic
+        yield_every = self.env.yield_every
+        n = 0
+        while True:
+            if not q or self.holding or slot.index >= self.concurrency:
+                if self._exit_now(slot):
+                    return
+                await self._idle()
+                continue
+            work = q.popleft()
+            if self.blocked and self._parks(work):
+                continue
+            rec, ctx = self._ctx(work, slot)
+            slot.work = work
+            t0 = slot.started = monotonic()
+            self.running += 1
+            try:
+                await proc(rec, ctx)
+            except Exception as exc:
+                self.running -= 1
+                slot.work = None
+                host.on_failure(work, exc, self)
+            else:
+                self.running -= 1
+                slot.work = None
+                host.on_success(work, monotonic() - t0)
+                if self.blocked:
+                    self.key_done(work)
+            n += 1
+            if n >= yield_every:
+                n = 0
+                await asyncio.sleep(0)
+
+    async def _run_sync(self, slot: RunSlot) -> None:
+        q = self.queue
+        host = self.host
+        loop = asyncio.get_running_loop()
+        env = self.env
+        while True:
+            if not q or self.holding or slot.index >= self.concurrency:
+                if self._exit_now(slot):
+                    return
+                await self._idle()
+                continue
+            limit = env.sync_batch
+            if self.concurrency > 1:
+                limit = max(1, min(limit, len(q) // self.concurrency))
+            batch: list[Work] = []
+            while q and len(batch) < limit:
+                work = q.popleft()
+                if self.blocked and self._parks(work):
+                    continue
+                batch.append(work)
+            if not batch:
+                continue
+            self.running += len(batch)
+            try:
+                done, exc, durations = await loop.run_in_executor(env.executor, self._run_batch,
+                                                                  batch, slot)
+            finally:
+                self.running -= len(batch)
+            host.on_success_many(batch[:done], durations)
+            if self.blocked:
+                for i in range(done):
+                    self.key_done(batch[i])
+            if exc is not None:
+                rest = batch[done + 1:]
+                if rest:
+                    q.extendleft(reversed(rest))
+                host.on_failure(batch[done], exc, self)
+
+    def _run_batch(self, batch: list[Work], slot: RunSlot) -> tuple[int, BaseException | None, list[float]]:
+        """Thread-pool side: run a batch in order; stop at the first failure."""
+        proc = self.env.processor
+        monotonic = time.monotonic
+        durations: list[float] = []
+        for i, work in enumerate(batch):
+            if self.closed:
+                slot.work = None
+                return i, _Abandoned(), durations
+            rec, ctx = self._ctx(work, slot)
+            slot.work = work
+            t0 = slot.started = monotonic()
+            try:
+                proc(rec, ctx)
+            except Exception as exc:
+                slot.work = None
+                return i, exc, durations
+            durations.append(monotonic() - t0)
+        slot.work = None
+        return len(batch), None, durations
+
+
+class _Abandoned(Exception):
+    """The lane closed while a batch was running; the rest of the batch was not run."""
+
+
+class LaneGroup:
+    """The lanes of one partition and the routing of its records to them.
+
+    Invariant: in key mode ``lanes[i].key_range == layout[i]`` and ``_starts[i] == layout[i].start``;
+    in partition and unordered modes there is exactly one lane, covering the whole hash space.
+    """
+
+    def __init__(self, mode: OrderingMode, factor: int, host: LaneHost, env: LaneEnv) -> None:
+        self.mode = mode
+        self.factor = factor
+        self.host = host
+        self.env = env
+        self.layout = KeyRangeMap.even(factor if mode is OrderingMode.KEY else 1)
+        self.lanes: list[Lane] = self._make_lanes(self.layout)
+        self._starts = [r.start for r in self.layout.ranges]
+        self._resizing: asyncio.Lock | None = None
+
+    def _make_lanes(self, layout: KeyRangeMap) -> list[Lane]:
+        if self.mode is OrderingMode.KEY:
+            return [Lane(i, r, self.host, self.env, 1, True) for i, r in enumerate(layout.ranges)]
+        if self.mode is OrderingMode.PARTITION:
+            return [Lane(0, FULL_RANGE, self.host, self.env, 1, True)]
+        return [Lane(0, FULL_RANGE, self.host, self.env, self.factor, False)]
+
+    def start(self) -> None:
+        for lane in self.lanes:
+            lane.start()
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+
+    def route(self, work: Work) -> None:
+        lanes = self.lanes
+        if len(lanes) == 1:
+            lanes[0].push(work)
+        else:
+            lanes[bisect.bisect_right(self._starts, work.key_hash) - 1].push(work)
+
+    def lane_index(self, key_hash: int) -> int:
+        return bisect.bisect_right(self._starts, key_hash) - 1
+
+    @property
+    def running(self) -> int:
+        return sum(lane.running for lane in self.lanes)
+
+    @property
+    def queued(self) -> int:
+        return sum(len(lane.queue) for lane in self.lanes)
+
+    @property
+    def busy_fraction(self) -> float:
+        """Running records / concurrency (lane utilisation)."""
+        cap = sum(lane.concurrency for lane in self.lanes)
+        return self.running / cap if cap else 0.0
+
+    def slots(self) -> list[tuple[Lane, RunSlot]]:
+        return [(lane, s) for lane in self.lanes for s in lane.slots]
+
+    async def resize(self, factor: int) -> None:
+        """Change the factor while records flow; per-key order is kept and nothing is lost.
+
+        Unordered mode changes the runner count. Partition mode only records the factor. Key mode:
+
+        1. Hold every lane: runners finish their current record and take no new one; fetched
+           records keep arriving in the (held) queues.
+        2. Wait until no record runs.
+        3. Take every record that is not running from the old lanes: queued, parked and
+           retry-pending ones (with their remaining backoff).
+        4. Build lanes for the even layout of ``factor``, route the taken records to them in
+           offset order (so each key's records keep their order), and re-park retry-pending records.
+        5. Close the old lanes and start the new ones.
+        """
+        if self._resizing is None:
+            self._resizing = asyncio.Lock()
+        async with self._resizing:
+            self.factor = factor
+            if self.mode is OrderingMode.UNORDERED:
+                self.lanes[0].set_concurrency(factor)
+                return
+            if self.mode is OrderingMode.PARTITION or len(self.lanes) == factor:
+                return
+            old = self.lanes
+            # 1. hold
+            for lane in old:
+                lane.holding = True
+            # 2. wait for running records
+            while any(lane.running for lane in old):
+                await asyncio.sleep(0.002)
+            # 3. take everything that is not running
+            items: list[Work] = []
+            pending: list[tuple[Work, float]] = []
+            for lane in old:
+                got, later = lane.drain_items()
+                items.extend(got)
+                pending.extend(later)
+            items.sort(key=lambda w: w.record.offset)
+            # 4. new layout; route in offset order; re-park retries
+            layout = KeyRangeMap.even(factor)
+            lanes = self._make_lanes(layout)
+            self.layout = layout
+            self._starts = [r.start for r in layout.ranges]
+            self.lanes = lanes
+            for work, delay in sorted(pending, key=lambda p: p[0].record.offset):
+                lanes[self.lane_index(work.key_hash)].retry_later(work, delay)
+            for work in items:
+                self.route(work)
+            # 5. swap runners
+            for lane in old:
+                lane.close()
+            for lane in lanes:
+                lane.start()
+            log.info("factor changed to %d (%d queued records re-routed)", factor, len(items))

@@ -1,0 +1,286 @@
+"""One assigned partition at run time: its offset tracker, lanes, flow counters and progress.
+
+Does no network I/O itself (dead letters go through the engine's :class:`DeadLetterPublisher`).
+The engine's fetch loop hands every fetched message to :meth:`PartitionRuntime.accept`; the lanes
+report outcomes back through :meth:`on_success` / :meth:`on_failure`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from multilane.api import OrderingMode, Record
+from multilane.worker.flow import FlowController, FlowCounters
+from multilane.worker.keyranges import key_hash
+from multilane.worker.lanes import Lane, LaneEnv, LaneGroup, Work
+from multilane.worker.metrics import LatencyHistogram
+from multilane.worker.offsets import OffsetTracker
+from multilane.worker.progress import ProgressRecord, intervals_from_offsets
+from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
+
+__all__ = ["PartitionRuntime", "Phase"]
+
+log = logging.getLogger(__name__)
+
+
+class Phase:
+    ACTIVE = "active"
+    RELEASING = "releasing"
+    LEARNING = "learning"
+    PROMOTING = "promoting"
+    STARTING = "starting"
+
+
+_KEY_CACHE_MAX = 200_000
+
+
+class PartitionRuntime:
+    """Everything the engine keeps for one assigned partition.
+
+    Invariants:
+    - ``tracker`` holds exactly the offsets fetched since assignment (or the last seek) and admitted,
+      plus offsets skipped because ``restore`` said they were done (added as complete).
+    - ``inflight`` maps the offset of every admitted, unfinished record to its routing hash, in offset
+      order (key mode only; used to compute per-range progress).
+    - ``flow`` counts exactly the admitted, unfinished records (queued, running, retry-pending,
+      dead letter unacknowledged).
+    - After ``closed`` is set, outcomes of records still finishing are ignored.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        mode: OrderingMode,
+        factor: int,
+        env: LaneEnv,
+        flow: FlowController,
+        retry: RetryPolicy,
+        dlq: DeadLetterPublisher,
+        histogram: LatencyHistogram,
+        group: str,
+        writer: str,
+        committed: int | None,
+        restore: ProgressRecord | None,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.mode = mode
+        self.group = group
+        self.writer = writer
+        self.phase = Phase.STARTING
+        self.tracker = OffsetTracker(committed)
+        self.flow_counters = FlowCounters()
+        self._flow = flow
+        self._retry = retry
+        self._dlq = dlq
+        self._hist = histogram
+        self.lanes = LaneGroup(mode, factor, self, env)
+        self.inflight: dict[int, int] = {}
+        self._track_inflight = mode is OrderingMode.KEY
+        self.restore = restore  # progress read on assignment: records it says are done are skipped
+        self.restore_until = restore.high if restore is not None else 0
+        self.committed = committed  # last offset the broker confirmed as committed
+        self.commit_sent: int | None = None  # last offset sent in a commit request
+        self.last_progress: bytes | None = None  # encoded progress of the last commit cycle
+        self.high_watermark: int | None = None
+        self.closed = False
+        self.user_paused = False
+        self._key_cache: dict[bytes, int] = {}
+        # counters (exported as metrics)
+        self.processed = 0
+        self.failed = 0
+        self.retried = 0
+        self.dead_lettered = 0
+        self.skipped = 0
+        self.dlq_pending: dict[int, Work] = {}
+        # Completed records not yet applied to tracker/flow/metrics (see flush()); loop thread only.
+        self.done_buf: list[Work] = []
+        self.durations: list[float] = []
+
+    # -- fetch side ----------------------------------------------------------------------------------
+
+    def accept(self, msg: Any) -> bool:
+        """Take one fetched message; False when back-pressure refuses it (nothing was changed)."""
+        offset: int = msg.offset()
+        tracker = self.tracker
+        pos = tracker.position
+        if pos is not None and offset < pos:
+            return True  # already seen (re-delivery after a seek): ignore
+        key: bytes | None = msg.key()
+        if key is not None:
+            cache = self._key_cache
+            kh = cache.get(key)
+            if kh is None:
+                kh = key_hash(key)
+                if len(cache) >= _KEY_CACHE_MAX:
+                    cache.clear()
+                cache[key] = kh
+        else:
+            kh = key_hash(offset.to_bytes(8, "big", signed=True))
+        restore = self.restore
+        if restore is not None:
+            if offset >= self.restore_until:
+                self.restore = None
+            elif restore.is_done(offset, kh):
+                tracker.add_completed(offset)
+                self.skipped += 1
+                return True
+        value: bytes | None = msg.value()
+        nbytes = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 64
+        if not self._flow.admit(self.flow_counters, nbytes):
+            return False
+        tracker.add(offset)
+        if self._track_inflight:
+            self.inflight[offset] = kh
+        rec = Record(self.topic, self.partition, offset, key, value, msg.headers() or [],
+                     msg.timestamp()[1])
+        self.lanes.route(Work(rec, kh, nbytes))
+        return True
+
+    # -- outcomes (called by lanes, on the loop thread) -----------------------------------------------
+
+    def _finish(self, work: Work) -> None:
+        offset = work.record.offset
+        self.tracker.complete(offset)
+        if self._track_inflight:
+            self.inflight.pop(offset, None)
+        self._flow.release(self.flow_counters, work.nbytes)
+
+    def on_success(self, work: Work, seconds: float) -> None:
+        """One record done: buffered; :meth:`flush` applies the buffer in bulk."""
+        self.done_buf.append(work)
+        self.durations.append(seconds)
+
+    def on_success_many(self, works: list[Work], durations: list[float]) -> None:
+        self.done_buf.extend(works)
+        self.durations.extend(durations)
+
+    def flush(self) -> None:
+        """Apply buffered completions: offsets, in-flight counts, histogram (amortised bulk work)."""
+        works = self.done_buf
+        if not works:
+            return
+        durations = self.durations
+        self.done_buf = []
+        self.durations = []
+        if self.closed:
+            return
+        nbytes = 0
+        offsets = [w.record.offset for w in works]
+        for w in works:
+            nbytes += w.nbytes
+        self.tracker.complete_many(offsets)
+        if self._track_inflight:
+            pop = self.inflight.pop
+            for o in offsets:
+                pop(o, None)
+        self._flow.release_many(self.flow_counters, len(works), nbytes)
+        self.processed += len(works)
+        self._hist.observe_many(durations)
+
+    def on_failure(self, work: Work, exc: BaseException, lane: Lane) -> None:
+        if self.closed:
+            return
+        self.flush()
+        self.failed += 1
+        attempt = work.attempt
+        if self._retry.should_retry(attempt):
+            self.retried += 1
+            delay = self._retry.delay_s(attempt)
+            log.info("retrying %s/%d@%d (attempt %d failed: %r) in %.3fs",
+                     self.topic, self.partition, work.record.offset, attempt, exc, delay)
+            work.attempt = attempt + 1
+            lane.retry_later(work, delay)
+            return
+        # Retries exhausted: dead-letter it; the key moves on now, the offset completes on delivery.
+        self.dlq_pending[work.record.offset] = work
+        lane.key_done(work)
+        self._dlq.publish(work.record, exc, attempt, lambda: self._dead_lettered(work))
+
+    def _dead_lettered(self, work: Work) -> None:
+        self.dlq_pending.pop(work.record.offset, None)
+        if self.closed:
+            return
+        self.dead_lettered += 1
+        self._finish(work)
+
+    # -- progress --------------------------------------------------------------------------------------
+
+    def progress(self, base: int) -> ProgressRecord:
+        """The progress record to accompany committed offset ``base`` (a snapshot of now).
+
+        Call :meth:`flush` first (``base`` comes from the tracker after a flush).
+        """
+        position = self.tracker.position
+        high = position if position is not None else base
+        if self.mode is OrderingMode.KEY:
+            layout = self.lanes.layout
+            n = len(layout)
+            firsts: list[int | None] = [None] * n
+            found = 0
+            lane_index = self.lanes.lane_index
+            for offset, kh in self.inflight.items():  # offset order
+                i = lane_index(kh)
+                if firsts[i] is None:
+                    firsts[i] = offset
+                    found += 1
+                    if found == n:
+                        break
+            ranges = tuple(
+                (r.start, r.end, max(base, f if f is not None else high))
+                for r, f in zip(layout.ranges, firsts, strict=True)
+            )
+            return ProgressRecord(self.group, self.topic, self.partition, base, self.writer,
+                                  OrderingMode.KEY, ranges=ranges)
+        if self.mode is OrderingMode.UNORDERED:
+            done = intervals_from_offsets(self.tracker.completed_above(base))
+            return ProgressRecord(self.group, self.topic, self.partition, base, self.writer,
+                                  OrderingMode.UNORDERED, done_offsets=done)
+        return ProgressRecord(self.group, self.topic, self.partition, base, self.writer,
+                              OrderingMode.PARTITION)
+
+    # -- status ----------------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        self.flush()
+        return self.flow_counters.records
+
+    def lag(self) -> int | None:
+        hw = self.high_watermark
+        if hw is None or hw < 0:
+            return None
+        base = self.tracker.committable()
+        if base is None:
+            base = self.committed
+        if base is None:
+            return None
+        return max(0, hw - base)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "phase": self.phase,
+            "committed": self.committed,
+            "position": self.tracker.position,
+            "high_watermark": self.high_watermark,
+            "lag": self.lag(),
+            "in_flight": self.in_flight,
+            "in_flight_bytes": self.flow_counters.bytes,
+            "paused": self.flow_counters.paused or self.user_paused,
+            "restore_lag": 0,
+            "processed": self.processed,
+            "dead_lettered": self.dead_lettered,
+            "skipped": self.skipped,
+        }
+
+    def close(self) -> None:
+        """Stop the lanes; later outcomes are ignored; drop this partition's flow usage."""
+        self.flush()
+        self.lanes.close()
+        self.closed = True
+        self._flow.forget(self.flow_counters)
+        self.inflight.clear()
