@@ -34,7 +34,7 @@ from multilane.pipeline.planning import (
 from multilane.pipeline.publish import CleanupReport, SnapshotPublisher
 from multilane.pipeline.storage import SnapshotStore
 from multilane.pipeline.tasks import ROW, TAIL, read_ranges, write_shards
-from multilane.worker.keyranges import KeyRangeMap
+from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 __all__ = ["SnapshotJob", "SnapshotJobConfig", "SnapshotResult", "spark_session"]
 
@@ -279,7 +279,7 @@ class SnapshotJob:
             kv: tuple[tuple[str, int, bytes], Any],
         ) -> tuple[tuple[str, int, int, int, bytes], Any]:
             (topic, partition, key), change = kv
-            h = change.source_key_hash
+            h = key_hash(key)  # a state key always lies in the key range of the lane that owns it
             return (topic, partition, layout.lane_of(h), h, key), (
                 change.payload,
                 change.changelog_offset,
@@ -288,8 +288,6 @@ class SnapshotJob:
 
         def shard_partition(k: tuple[str, int, int, int, bytes]) -> int:
             # Deterministic across processes (never Python's salted hash): partition-major shard number.
-            from multilane.worker.keyranges import key_hash
-
             return key_hash(k[0].encode()) + k[1] * n_shards + k[2]
 
         rows = live.map(to_shard_row).repartitionAndSortWithinPartitions(
