@@ -1,0 +1,228 @@
+"""Learner mode: a second worker tails the changelog, holds back uncommitted changes, and takes over
+(promotion) fast and with the right state; demote and drop (embedded broker)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import REGISTRY
+
+from multilane.testing.broker import EmbeddedBroker
+from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
+from multilane.worker.state import StateManager, StatePhaseError
+from multilane.worker.state.store import partition_dir
+
+pytestmark = pytest.mark.broker
+
+FULL = KeyRange(0, HASH_SPACE)
+Ops = list[tuple[int, bytes, bytes | None]]
+
+
+class DoneSet:
+    def __init__(self, done: set[tuple[int, int]]) -> None:
+        self.done = done
+
+    def is_done(self, offset: int, key_hash: int) -> bool:
+        return (offset, key_hash) in self.done
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def random_ops(first: int, n: int, keys: int, seed: int) -> Ops:
+    rnd = random.Random(seed)
+    return [
+        (i, b"key-%d" % rnd.randrange(keys), None if rnd.random() < 0.15 else b"v%d" % i)
+        for i in range(first, first + n)
+    ]
+
+
+def apply_ops(sm: StateManager, topic: str, ops: Ops) -> None:
+    for src, key, value in ops:
+        view = sm.view(topic, 0, key, FULL, src, key_hash(key))
+        if value is None:
+            view.delete()
+        else:
+            view.put(value)
+
+
+def reference(ops: Ops, applicable: Callable[[int], bool]) -> dict[bytes, bytes]:
+    out: dict[bytes, bytes] = {}
+    for src, key, value in ops:
+        if not applicable(src):
+            continue
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.fixture
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def committer(broker: EmbeddedBroker, group: str) -> Iterator[Callable[[str, int], None]]:
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+
+    def commit(topic: str, offset: int) -> None:
+        c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+
+    yield commit
+    c.close()
+
+
+@pytest.fixture
+def managers(broker: EmbeddedBroker, tmp_path: Path, group: str) -> Iterator[Callable[[str], StateManager]]:
+    made: list[StateManager] = []
+
+    def make(name: str) -> StateManager:
+        sm = StateManager(tmp_path / name, broker.bootstrap, group, committed_poll_interval_s=0.2)
+        made.append(sm)
+        return sm
+
+    yield make
+    for sm in made:
+        sm.close()
+
+
+def _slow_promotions(topic: str) -> float:
+    v = REGISTRY.get_sample_value("multilane_state_slow_promotions_total", {"topic": topic, "partition": "0"})
+    return v or 0.0
+
+
+def test_learner_tails_buffers_and_promotes_fast(
+    broker: EmbeddedBroker,
+    topic_name: str,
+    managers: Callable[[str], StateManager],
+    committer: Callable[[str, int], None],
+) -> None:
+    broker.create_topic(topic_name, 1)
+    owner, learner = managers("owner"), managers("learner")
+    ops = random_ops(0, 300, 60, seed=7)
+    owner.open_partition(topic_name, 0, 0, None)
+    apply_ops(owner, topic_name, ops)
+    owner.before_commit(topic_name, 0, 150)
+    committer(topic_name, 150)
+
+    # 1. The learner restores, applying only committed changes and holding back the rest.
+    learner.learn(topic_name, 0)
+    wait_until(lambda: learner.learner_caught_up(topic_name, 0), what="learner caught up")
+    with pytest.raises(StatePhaseError):
+        learner.view(topic_name, 0, b"k", FULL, 0, key_hash(b"k"))
+    assert dict(learner.store(topic_name, 0).items()) == reference(ops, lambda s: s < 150)
+    [status] = learner.learner_status()
+    assert status["phase"] == "learning"
+    assert isinstance(status["buffered"], int) and status["buffered"] > 0
+    assert status["restore_lag"] == status["buffered"]
+
+    # 2. The owner commits further: the learner applies the held-back changes.
+    owner.before_commit(topic_name, 0, 300)
+    committer(topic_name, 300)
+    wait_until(
+        lambda: dict(learner.store(topic_name, 0).items()) == reference(ops, lambda s: True),
+        timeout=30,
+        what="learner applies committed changes",
+    )
+    wait_until(lambda: learner.learner_status()[0]["buffered"] == 0, timeout=10, what="buffer empty")
+
+    # 3. The owner processes more, then is released mid-flight: its final commit reaches 350 and the
+    #    progress record says 370 is done; records 350..399 except 370 will be processed again.
+    more = random_ops(300, 100, 60, seed=8)
+    apply_ops(owner, topic_name, more)
+    owner.before_commit(topic_name, 0, 350)
+    committer(topic_name, 350)
+    owner.close_partition(topic_name, 0, clean=False)
+    done = DoneSet({(370, key_hash(more[70][1]))})
+
+    # 4. Promotion: fast, and the store equals what a full restore would build.
+    slow_before = _slow_promotions(topic_name)
+    t0 = time.monotonic()
+    learner.open_partition(topic_name, 0, 350, done)
+    promotion_s = time.monotonic() - t0
+    everything = ops + more
+    expected = reference(everything, lambda s: s < 350 or s == 370)
+    assert dict(learner.store(topic_name, 0).items()) == expected
+    assert _slow_promotions(topic_name) == slow_before
+    assert promotion_s < 5.0, f"promotion took {promotion_s:.2f}s"  # ~0.2-0.5s unloaded; the box is shared
+
+    full = managers("full")
+    full.open_partition(topic_name, 0, 350, done)
+    assert dict(full.store(topic_name, 0).items()) == expected
+
+    # 5. The promoted learner is an ordinary active owner now.
+    apply_ops(learner, topic_name, [(350, b"key-1", b"after-promotion")])
+    learner.before_commit(topic_name, 0, 351)
+    assert learner.store(topic_name, 0).get(b"key-1") == b"after-promotion"
+
+
+def test_promotion_falls_back_to_full_restore_when_learner_is_ahead(
+    broker: EmbeddedBroker,
+    topic_name: str,
+    managers: Callable[[str], StateManager],
+    committer: Callable[[str, int], None],
+) -> None:
+    broker.create_topic(topic_name, 1)
+    owner, learner = managers("owner"), managers("learner")
+    ops = random_ops(0, 100, 20, seed=9)
+    owner.open_partition(topic_name, 0, 0, None)
+    apply_ops(owner, topic_name, ops)
+    owner.before_commit(topic_name, 0, 100)
+    committer(topic_name, 100)
+    learner.learn(topic_name, 0)
+    wait_until(lambda: learner.learner_caught_up(topic_name, 0), what="caught up")
+    wait_until(
+        lambda: learner.learner_status()[0]["committed_offset"] == 100, timeout=10, what="committed seen"
+    )
+    # The group's offset is rewound to 40 (an operator reset): the learner's store is ahead of it.
+    committer(topic_name, 40)
+    slow_before = _slow_promotions(topic_name)
+    learner.open_partition(topic_name, 0, 40, None)
+    assert _slow_promotions(topic_name) == slow_before + 1
+    assert dict(learner.store(topic_name, 0).items()) == reference(ops, lambda s: s < 40)
+
+
+def test_demote_keeps_the_store_and_drop_removes_it(
+    broker: EmbeddedBroker,
+    topic_name: str,
+    managers: Callable[[str], StateManager],
+    committer: Callable[[str, int], None],
+) -> None:
+    broker.create_topic(topic_name, 1)
+    sm = managers("w")
+    ops = random_ops(0, 200, 30, seed=10)
+    sm.open_partition(topic_name, 0, 0, None)
+    apply_ops(sm, topic_name, ops)
+    sm.before_commit(topic_name, 0, 200)
+    committer(topic_name, 200)
+    with pytest.raises(StatePhaseError, match="release"):
+        sm.drop(topic_name, 0)
+    with pytest.raises(StatePhaseError, match="demote"):
+        sm.learn(topic_name, 0)
+
+    sm.demote(topic_name, 0)
+    wait_until(lambda: sm.learner_caught_up(topic_name, 0), what="demoted learner caught up")
+    [status] = sm.learner_status()
+    assert status["phase"] == "learning"
+    assert status["records_read"] == 0  # tailed from its own checkpoint, no re-read
+    assert dict(sm.store(topic_name, 0).items()) == reference(ops, lambda s: True)
+
+    directory = partition_dir(sm.state_dir, topic_name, 0)
+    assert directory.exists()
+    sm.drop(topic_name, 0)
+    assert not directory.exists()
+    assert sm.learner_status() == []
