@@ -14,7 +14,8 @@ threshold:
 - ``r`` = processing rate of one lane, observed as ``processing_rate / busy_lanes``
   (see :func:`estimate_lane_rate`);
 - lanes needed ``L = ceil(needed / r)``; concurrency is ``partitions x F``, so
-  ``F = clamp(ceil(L / partitions), min_factor, max_factor)``;
+  ``F = clamp(ceil(L / partitions), min_factor, max_factor)``, raised so that the busiest partition's
+  own need (its input / utilisation + its lag / catch-up time) fits in its F lanes;
 - replicas carry CPU and memory, not concurrency: ``R`` is the smallest replica count (at least
   ``min_replicas``, at most ``min(max_replicas, partitions)``) that keeps every pod within
   ``max_lanes_per_replica`` lanes, where a pod holds ``ceil(partitions / R)`` partitions. Choosing the
@@ -159,6 +160,9 @@ class Observation:
     """Lanes per partition the group is set to (the factor last applied); >= 1."""
     busy_lanes: float | None = None
     """Average number of lanes busy over the rate window (utilisation x lanes); None if unknown."""
+    input_rate_by_partition: Mapping[int, float] | None = None
+    """Addition to the contract: records/s produced per partition (from end-offset deltas); None if
+    unknown (then the input is taken as spread evenly). Used to size F for the busiest partition."""
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,10 @@ def validate_observation(obs: Observation, config: PolicyConfig) -> list[str]:
         v = getattr(obs, name)
         if not _finite_nonneg(v):
             problems.append(f"invalid {name} {v!r}")
+    if obs.input_rate_by_partition is not None:
+        bad_in = {p: v for p, v in obs.input_rate_by_partition.items() if not _finite_nonneg(v)}
+        if bad_in:
+            problems.append(f"invalid input_rate_by_partition {dict(list(bad_in.items())[:4])}")
     if obs.busy_lanes is not None and not _finite_nonneg(obs.busy_lanes):
         problems.append(f"invalid busy_lanes {obs.busy_lanes!r}")
     if obs.replicas < 0 or obs.factor < 1:
@@ -350,6 +358,19 @@ def needed_capacity(config: PolicyConfig, input_rate: float, backlog: float) -> 
     return needed
 
 
+def hottest_partition_need(config: PolicyConfig, obs: Observation) -> float:
+    """Records/s the busiest partition needs: its input at the target utilisation plus its own
+    backlog cleared within the catch-up time (input spread evenly when per-partition rates are
+    unknown)."""
+    even = obs.input_rate / config.partitions
+    by_p = obs.input_rate_by_partition or {}
+    return max(
+        by_p.get(p, even) / config.target_utilisation
+        + obs.lag_by_partition.get(p, 0) / config.target_catchup_s
+        for p in range(config.partitions)
+    )
+
+
 def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
     """The smallest replica count that keeps every pod within the lane budget.
 
@@ -364,11 +385,17 @@ def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
     return config.replica_ceiling, False
 
 
-def recommend(config: PolicyConfig, needed: float, lane_rate: float) -> Recommendation:
+def recommend(
+    config: PolicyConfig, needed: float, lane_rate: float, hottest_needed: float = 0.0
+) -> Recommendation:
     """Replicas and factor whose capacity covers ``needed`` (or the maximum, with a warning).
 
+    ``hottest_needed`` is the rate the busiest partition alone needs: lanes belong to one partition,
+    so a skewed load needs ``F >= hottest_needed / lane_rate`` even when the total is covered.
+
     1. lanes needed ``L = ceil(needed / lane_rate)`` (at least one lane per partition);
-    2. ``F = clamp(ceil(L / partitions), min_factor, max_factor)`` (rounded up: never one step short);
+    2. ``F = clamp(max(ceil(L / partitions), ceil(hottest_needed / lane_rate)), min_factor,
+       max_factor)`` (rounded up: never one step short);
     3. ``R`` from the per-pod lane budget (:func:`replicas_for`).
     """
     warnings: list[str] = []
@@ -377,8 +404,15 @@ def recommend(config: PolicyConfig, needed: float, lane_rate: float) -> Recommen
     ratio = needed / max(lane_rate, MIN_LANE_RATE)
     lanes_needed = max(math.ceil(min(ratio, float(p * config.max_factor + 1))), p)
     # 2.
-    factor = -(-lanes_needed // p)
-    if factor > config.max_factor:
+    hot_ratio = hottest_needed / max(lane_rate, MIN_LANE_RATE)
+    hot_factor = math.ceil(min(hot_ratio, float(config.max_factor + 1)))
+    factor = max(-(-lanes_needed // p), hot_factor)
+    if hot_factor > config.max_factor:
+        warnings.append(
+            f"the busiest partition needs {hottest_needed:.1f} rec/s, above "
+            f"{config.max_factor * lane_rate:.1f} rec/s of max_factor={config.max_factor} lanes"
+        )
+    if -(-lanes_needed // p) > config.max_factor:
         warnings.append(
             f"demand {needed:.1f} rec/s exceeds the maximum capacity "
             f"{p * config.max_factor * lane_rate:.1f} rec/s (max_factor={config.max_factor})"
@@ -437,7 +471,8 @@ class AutoscalePolicy:
         # 2.
         est = estimate_lane_rate(obs, cfg, st.lane_rate)
         needed = needed_capacity(cfg, obs.input_rate, backlog)
-        rec = recommend(cfg, needed, est.rate)
+        hottest = hottest_partition_need(cfg, obs)
+        rec = recommend(cfg, needed, est.rate, hottest)
         warnings = list(rec.warnings)
         if est.source == "default":
             warnings.append(f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}")
@@ -450,6 +485,7 @@ class AutoscalePolicy:
             "lane_rate": round(est.rate, 3),
             "lane_rate_source": est.source,
             "needed_rate": round(needed, 3),
+            "hottest_partition_rate": round(hottest, 3),
             "lanes_needed": rec.lanes_needed,
             "recommended_replicas": rec.replicas,
             "recommended_factor": rec.factor,

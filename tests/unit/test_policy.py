@@ -244,6 +244,24 @@ def test_bottleneck_clears_when_the_rate_rises() -> None:
     assert state.bottleneck is None
 
 
+def test_hot_partition_raises_the_factor() -> None:
+    # 1200 rec/s in total needs 1200/0.7 = 1715 rec/s -> 18 lanes -> F=2 when spread evenly,
+    # but partition 0 receives 600 rec/s alone: 600/0.7 = 857 rec/s -> 9 lanes on that partition.
+    by_p = {p: (600.0 if p == 0 else 600.0 / 11) for p in range(12)}
+    o = replace(obs(0, lag=0, input_rate=1200, factor=1), input_rate_by_partition=by_p)
+    d, _ = AutoscalePolicy(CFG).decide(o, PolicyState())
+    assert d.factor == 9, d.reason
+    assert d.inputs["hottest_partition_rate"] == pytest.approx(600 / 0.7, rel=1e-3)
+    even, _ = AutoscalePolicy(CFG).decide(obs(0, lag=0, input_rate=1200, factor=1), PolicyState())
+    assert even.factor == 2
+    # a backlog on one partition alone also counts: 300k on partition 0 -> +1000 rec/s there
+    lags = {p: 0 for p in range(12)}
+    lags[0] = 300_000
+    o = replace(obs(0, lag=0, input_rate=1200, factor=1), lag_by_partition=lags)
+    d, _ = AutoscalePolicy(CFG).decide(o, PolicyState())
+    assert d.factor == math.ceil((100 / 0.7 + 1000) / LANE_RATE)
+
+
 def test_lane_rate_sources() -> None:
     o = obs(0, lag=0, processing_rate=3000, busy=30)
     assert estimate_lane_rate(o, CFG, None).source == "observed"
