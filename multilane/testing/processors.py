@@ -45,6 +45,7 @@ from multilane.api import Context, Record
 __all__ = [
     "EVENT_KINDS",
     "EventLogError",
+    "EventLogFollower",
     "EventRecorder",
     "FileEventSink",
     "FlakyRecordError",
@@ -147,6 +148,44 @@ def read_event_log(path: str | os.PathLike[str]) -> list[ProcessingEvent]:
         return []
     with p.open("r", encoding="ascii") as f:
         return [parse_event_line(line, i) for i, line in enumerate(f)]
+
+
+class EventLogFollower:
+    """Reads an event log incrementally while writers append to it (tests poll it for progress).
+
+    Invariant: ``events`` holds every complete line read so far, ``_pos`` is the file offset just past
+    the last complete line (a trailing partial line is re-read on the next :meth:`poll`).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.events: list[ProcessingEvent] = []
+        self._pos = 0
+        self.ended: set[tuple[str, int, int]] = set()
+
+    def poll(self) -> list[ProcessingEvent]:
+        """Read what was appended since the last call; return the new events."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._pos)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end == 0:
+            return []
+        self._pos += end
+        new = [
+            parse_event_line(line, len(self.events) + i)
+            for i, line in enumerate(data[:end].decode("ascii").splitlines())
+        ]
+        self.events.extend(new)
+        self.ended.update(e.tpo for e in new if e.kind == "end")
+        return new
+
+    def ended_count(self) -> int:
+        """Distinct records with an ``end`` event so far (after a :meth:`poll`)."""
+        self.poll()
+        return len(self.ended)
 
 
 def append_kill_marker(path: str | os.PathLike[str], pid: int) -> None:

@@ -16,6 +16,7 @@ from multilane.testing import processors as tp
 from multilane.testing.checkers import ProducedRecord, assert_all, check_delivery
 from multilane.testing.processors import (
     EventLogError,
+    EventLogFollower,
     EventRecorder,
     FlakyRecordError,
     PoisonRecordError,
@@ -220,3 +221,19 @@ def test_in_process_recorder_with_checkers() -> None:
     assert_all(check_delivery(produced, events, mode="key", exempt_keys=[b"p"]))
     results = check_delivery(produced, events, mode="key")
     assert not results[0].ok  # the poison record never ended
+
+
+def test_event_log_follower_reads_incrementally_and_waits_for_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    follower = EventLogFollower(path)
+    assert follower.poll() == []
+    line = b"start\t1.0\t7\tt\t0\t5\t6b\t1\t0\n"
+    end = b"end\t1.1\t7\tt\t0\t5\t6b\t1\t0\n"
+    path.write_bytes(line + end[:10])  # a writer mid-line (cannot happen with O_APPEND, but be safe)
+    assert [e.kind for e in follower.poll()] == ["start"]
+    assert follower.ended_count() == 0
+    with path.open("ab") as f:
+        f.write(end[10:])
+    assert [(e.kind, e.seq) for e in follower.poll()] == [("end", 1)]
+    assert follower.ended_count() == 1
+    assert follower.events == read_event_log(path)
