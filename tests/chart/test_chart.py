@@ -24,7 +24,6 @@ from .conftest import (
 )
 
 FULLNAME = f"{RELEASE}-multilane"
-WORKER_ROLE = f"{FULLNAME}-worker"
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -100,7 +99,6 @@ def test_default_render_has_the_expected_objects(render: Any) -> None:
     assert kinds == sorted(
         [
             ("ClusterRole", FULLNAME),
-            ("ClusterRole", WORKER_ROLE),
             ("ClusterRoleBinding", FULLNAME),
             ("CustomResourceDefinition", "parallelconsumers.multilane.dev"),
             ("Deployment", FULLNAME),
@@ -136,9 +134,9 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], list[str]]] = {
         {"securityContext": {"allowPrivilegeEscalation": True}},
         ["/securityContext/allowPrivilegeEscalation"],
     ),
-    "wildcard worker verb": (
-        {"worker": {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}]}},
-        ["/worker/rules/0/verbs/0"],
+    "removed key worker.rules": (
+        {"worker": {"rules": []}},
+        ["additional properties 'worker' not allowed"],
     ),
     "secret list verb": ({"rbac": {"secretVerbs": ["get", "list"]}}, ["/rbac/secretVerbs/1"]),
     "bad namespace name": ({"operator": {"watchNamespaces": ["Team_A"]}}, ["/operator/watchNamespaces/0"]),
@@ -212,12 +210,7 @@ def _roles(docs: list[Manifest]) -> list[Manifest]:
 
 
 def _operator_rules(docs: list[Manifest]) -> list[Manifest]:
-    return [
-        rule
-        for role in _roles(docs)
-        if role["metadata"]["name"] != WORKER_ROLE
-        for rule in role.get("rules", [])
-    ]
+    return [rule for role in _roles(docs) for rule in role.get("rules", [])]
 
 
 def _grants(rules: list[Manifest], group: str, resource: str, verb: str) -> bool:
@@ -244,10 +237,11 @@ def test_secrets_verbs_are_limited(render: Any) -> None:
     rules = _operator_rules(render())
     secret_rules = [r for r in rules if "secrets" in r["resources"]]
     assert len(secret_rules) == 1
-    assert set(secret_rules[0]["verbs"]) == {"get", "create", "patch"}
-    assert not _grants(rules, "", "secrets", "list") and not _grants(rules, "", "secrets", "watch")
-    narrowed = _operator_rules(render({"rbac": {"secretVerbs": ["create", "patch"]}}))
-    assert [set(r["verbs"]) for r in narrowed if "secrets" in r["resources"]] == [{"create", "patch"}]
+    assert set(secret_rules[0]["verbs"]) == {"get", "create"}
+    for verb in ("list", "watch", "update", "patch", "delete"):
+        assert not _grants(rules, "", "secrets", verb), verb
+    widened = _operator_rules(render({"rbac": {"secretVerbs": ["get", "create", "patch"]}}))
+    assert [set(r["verbs"]) for r in widened if "secrets" in r["resources"]] == [{"get", "create", "patch"}]
 
 
 def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
@@ -273,36 +267,47 @@ def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
     assert missing == []
 
 
-def test_operator_cannot_write_crds_or_roles(render: Any) -> None:
+def test_operator_cannot_write_crds_or_cluster_rbac(render: Any) -> None:
     rules = _operator_rules(render())
     for verb in ("create", "update", "patch", "delete"):
         assert not _grants(rules, "apiextensions.k8s.io", "customresourcedefinitions", verb)
-        assert not _grants(rules, "rbac.authorization.k8s.io", "roles", verb)
         assert not _grants(rules, "rbac.authorization.k8s.io", "clusterroles", verb)
         assert not _grants(rules, "rbac.authorization.k8s.io", "clusterrolebindings", verb)
 
 
-def test_operator_may_bind_exactly_the_worker_cluster_role(render: Any) -> None:
-    docs = render()
-    binds = [r for r in _operator_rules(docs) if "bind" in r["verbs"]]
-    assert binds == [
-        {
-            "apiGroups": ["rbac.authorization.k8s.io"],
-            "resources": ["clusterroles"],
-            "verbs": ["bind"],
-            "resourceNames": [WORKER_ROLE],
-        }
+def test_operator_can_create_every_child_the_controller_builds(render: Any) -> None:
+    """Cross-check with multilane.operator.children: each child kind is creatable and patchable, and
+    the worker Role grants nothing the operator lacks (Kubernetes refuses to let a subject grant
+    permissions it does not hold, unless it has escalate, which it must not)."""
+    from multilane.operator import children as ch
+
+    ref = ch.ConsumerRef(name="orders", namespace="apps", uid="0000-1111")
+    spec = {
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "consumerGroup": "g"},
+        "workload": {"image": "app:1", "processor": "app:process"},
+        "scaling": {"maxReplicas": 4},
+    }
+    built = [
+        *ch.children(ref, spec, 2),
+        ch.control_token_secret(ref, "t" * 48),
+        ch.lease_manifest(ref, "orders-0"),
     ]
-    worker = one(docs, "ClusterRole", WORKER_ROLE)
-    assert worker["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"]}
-    ]
-    # the chart itself never binds the worker role: the operator does, per namespace
-    bindings = find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding")
-    assert all(b["roleRef"]["name"] != WORKER_ROLE for b in bindings)
-    # ... and tells the operator its name
-    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
-    assert env["MULTILANE_WORKER_CLUSTER_ROLE"] == WORKER_ROLE
+    rules = _operator_rules(render())
+    plurals = {"Role": "roles", "RoleBinding": "rolebindings", "Service": "services", "Secret": "secrets"}
+    for manifest in built:
+        group = manifest["apiVersion"].rpartition("/")[0]
+        plural = plurals.get(manifest["kind"], manifest["kind"].lower() + "s")
+        assert _grants(rules, group, plural, "create"), manifest["kind"]
+        if manifest["kind"] not in {"Secret", "Lease"}:  # created once
+            assert _grants(rules, group, plural, "patch"), manifest["kind"]
+    worker_roles = [m for m in built if m["kind"] == "Role"]
+    assert worker_roles
+    for worker_rule in worker_roles[0]["rules"]:
+        for group in worker_rule["apiGroups"]:
+            for resource in worker_rule["resources"]:
+                for verb in worker_rule["verbs"]:
+                    assert _grants(rules, group, resource, verb), (group, resource, verb)
+    assert not any({"bind", "escalate"} & set(r["verbs"]) for r in rules)
 
 
 def test_cluster_role_is_bound_to_the_operator_service_account(render: Any) -> None:
@@ -331,7 +336,6 @@ def test_namespaced_mode_grants_only_inside_watched_namespaces(render: Any) -> N
     assert [b["roleRef"]["name"] for b in find(docs, "ClusterRoleBinding")] == [f"{FULLNAME}-discovery"]
     args = _container(docs)["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
-    assert "--all-namespaces" not in args
     # NetworkPolicies follow the watched namespaces
     worker_policies = [p for p in find(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-workers")]
     assert sorted(p["metadata"]["namespace"] for p in worker_policies) == ["team-a", "team-b"]
@@ -388,7 +392,9 @@ def test_deployment_runs_the_operator_with_kopf_liveness(render: Any) -> None:
     args = container["args"]
     assert args[0] == "operator"
     assert "--liveness=http://0.0.0.0:8080/healthz" in args
-    assert "--all-namespaces" in args and "--standalone" in args and "--metrics-port=9465" in args
+    # cluster-wide (no --namespace) and standalone (no --peering): the CLI's defaults
+    assert not any(a.startswith(("--namespace", "--peering", "--priority")) for a in args)
+    assert "--metrics-port=9465" in args and "--log-format=json" in args
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
@@ -420,7 +426,7 @@ def test_metrics_service_and_monitors(render: Any) -> None:
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     off = render(VALUE_SETS["minimal-footprint"])
-    assert find(off, "Service") == [] and "--metrics-port=9465" not in _container(off)["args"]
+    assert find(off, "Service") == [] and "--metrics-port=0" in _container(off)["args"]
 
 
 # --- peering ------------------------------------------------------------------------------------------
@@ -434,7 +440,7 @@ def test_peering_clusterwide(render: Any) -> None:
     # created after its CRD exists: a post-install/upgrade hook
     assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
     args = _container(docs)["args"]
-    assert "--peering=multilane" in args and "--priority=200" in args and "--standalone" not in args
+    assert "--peering=multilane" in args and "--priority=200" in args
     assert _grants(_operator_rules(docs), "kopf.dev", "clusterkopfpeerings", "patch")
     assert not _grants(_operator_rules(render()), "kopf.dev", "clusterkopfpeerings", "patch")
 

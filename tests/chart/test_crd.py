@@ -419,8 +419,10 @@ BAD_BY_CEL: dict[str, tuple[Any, str]] = {
         "are set by multilane",
     ),
     "reserved env var": (
-        lambda cr: cr["spec"]["workload"].update(env=[{"name": "MULTILANE_CONTROL_TOKEN", "value": "x"}]),
-        "MULTILANE_CONTROL_TOKEN is set by the operator",
+        lambda cr: cr["spec"]["workload"].update(
+            env=[{"name": "A", "value": "1"}, {"name": "MULTILANE_POD_NAME", "value": "x"}]
+        ),
+        "environment variables named MULTILANE_* are set by the operator",
     ),
     "snapshot schedule without uri": (
         lambda cr: cr["spec"].update(state={"snapshot": {"schedule": "0 * * * *"}}),

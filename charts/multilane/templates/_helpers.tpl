@@ -46,11 +46,6 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The worker ClusterRole, which the operator binds per ParallelConsumer namespace. */}}
-{{- define "multilane.workerClusterRoleName" -}}
-{{- printf "%s-worker" (include "multilane.fullname" .) | trunc 63 | trimSuffix "-" }}
-{{- end }}
-
 {{- define "multilane.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
 {{- if .Values.image.digest }}
@@ -73,7 +68,7 @@ app.kubernetes.io/component: operator
 
 {{/*
 Rules the operator needs on namespaced resources, wherever it watches ParallelConsumers.
-Every rule names its resources and verbs; there is no wildcard.
+Every rule names its resources and verbs; there is no wildcard, no bind/escalate/impersonate.
 */}}
 {{- define "multilane.operatorNamespacedRules" -}}
 # The watched resource: kopf lists/watches it and patches finalizers, annotations and status.
@@ -87,20 +82,20 @@ Every rule names its resources and verbs; there is no wildcard.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
-# Children of every ParallelConsumer (owner references; deleted by the garbage collector).
+# Children of every ParallelConsumer, created (or merge-patched when they exist) with owner
+# references; the garbage collector deletes them with their owner, so no delete verb.
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
-  resources: [services]
-  verbs: [get, list, watch, create, patch, delete]
+  resources: [services, serviceaccounts]
+  verbs: [get, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [""]
-  resources: [serviceaccounts]
   verbs: [get, create, patch]
-# The NAME-control-token Secret (bearer token of the workers' control port).
+# Secrets: the operator creates NAME-control-token once and reads it back (bearer token of the
+# workers' control port); it reads spec.kafka.credentialsSecretRef to reach the Kafka admin API.
+# No list/watch: it can only read Secrets whose names it is given.
 - apiGroups: [""]
   resources: [secrets]
   verbs: {{ toJson .Values.rbac.secretVerbs }}
@@ -108,17 +103,14 @@ Every rule names its resources and verbs; there is no wildcard.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, delete]
-# Worker membership leases.
+# Worker leases NAME-<ordinal>: the operator creates them and reads the workers' renewals. It holds
+# get/update itself, which is what lets it grant them (RBAC escalation check) without bind/escalate.
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, list, watch, create, update, patch, delete]
-# RoleBinding NAME-worker: binds the worker ClusterRole in the consumer's namespace only.
+# Role + RoleBinding NAME-worker (see worker.rules in values.yaml): namespaced, and only with
+# permissions the operator holds itself.
 - apiGroups: [rbac.authorization.k8s.io]
-  resources: [rolebindings]
+  resources: [roles, rolebindings]
   verbs: [get, create, patch]
-# ... and may bind exactly that ClusterRole (no escalate, no other role).
-- apiGroups: [rbac.authorization.k8s.io]
-  resources: [clusterroles]
-  verbs: [bind]
-  resourceNames: [{{ include "multilane.workerClusterRoleName" . }}]
 {{- end }}
