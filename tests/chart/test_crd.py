@@ -448,3 +448,79 @@ def test_crd_file_has_no_template_braces() -> None:
     """The chart embeds the file verbatim in a template: '{{' would become a template action."""
     assert "{{" not in CRD_FILE.read_text(encoding="utf-8")
     assert re.search(r"\t", CRD_FILE.read_text(encoding="utf-8")) is None
+
+
+# --- the status the controller writes survives the schema -------------------------------------------
+
+
+def pruned_paths(schema: Manifest, value: Any, path: str = "") -> list[str]:
+    """Fields the API server would silently drop (pruning of unknown fields)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict) and schema.get("type") == "object":
+        out: list[str] = []
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, sub in value.items():
+            if key in props:
+                out += pruned_paths(props[key], sub, f"{path}.{key}")
+            elif isinstance(extra, dict):
+                out += pruned_paths(extra, sub, f"{path}.{key}")
+            else:
+                out.append(f"{path}.{key}")
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [
+            p for i, item in enumerate(value) for p in pruned_paths(schema["items"], item, f"{path}[{i}]")
+        ]
+    return []
+
+
+def test_controller_status_is_neither_pruned_nor_rejected(openapi_schema: Manifest) -> None:
+    """Builds status.assignment and conditions with the controller's own code (pure modules), as it
+    patches them, and checks the API server would keep every field (kmock does not prune, a real
+    cluster does) and accept the values."""
+    from multilane.operator.assignment import AssignmentState, PendingChange
+    from multilane.operator.conditions import set_condition
+
+    pending = PendingChange(
+        generation=8,
+        target={"orders-0": ("orders/0",), "orders-1": ("orders/1",)},
+        released={"orders/1": 1234, "orders/2": None},
+        granted=["orders-0"],
+    )
+    assignment = AssignmentState(
+        generation=7, members={"orders-0": ("orders/0", "orders/1")}, pending=pending
+    )
+    conditions = set_condition(
+        None, "Ready", True, "AllPartitionsAssigned", "2 partitions", observed_generation=3
+    )
+    conditions = set_condition(conditions, "Degraded", None, "MetricsUnavailable", "no rates yet")
+    cr = minimal_cr()
+    cr["status"] = {
+        "observedGeneration": 3,
+        "labelSelector": "multilane.dev/consumer=orders",
+        "conditions": conditions,
+        "replicas": 2,
+        "factor": 8,
+        "lag": -3,
+        "inputRate": 1000.5,
+        "processingRate": 900.25,
+        "lastDecision": {
+            "time": "2026-01-01T00:00:00Z",
+            "replicas": 2,
+            "factor": 8,
+            "reason": "lag clears within target",
+            "inputs": {"aliveWorkers": 2, "totalLag": 12345, "catchUpRate": 41.5},
+            "warnings": ["maxReplicas capped by partitions"],
+        },
+        "assignment": assignment.to_status(),
+        "rollout": None,
+    }
+    status_schema = openapi_schema["properties"]["status"]
+    assert pruned_paths(status_schema, cr["status"], ".status") == []
+    validator(openapi_schema).validate(apply_defaults(openapi_schema, cr))
+    # and the check can fail: an unknown field is reported
+    assert pruned_paths(status_schema, {"assignment": {"surprise": 1}}, ".status") == [
+        ".status.assignment.surprise"
+    ]
