@@ -104,7 +104,7 @@ class PartitionLearner:
                 if now >= next_poll:
                     self._refresh_committed()
                     next_poll = now + self._poll_interval_s
-                if self.restorer.step(0.2) and not self.caught_up.is_set():
+                if self.restorer.step(0.1) and not self.caught_up.is_set():
                     self.caught_up.set()
                     self.status.phase = "learning"
                     log.info(

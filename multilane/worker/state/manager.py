@@ -205,6 +205,13 @@ class StateManager:
             self._status[tp] = status
         reader = self._reader(topic, partition)
         applier = ChangeApplier(flt, None, sources)
+        log.info(
+            "restoring %s[%d] from changelog offset %d (committed offset %d)",
+            topic,
+            partition,
+            start,
+            committed_offset,
+        )
         t0 = time.monotonic()
         try:
             reader.seek(start)
@@ -400,6 +407,21 @@ class StateManager:
             self._close_learner(learner, clean=False)
         PartitionStore(partition_dir(self.state_dir, topic, partition)).destroy()
         metrics.forget(topic, partition)
+
+    def promote(self, topic: str, partition: int) -> None:
+        """Check that the partition is learning, healthy and caught up (the control endpoint's
+        ``/v1/promote``). The switch itself happens when the engine opens the partition (it is
+        assigned to this worker): ``open_partition`` of a learning partition is the promotion.
+
+        Raises :class:`StatePhaseError` when the partition is not learning, failed, or not caught up.
+        """
+        learner = self._learners.get((topic, partition))
+        if learner is None:
+            raise StatePhaseError(f"{topic}[{partition}] is not learning here")
+        if learner.error is not None:
+            raise StatePhaseError(f"learner {topic}[{partition}] failed: {learner.error}")
+        if not learner.caught_up.is_set():
+            raise StatePhaseError(f"learner {topic}[{partition}] has not caught up yet")
 
     def learner_status(self) -> list[dict[str, object]]:
         """Per partition known here: phase, restore lag (unread + held back), rate, ETA."""
