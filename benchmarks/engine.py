@@ -47,7 +47,7 @@ from benchmarks._common import (
     zipf_top_share,
 )
 from benchmarks.baselines.quix import QuixUnavailableError, run_quix
-from benchmarks.baselines.workload import mean_latency_s
+from benchmarks.baselines.workload import latency_s, mean_latency_s
 
 VALUE_BYTES = 100
 N_KEYS = 10_000
@@ -57,20 +57,23 @@ SLOW_MS = 200.0
 SLOW_FRACTION = 0.01
 HOL_IN_FLIGHT = 256
 KEY_MODE_F = 256
+SEED = 1
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Record counts of one run (full or ``--quick``). IO rows read a prefix of their scenario topic."""
+    """Record counts of one run (full or ``--quick``); each is about 2-10 s of work at full speed."""
 
     noop_records: int
-    io_records: dict[int, int]  # in flight -> records (about 4-6 s of work at full speed)
+    io_records: dict[int, int]  # in flight -> records
     quix_sleep_records: int  # quixstreams with 10 ms sleeps runs at ~96 rec/s
     key_io_records: int  # key mode is capped by the hot keys (~1k rec/s at F=256)
     hol_records: int
+    hol_naive_records: int  # the naive loop runs at ~6% efficiency here: a prefix is enough
     replay_records: int
     replay_kill_after: int  # kill -9 once this many records have ended
     sync_noop_row: bool = True  # also measure multilane with a sync (thread-pool) no-op
+    key_noop_rows: bool = True  # scenario 3 also compares the modes with the no-op processor
     naive_at: tuple[int, ...] = field(default=(16, 64, 256, 1024))
 
 
@@ -80,18 +83,21 @@ FULL = Sizes(
     quix_sleep_records=300,
     key_io_records=20_000,
     hol_records=100_000,
+    hol_naive_records=10_000,
     replay_records=20_000,
     replay_kill_after=8_000,
 )
 QUICK = Sizes(
     noop_records=100_000,
-    io_records={16: 2_000, 256: 20_000, 1024: 40_000},
-    quix_sleep_records=60,
-    key_io_records=3_000,
-    hol_records=20_000,
-    replay_records=5_000,
-    replay_kill_after=2_500,
+    io_records={16: 2_000, 256: 10_000, 1024: 20_000},
+    quix_sleep_records=50,
+    key_io_records=2_000,
+    hol_records=10_000,
+    hol_naive_records=2_000,
+    replay_records=3_000,
+    replay_kill_after=1_500,
     sync_noop_row=False,
+    key_noop_rows=False,
     naive_at=(256, 1024),
 )
 
@@ -108,6 +114,22 @@ class Ctx:
     sizes: Sizes
     repeat: int
     multilane_missing: str | None  # None when the engine is usable, else why not
+    topics: dict[int, ProducedTopic] = field(default_factory=dict)
+
+    def topic(self, records: int) -> ProducedTopic:
+        """A one-partition topic holding exactly ``records`` records, produced on first use.
+
+        Every multilane row reads a topic that holds exactly its records, so a run ends when the
+        backlog is drained and no record beyond the measured ones competes for lanes. Every topic has
+        the same key sequence (same seed): a shorter topic is a prefix of a longer one.
+        """
+        if records not in self.topics:
+            name = f"bench-{records}-{uuid.uuid4().hex[:6]}"
+            self.broker.create_topic(name, 1)
+            produced = produce_zipf(self.bootstrap, name, records, VALUE_BYTES, N_KEYS, ZIPF_S, seed=SEED)
+            log(f"produced {produced.records:,} records to {name} in {produced.seconds:.1f}s")
+            self.topics[records] = produced
+        return self.topics[records]
 
     @property
     def bootstrap(self) -> str:
@@ -202,22 +224,14 @@ def _try(table: Table, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | s
         return reason
 
 
-def _produce(ctx: Ctx, name: str, records: int) -> ProducedTopic:
-    topic = f"bench-{name}-{uuid.uuid4().hex[:6]}"
-    ctx.broker.create_topic(topic, 1)
-    produced = produce_zipf(ctx.bootstrap, topic, records, VALUE_BYTES, N_KEYS, ZIPF_S, seed=len(name))
-    log(f"produced {produced.records:,} records to {topic} in {produced.seconds:.1f}s")
-    return produced
-
-
 # ------------------------------------------------------------------------------------------ scenarios
 
 
-def scenario_noop(ctx: Ctx) -> ProducedTopic:
+def scenario_noop(ctx: Ctx) -> None:
     """1. No-op processor: multilane vs quixstreams vs the raw loop."""
     n = ctx.sizes.noop_records
     log(f"scenario 1: no-op, {n:,} records")
-    data = _produce(ctx, "noop", n)
+    data = ctx.topic(n)
     table = ctx.report.table(
         "noop",
         f"1. No-op processor, {n:,} records, one partition",
@@ -258,10 +272,9 @@ def scenario_noop(ctx: Ctx) -> ProducedTopic:
         )
     ml_rate = ml.get("rate") if isinstance(ml, dict) else None
     ctx.report.goal("1. multilane no-op ÷ quixstreams no-op", ratio(ml_rate, quix_rate), 2.0)
-    return data
 
 
-def scenario_io(ctx: Ctx, data: ProducedTopic) -> None:
+def scenario_io(ctx: Ctx) -> None:
     """2. IO-bound processor at several in-flight counts."""
     log("scenario 2: IO-bound")
     table = ctx.report.table(
@@ -281,7 +294,7 @@ def scenario_io(ctx: Ctx, data: ProducedTopic) -> None:
     )
     # quixstreams processes one record at a time: in flight = 1
     n_quix = ctx.sizes.quix_sleep_records
-    qx = _try(table, quix, ctx, data.topic, n_quix, sleep_ms=BASE_MS)
+    qx = _try(table, quix, ctx, ctx.topic(n_quix).topic, n_quix, sleep_ms=BASE_MS)
     if isinstance(qx, str):
         table.add_unavailable(qx, in_flight=1, system="quixstreams (time.sleep)", records=n_quix)
     else:
@@ -292,6 +305,7 @@ def scenario_io(ctx: Ctx, data: ProducedTopic) -> None:
         )  # fmt: skip
     for in_flight, n in sorted(ctx.sizes.io_records.items()):
         ideal = in_flight / (BASE_MS / 1000)
+        data = ctx.topic(n)
         bare = _try(table, bare_asyncio, ctx, n, in_flight)
         results: list[tuple[str, dict[str, Any] | str, str]] = [
             ("bare asyncio (no Kafka)", bare, "the event loop's ceiling"),
@@ -340,7 +354,7 @@ def lane_cap(keys: Sequence[bytes], factor: int, latency_s: float) -> tuple[floa
     return share, len(keys) / (busiest * latency_s)
 
 
-def scenario_key_mode(ctx: Ctx, noop: ProducedTopic, io: ProducedTopic) -> None:
+def scenario_key_mode(ctx: Ctx) -> None:
     """3. Key mode vs unordered on the same Zipf keys."""
     log("scenario 3: key mode vs unordered")
     top = zipf_top_share(N_KEYS, ZIPF_S)
@@ -360,12 +374,14 @@ def scenario_key_mode(ctx: Ctx, noop: ProducedTopic, io: ProducedTopic) -> None:
         ],
     )
     lat = BASE_MS / 1000
-    cases = [
-        ("no-op (async)", noop, ctx.sizes.noop_records, "async-noop", None),
-        (f"sleep {BASE_MS:g} ms", io, ctx.sizes.key_io_records, "async-sleep", lat),
+    cases: list[tuple[str, int, str, float | None]] = [
+        (f"sleep {BASE_MS:g} ms", ctx.sizes.key_io_records, "async-sleep", lat)
     ]
-    for label, data, n, processor, latency in cases:
-        keys = data.keys[:n]
+    if ctx.sizes.key_noop_rows:
+        cases.insert(0, ("no-op (async)", ctx.sizes.noop_records, "async-noop", None))
+    for label, n, processor, latency in cases:
+        data = ctx.topic(n)
+        keys = data.keys
         share, cap = lane_cap(keys, KEY_MODE_F, latency) if latency else (None, None)
         top_cap = 1 / (top * latency) if latency else None
         res = {
@@ -391,10 +407,23 @@ def scenario_key_mode(ctx: Ctx, noop: ProducedTopic, io: ProducedTopic) -> None:
     )
 
 
-def scenario_hol(ctx: Ctx, data: ProducedTopic) -> None:
+def naive_efficiency_bound(first_offset: int, records: int, batch: int, mean_s: float) -> float:
+    """The naive loop's best efficiency: each batch takes its slowest record's latency.
+
+    ``records`` ÷ sum over consecutive batches of max(latency), relative to ``batch`` ÷ ``mean_s``.
+    """
+    total = 0.0
+    for start in range(first_offset, first_offset + records, batch):
+        end = min(start + batch, first_offset + records)
+        total += max(latency_s(o, BASE_MS / 1000, SLOW_MS / 1000, SLOW_FRACTION) for o in range(start, end))
+    return (records / total) / (batch / mean_s)
+
+
+def scenario_hol(ctx: Ctx) -> None:
     """4. Head-of-line blocking: 1% of records take 200 ms."""
-    n = ctx.sizes.hol_records
+    n, n_naive = ctx.sizes.hol_records, ctx.sizes.hol_naive_records
     log(f"scenario 4: head-of-line blocking, {n:,} records")
+    data = ctx.topic(n)
     mean = mean_latency_s(data.first_offset, n, BASE_MS / 1000, SLOW_MS / 1000, SLOW_FRACTION)
     ideal = HOL_IN_FLIGHT / mean
     table = ctx.report.table(
@@ -412,20 +441,22 @@ def scenario_hol(ctx: Ctx, data: ProducedTopic) -> None:
         ],
     )
     bare = _try(table, bare_asyncio, ctx, n, HOL_IN_FLIGHT, slow=True)
-    naive = _try(table, naive_batch, ctx, data.topic, n, HOL_IN_FLIGHT, slow=True)
+    naive = _try(table, naive_batch, ctx, data.topic, n_naive, HOL_IN_FLIGHT, slow=True)
     ml = _try(table, multilane, ctx, data.topic, n, "unordered", HOL_IN_FLIGHT, "async-sleep", slow=True)
     bare_rate = bare.get("rate") if isinstance(bare, dict) else None
-    for system, res in [
-        ("bare asyncio (no Kafka)", bare),
-        (f"naive batch loop (batch {HOL_IN_FLIGHT})", naive),
-        (f"multilane unordered F={HOL_IN_FLIGHT}", ml),
-    ]:
+    naive_bound = naive_efficiency_bound(data.first_offset, n_naive, HOL_IN_FLIGHT, mean)
+    for system, res, records, note in [
+        ("bare asyncio (no Kafka)", bare, n, ""),
+        (f"naive batch loop (batch {HOL_IN_FLIGHT})", naive, n_naive,
+         f"a batch lasts as long as its slowest record: at best {naive_bound:.2f}"),
+        (f"multilane unordered F={HOL_IN_FLIGHT}", ml, n, ""),
+    ]:  # fmt: skip
         if isinstance(res, str):
-            table.add_unavailable(res, system=system, records=n)
+            table.add_unavailable(res, system=system, records=records)
             continue
         table.add(
-            system=system, records=n, rate=res["rate"], efficiency=res["rate"] / ideal,
-            vs_bare=ratio(res["rate"], bare_rate),
+            system=system, records=records, rate=res["rate"], efficiency=res["rate"] / ideal,
+            vs_bare=ratio(res["rate"], bare_rate), note=note,
         )  # fmt: skip
     ml_rate = ml.get("rate") if isinstance(ml, dict) else None
     ctx.report.goal("4. multilane efficiency with 1% slow records", ratio(ml_rate, ideal), 0.85)
@@ -647,7 +678,7 @@ def scenario_replay(ctx: Ctx) -> None:
         table.add_unavailable(ctx.multilane_missing, system="multilane with progress")
         table.add_unavailable(ctx.multilane_missing, system="multilane watermark-only")
         return
-    data = _produce(ctx, "replay", n)
+    data = ctx.topic(n)
     try:
         with_progress: ReplayOutcome | str = replay_cycle(ctx, data, "progress", [])
     except (ChildError, OSError) as exc:
@@ -674,7 +705,8 @@ def scenario_replay(ctx: Ctx) -> None:
         )
         if o.derived_watermark_replays is not None:
             table.add(
-                system="watermark-only (derived)", ended=o.ended_before_kill, committed=o.committed_at_kill,
+                system="watermark-only (derived)", ended=o.ended_before_kill, in_flight=o.in_flight_at_kill,
+                committed=o.committed_at_kill,
                 replayed=o.derived_watermark_replays, vs_progress=ratio(o.derived_watermark_replays, base),
                 note="same run: records that ended before the kill at or above the committed offset",
             )  # fmt: skip
@@ -727,22 +759,18 @@ def body(args: argparse.Namespace, report: Report) -> None:
         report.note(f"multilane: not available ({missing})")
     with broker_session() as broker:
         ctx = Ctx(broker, report, sizes, max(1, args.repeat), missing)
-        noop = io = None
-        if not only or only & {"1", "3"}:
-            noop = (
-                scenario_noop(ctx) if not only or "1" in only else _produce(ctx, "noop", sizes.noop_records)
-            )
-        if not only or only & {"2", "3", "4"}:
-            io_n = max(*sizes.io_records.values(), sizes.key_io_records, sizes.hol_records)
-            io = _produce(ctx, "io", io_n)
-        if io is not None and (not only or "2" in only):
-            scenario_io(ctx, io)
-        if noop is not None and io is not None and (not only or "3" in only):
-            scenario_key_mode(ctx, noop, io)
-        if io is not None and (not only or "4" in only):
-            scenario_hol(ctx, io)
-        if not only or "5" in only:
-            scenario_replay(ctx)
+        scenarios = {
+            "1": scenario_noop,
+            "2": scenario_io,
+            "3": scenario_key_mode,
+            "4": scenario_hol,
+            "5": scenario_replay,
+        }
+        for number, scenario in scenarios.items():
+            if not only or number in only:
+                t0 = time.monotonic()
+                scenario(ctx)
+                log(f"scenario {number} took {time.monotonic() - t0:.1f}s")
 
 
 # ------------------------------------------------------------------------------------------ child
@@ -772,8 +800,6 @@ def make_processor(
 ) -> Any:
     """The measured processor: a no-op (async or sync) or the shared latency model, then ``on_done``."""
     import asyncio
-
-    from benchmarks.baselines.workload import latency_s
 
     base, slow = base_ms / 1000, slow_ms / 1000
 

@@ -44,13 +44,18 @@ def _imports_ok(python: Path) -> bool:
     return probe.returncode == 0
 
 
+_checked: Path | None = None  # the interpreter already known to import quixstreams (this process)
+
+
 def ensure_quix_venv() -> Path:
     """Return the venv's interpreter, creating the venv and installing quixstreams on first use.
 
     Raises :class:`QuixUnavailableError` with pip's last output lines when the install fails.
     """
+    global _checked
     python = _venv_python()
-    if _imports_ok(python):
+    if _checked == python or _imports_ok(python):
+        _checked = python
         return python
     log(f"creating {VENV_DIR} with quixstreams=={QUIX_VERSION} (first use)")
     steps = [
@@ -72,6 +77,7 @@ def ensure_quix_venv() -> Path:
             raise QuixUnavailableError(f"{' '.join(step[:3])} failed: {tail}")
     if not _imports_ok(python):
         raise QuixUnavailableError(f"quixstreams=={QUIX_VERSION} does not import in {VENV_DIR}")
+    _checked = python
     return python
 
 
