@@ -1,0 +1,274 @@
+"""State store benchmark: restore rate, write overhead per record, bytes on disk per key.
+
+``python -m benchmarks.state [--quick] [--json]``. Rows:
+
+1. Restore: a changelog partition of N records over K keys (8-byte counters, the envelope of
+   ``docs/architecture.md``) restored into an empty store by ``StateManager.open_partition``; wall
+   time includes the restore consumer's start-up and the read to the end of the partition.
+2. Write overhead: the engine (in this process, ``EngineRunner``) processing the same topic with a
+   stateless no-op processor and with the per-key counting processor (one ``get`` + one ``put`` per
+   record, each put also produced to the changelog and flushed before every commit); plus a
+   micro-benchmark of ``view.get`` + ``view.put`` alone.
+3. Bytes on disk per key after the restore (RocksDB files, memtables flushed), before and after a
+   full compaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks._common import Column, Report, broker_session, log, main, produce_zipf, ratio
+
+__all__ = ["stateless_noop"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    restore_records: int
+    restore_keys: int
+    engine_records: int
+    engine_keys: int
+    micro_ops: int
+
+
+FULL = Sizes(1_000_000, 100_000, 200_000, 10_000, 100_000)
+QUICK = Sizes(1_000_000, 100_000, 40_000, 10_000, 20_000)
+
+
+def stateless_noop(record: Any, ctx: Any) -> None:
+    """The stateless reference processor: does nothing."""
+    return None
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int) -> float:
+    """Write ``records`` put envelopes over ``keys`` keys to partition 0; returns seconds."""
+    from confluent_kafka import Producer
+
+    from multilane.worker.keyranges import key_hash
+    from multilane.worker.state.codec import ChangelogCodec
+
+    p = Producer({
+        "bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+        "compression.type": "lz4", "queue.buffering.max.messages": 1_000_000,
+        "queue.buffering.max.kbytes": 1_048_576, "enable.idempotence": True,
+    })  # fmt: skip
+    names = [b"key-%06d" % k for k in range(keys)]
+    hashes = [key_hash(n) for n in names]
+    t0 = time.perf_counter()
+    for i in range(records):
+        k = i % keys
+        value = ChangelogCodec.encode_put((i // keys + 1).to_bytes(8, "big"), i, hashes[k])
+        while True:
+            try:
+                p.produce(topic, key=names[k], value=value, partition=0)
+                break
+            except BufferError:
+                p.poll(0.05)
+    if p.flush(300):
+        raise RuntimeError("changelog records left undelivered")
+    return time.perf_counter() - t0
+
+
+def bench_restore(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -> None:
+    from multilane.worker.state import StateManager
+    from multilane.worker.state.changelog import ChangelogTopicAdmin, changelog_topic_name
+
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    table = report.table(
+        "restore",
+        f"1. Restore from the changelog: {sizes.restore_records:,} records over {sizes.restore_keys:,} keys",
+        [Column("what"), Column("records", fmt=",d"), Column("seconds", fmt=".2f"),
+         Column("rate", "rec/s", ",.0f"), Column("note")],
+    )  # fmt: skip
+    disk = report.table(
+        "disk",
+        "3. Bytes on disk per key (10-byte keys, 8-byte values)",
+        [Column("when"), Column("keys", fmt=",d"), Column("bytes", fmt=",d"),
+         Column("per_key", "bytes/key", ".1f")],
+    )  # fmt: skip
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("restore-in", 1, 1)])["restore-in"].result(30)
+    clt = changelog_topic_name(group, "restore-in")
+    ChangelogTopicAdmin(bootstrap).ensure(clt, "restore-in")
+    log(f"restore: producing {sizes.restore_records:,} changelog records")
+    produce_s = _produce_changelog(bootstrap, clt, sizes.restore_records, sizes.restore_keys)
+    table.add(
+        what="produce changelog (lz4)",
+        records=sizes.restore_records,
+        seconds=produce_s,
+        rate=sizes.restore_records / produce_s,
+    )
+    sm = StateManager(os.path.join(workdir, "restore"), bootstrap, group)
+    try:
+        log("restore: restoring")
+        t0 = time.perf_counter()
+        cpu0 = _cpu_s()
+        sm.open_partition("restore-in", 0, sizes.restore_records, None)
+        seconds = time.perf_counter() - t0
+        cpu = _cpu_s() - cpu0
+        store = sm.store("restore-in", 0)
+        n_keys = sum(1 for _ in store.items())
+        if n_keys != sizes.restore_keys:
+            raise RuntimeError(f"restored {n_keys} keys, expected {sizes.restore_keys}")
+        table.add(
+            what="restore (open_partition, empty store)",
+            records=sizes.restore_records,
+            seconds=seconds,
+            rate=sizes.restore_records / seconds,
+            note=f"CPU {cpu * 1e6 / sizes.restore_records:.2f} µs/record; {n_keys:,} keys verified",
+        )
+        sm.close_partition("restore-in", 0, clean=True)
+        store.open()
+        flushed = store.disk_bytes()
+        disk.add(
+            when="after restore (memtables flushed)", keys=n_keys, bytes=flushed, per_key=flushed / n_keys
+        )
+        store.compact()
+        store.close()
+        compacted = store.disk_bytes()
+        disk.add(when="after full compaction", keys=n_keys, bytes=compacted, per_key=compacted / n_keys)
+        t0 = time.perf_counter()
+        sm.open_partition("restore-in", 0, sizes.restore_records, None)
+        table.add(
+            what="reopen from a clean checkpoint",
+            records=0,
+            seconds=time.perf_counter() - t0,
+            note="tails the changelog from the checkpoint offset",
+        )
+    finally:
+        sm.close()
+
+
+def _run_engine(bootstrap: str, topic: str, records: int, processor: Any, hooks: Any) -> dict[str, float]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from multilane.worker.config import EngineConfig
+    from multilane.worker.engine import Engine
+    from multilane.worker.runner import EngineRunner
+
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    cfg = EngineConfig(bootstrap_servers=bootstrap, group=group, operator_mode=True, assign=((topic, 0),),
+                       factor=8, commit_interval_ms=200,
+                       consumer_overrides={"fetch.queue.backoff.ms": "10"})  # fmt: skip
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    runner = EngineRunner(Engine(cfg, processor, hooks))
+    try:
+        runner.start(timeout=120)
+        t0, cpu0 = time.perf_counter(), _cpu_s()
+        deadline = t0 + 600
+        while True:
+            [tp] = probe.committed([TopicPartition(topic, 0)], timeout=10)
+            if tp.offset >= records:
+                break
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"committed {tp.offset} of {records} after 600 s")
+            time.sleep(0.02)
+        seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    finally:
+        runner.stop()
+        probe.close()
+    return {"seconds": seconds, "rate": records / seconds, "cpu_us": cpu * 1e6 / records}
+
+
+def bench_overhead(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -> None:
+    from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
+    from multilane.worker.state import StateManager
+    from multilane.worker.state.examples import count_per_key
+
+    table = report.table(
+        "overhead",
+        f"2. Write overhead: engine, key mode F=8, {sizes.engine_records:,} records, "
+        f"Zipf(1.0) over {sizes.engine_keys:,} keys, one partition",
+        [Column("processor"), Column("rate", "rec/s", ",.0f"), Column("cpu_us", "CPU µs/rec", ".2f"),
+         Column("wall_us", "wall µs/rec", ".2f"), Column("note")],
+    )  # fmt: skip
+    data = produce_zipf(
+        bootstrap, "overhead-in", sizes.engine_records, value_bytes=100, n_keys=sizes.engine_keys
+    )
+    log("overhead: stateless run")
+    stateless = _run_engine(bootstrap, data.topic, data.records, stateless_noop, None)
+    table.add(
+        processor="stateless no-op",
+        rate=stateless["rate"],
+        cpu_us=stateless["cpu_us"],
+        wall_us=1e6 / stateless["rate"],
+    )
+    log("overhead: stateful run")
+    sm = StateManager(os.path.join(workdir, "engine"), bootstrap, f"bench-{uuid.uuid4().hex[:8]}")
+    try:
+        stateful = _run_engine(bootstrap, data.topic, data.records, count_per_key, sm)
+    finally:
+        sm.close()
+    extra_wall = 1e6 / stateful["rate"] - 1e6 / stateless["rate"]
+    table.add(
+        processor="count_per_key (get + put)",
+        rate=stateful["rate"],
+        cpu_us=stateful["cpu_us"],
+        wall_us=1e6 / stateful["rate"],
+        note=f"+{extra_wall:.2f} µs wall, +{stateful['cpu_us'] - stateless['cpu_us']:.2f} µs CPU per record; "
+        f"rate ÷ stateless {ratio(stateful['rate'], stateless['rate']):.2f}",
+    )
+    report.goal("2. stateful rate ÷ stateless rate", ratio(stateful["rate"], stateless["rate"]), 0.5)
+
+    # micro: view.get + view.put alone (changelog produce included, flush at the end)
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("micro-in", 1, 1)])["micro-in"].result(30)
+    sm = StateManager(os.path.join(workdir, "micro"), bootstrap, f"bench-{uuid.uuid4().hex[:8]}")
+    try:
+        sm.open_partition("micro-in", 0, 0, None)
+        full = KeyRange(0, HASH_SPACE)
+        keys = [b"key-%d" % (i % sizes.engine_keys) for i in range(sizes.micro_ops)]
+        t0, cpu0 = time.perf_counter(), _cpu_s()
+        for i, k in enumerate(keys):
+            v = sm.view("micro-in", 0, k, full, i, key_hash(k))
+            raw = v.get()
+            v.put((int.from_bytes(raw, "big") + 1 if raw else 1).to_bytes(8, "big"))
+        sm.before_commit("micro-in", 0, sizes.micro_ops)
+        seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+        sm.close_partition("micro-in", 0, clean=True)
+    finally:
+        sm.close()
+    table.add(
+        processor="micro: view.get + view.put + flush",
+        rate=sizes.micro_ops / seconds,
+        cpu_us=cpu * 1e6 / sizes.micro_ops,
+        wall_us=seconds * 1e6 / sizes.micro_ops,
+        note="no engine; one thread",
+    )
+
+
+def body(args: argparse.Namespace, report: Report) -> None:
+    sizes = QUICK if args.quick else FULL
+    report.params.update(sizes.__dict__)
+    report.note(
+        "The machine is shared with other engineers' test runs (2 cores); absolute rates are noisy, "
+        "compare ratios measured in the same run."
+    )
+    workdir = tempfile.mkdtemp(prefix="multilane-bench-state-")
+    try:
+        with broker_session() as broker:
+            bench_restore(report, broker.bootstrap, sizes, workdir)
+            bench_overhead(report, broker.bootstrap, sizes, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main("state", "State store benchmark.", body))
