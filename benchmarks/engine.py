@@ -524,9 +524,11 @@ def _hung_keys(data: ProducedTopic, kill_after: int, count: int) -> list[bytes]:
     return chosen
 
 
-def _worker_argv(ctx: Ctx, topic: str, group: str, extra: Sequence[str]) -> list[str]:
+def _worker_argv(
+    ctx: Ctx, topic: str, group: str, extra: Sequence[str], launcher: Sequence[str]
+) -> list[str]:
     return [
-        sys.executable, "-m", "multilane", "worker", "--bootstrap-servers", ctx.bootstrap,
+        *launcher, "--bootstrap-servers", ctx.bootstrap,
         "--group", group, "--processor", "multilane.testing.processors:logging_async",
         "--assign", f"{topic}:0", "--ordering", "unordered", "--factor", str(REPLAY_F),
         "--commit-interval-ms", str(REPLAY_COMMIT_MS), *extra,
@@ -588,7 +590,13 @@ def _wait_for_ends(
     raise ChildError(f"worker {proc.pid}: records did not end within {timeout:.0f}s")
 
 
-def replay_cycle(ctx: Ctx, data: ProducedTopic, label: str, extra_args: Sequence[str]) -> ReplayOutcome:
+WORKER = (sys.executable, "-m", "multilane", "worker")
+PROGRESS_IGNORING_WORKER = (sys.executable, "-m", "benchmarks.engine", "_worker_ignoring_progress")
+
+
+def replay_cycle(
+    ctx: Ctx, data: ProducedTopic, label: str, extra_args: Sequence[str], launcher: Sequence[str] = WORKER
+) -> ReplayOutcome:
     """Run a worker, kill -9 it after N ended records (hung records in flight), restart, count replays.
 
     1. Start worker A with the hang keys configured; wait until it logged N ``end`` events.
@@ -612,7 +620,7 @@ def replay_cycle(ctx: Ctx, data: ProducedTopic, label: str, extra_args: Sequence
         ),
         "MULTILANE_TEST_HANG_RELEASE_FILE": release,
     }
-    argv = _worker_argv(ctx, data.topic, group, extra_args)
+    argv = _worker_argv(ctx, data.topic, group, extra_args, launcher)
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> subprocess.Popen[bytes]:
@@ -713,15 +721,25 @@ def scenario_replay(ctx: Ctx) -> None:
         with_progress: ReplayOutcome | str = replay_cycle(ctx, data, "progress", [])
     except (ChildError, OSError) as exc:
         with_progress = str(exc)
+    # the watermark-only worker: the worker's own flag when it has one, else the same worker with
+    # progress ignored on restart (see worker_ignoring_progress)
     flag, flag_missing = progress_flag_missing()
     watermark: ReplayOutcome | str
     if flag_missing:
-        watermark = flag_missing
+        ctx.report.note(
+            f"Scenario 5: {flag_missing}; the watermark-only row runs the same worker with "
+            "`Engine._load_progress` patched to return None (benchmarks.engine, "
+            "`_worker_ignoring_progress`)."
+        )
+        watermark_name = "multilane, progress ignored on restart"
+        launcher: Sequence[str] = PROGRESS_IGNORING_WORKER
     else:
-        try:
-            watermark = replay_cycle(ctx, data, "watermark", flag)
-        except (ChildError, OSError) as exc:
-            watermark = str(exc)
+        watermark_name = f"multilane {' '.join(flag)}"
+        launcher = WORKER
+    try:
+        watermark = replay_cycle(ctx, data, "watermark", flag, launcher)
+    except (ChildError, OSError) as exc:
+        watermark = str(exc)
     base = with_progress.replayed if isinstance(with_progress, ReplayOutcome) else None
     if isinstance(with_progress, ReplayOutcome):
         o = with_progress
@@ -745,7 +763,7 @@ def scenario_replay(ctx: Ctx) -> None:
     if isinstance(watermark, ReplayOutcome):
         o = watermark
         table.add(
-            system=f"multilane {' '.join(flag)}",
+            system=watermark_name,
             ended=o.ended_before_kill,
             in_flight=o.in_flight_at_kill,
             committed=o.committed_at_kill,
@@ -753,7 +771,7 @@ def scenario_replay(ctx: Ctx) -> None:
             vs_progress=ratio(o.replayed, base),
         )
     else:
-        table.add_unavailable(watermark, system="multilane watermark-only (measured)")
+        table.add_unavailable(watermark, system=watermark_name)
 
 
 # ------------------------------------------------------------------------------------------ body
@@ -906,7 +924,31 @@ def run_multilane_child(args: argparse.Namespace) -> dict[str, Any]:
     return meter.result(args.records, ordering=args.ordering, factor=args.factor, processor=args.processor)
 
 
+def worker_ignoring_progress(argv: Sequence[str]) -> int:
+    """``multilane worker ARGS`` with progress beyond the committed offset ignored on assignment.
+
+    The watermark-only baseline of scenario 5 when the worker has no flag for it: the same engine,
+    whose restart then replays everything from the committed offset. Progress records are still
+    written (that costs time, not replays). If the engine's private hook is gone, this fails loudly
+    and the row says so.
+    """
+    from multilane.cli import main as multilane_main
+    from multilane.worker.engine import Engine
+
+    if not hasattr(Engine, "_load_progress"):
+        print("Engine._load_progress is gone: cannot ignore progress", file=sys.stderr)
+        return 2
+
+    def no_progress(self: Any, tp: Any, committed: Any) -> None:
+        return None
+
+    Engine._load_progress = no_progress  # type: ignore[method-assign]
+    return multilane_main(["worker", *argv])
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_child"]:
         raise SystemExit(child_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["_worker_ignoring_progress"]:
+        raise SystemExit(worker_ignoring_progress(sys.argv[2:]))
     raise SystemExit(main("engine", __doc__ or "", body, add_arguments, module="benchmarks.engine"))
