@@ -1,0 +1,313 @@
+"""``ApiServerEmulator``: a ``kmock.KubernetesEmulator`` with the API-server behaviours kopf and the
+operator rely on. A test double for kube-apiserver, not a cluster.
+
+Emulated here (kmock 0.8 lacks them; see /work/shared/FACTS.md):
+
+- on create: ``metadata.namespace`` stamped from the URL (kmock's watch drops objects without it),
+  ``uid``, ``resourceVersion`` (one global counter), ``generation: 1``, ``creationTimestamp``,
+  ``generateName`` filled in; answer 201 instead of 200;
+- on PATCH (merge or JSON patch) and PUT (kmock answers PUT with 404): optimistic concurrency (a
+  ``metadata.resourceVersion`` in the body that differs from the stored one -> 409), a new
+  ``resourceVersion``, ``generation`` + 1 when anything outside ``metadata``/``status`` changed;
+  for resources with a status subresource, writes to the object ignore ``status`` and writes to
+  ``/status`` only change ``status``; PATCH on ``/scale`` of a custom resource writes the CRD's
+  ``specReplicasPath``;
+- custom resources whose CRD was loaded (:meth:`ApiServerEmulator.load_crd`): structural defaulting
+  (``default`` values, recursively), pruning of unknown fields (honouring
+  ``x-kubernetes-preserve-unknown-fields``), dropping of nulls in non-nullable fields, and
+  ``jsonschema`` validation of the result -> 422 ``Invalid``. CEL rules (``x-kubernetes-validations``)
+  are NOT evaluated;
+- garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
+  object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively).
+
+Not emulated: controllers (no pods appear for a StatefulSet; tests create them), label-selector
+filtering on the server (the operator filters on its side too), watch ``resourceVersion``
+bookmarks, RBAC/authentication, admission webhooks.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+import json
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import jsonschema
+import kmock
+import yaml
+from kmock._internal import enums  # the action enum is not re-exported under this name
+
+_rv = itertools.count(1000)
+
+
+def _strip_x(schema: Any) -> Any:
+    """The CRD schema as plain JSON Schema (drop x-kubernetes-* keys and OpenAPI-only ``nullable``)."""
+    if isinstance(schema, dict):
+        return {k: _strip_x(v) for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if isinstance(schema, list):
+        return [_strip_x(v) for v in schema]
+    return schema
+
+
+def default_and_prune(obj: Any, schema: Mapping[str, Any], *, root: bool = False) -> Any:
+    """Structural defaulting + pruning of one value against its (CRD) schema."""
+    if isinstance(obj, dict) and (schema.get("type") == "object" or "properties" in schema):
+        props: Mapping[str, Any] = schema.get("properties") or {}
+        for key, sub in props.items():
+            if key not in obj and "default" in sub:
+                obj[key] = copy.deepcopy(sub["default"])
+        for key in list(obj):
+            if root and key in ("apiVersion", "kind", "metadata"):
+                continue
+            if key in props:
+                if obj[key] is None and not props[key].get("nullable"):
+                    del obj[key]
+                    continue
+                obj[key] = default_and_prune(obj[key], props[key])
+            elif isinstance(schema.get("additionalProperties"), dict):
+                obj[key] = default_and_prune(obj[key], schema["additionalProperties"])
+            elif not schema.get("x-kubernetes-preserve-unknown-fields") and not schema.get(
+                "additionalProperties"
+            ):
+                del obj[key]
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [default_and_prune(item, schema["items"]) for item in obj]
+    return obj
+
+
+@attrs.define(kw_only=True)
+class ApiServerEmulator(kmock.KubernetesEmulator):
+    _schemas: dict[kmock.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _scale_paths: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
+    _status_subresource: set[kmock.resource] = attrs.field(factory=set, init=False)
+
+    # ---- setup -----------------------------------------------------------------------------------
+
+    def load_crd(self, path: str | Path) -> dict[str, Any]:
+        """Serve the CRD's resource (discovery, subresources) and enforce its schema."""
+        crd = yaml.safe_load(Path(path).read_text())
+        spec = crd["spec"]
+        # kopf's resource observer waits for the CRD resource to exist (it watches CRDs for changes).
+        crds = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        self.resources[crds] = kmock.ResourceInfo(
+            kind="CustomResourceDefinition",
+            namespaced=False,
+            verbs={"get", "list", "watch"},
+        )
+        self.objects[crds, None, crd["metadata"]["name"]] = crd
+        for version in spec["versions"]:
+            res = kmock.resource(spec["group"], version["name"], spec["names"]["plural"])
+            subresources = set(version.get("subresources") or {})
+            self.resources[res] = kmock.ResourceInfo(
+                kind=spec["names"]["kind"],
+                singular=spec["names"]["singular"],
+                namespaced=spec["scope"] == "Namespaced",
+                shortnames=set(spec["names"].get("shortNames") or []),
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+                subresources=subresources,
+            )
+            self._schemas[res] = version["schema"]["openAPIV3Schema"]
+            if "status" in subresources:
+                self._status_subresource.add(res)
+            scale = (version.get("subresources") or {}).get("scale")
+            if scale:
+                self._scale_paths[res] = scale["specReplicasPath"]
+        return crd
+
+    def add_builtin(
+        self, group_version: str, plural: str, kind: str, *, status: bool = False, namespaced: bool = True
+    ) -> None:
+        group, _, version = group_version.rpartition("/")
+        res = kmock.resource(group, version, plural)
+        self.resources[res] = kmock.ResourceInfo(
+            kind=kind,
+            namespaced=namespaced,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            subresources={"status"} if status else set(),
+        )
+        if status:
+            self._status_subresource.add(res)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(dict(self.objects[key].raw))
+
+    def _admit(self, res: kmock.resource, obj: dict[str, Any]) -> dict[str, Any]:
+        schema = self._schemas.get(res)
+        if schema is None:
+            return obj
+        obj = default_and_prune(obj, schema, root=True)
+        try:
+            jsonschema.validate({k: v for k, v in obj.items() if k != "metadata"}, _strip_x(schema))
+        except jsonschema.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.absolute_path)
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"{path}: {exc.message}") from None
+        return obj
+
+    def _substitute(self, original: kmock.Request, **changes: Any) -> kmock.Request:
+        """A changed copy of the request, put in the original's place in the request log (kmock's
+        reaction filters find requests by identity there)."""
+        evolved = attrs.evolve(original, **changes)
+        for i in range(len(self._requests) - 1, -1, -1):
+            if self._requests[i] is original:
+                self._requests[i] = evolved
+                break
+        else:
+            self._requests.append(evolved)
+        return evolved
+
+    @staticmethod
+    def _merge_diff(old: Any, new: Any) -> Any:
+        """A JSON merge patch turning ``old`` into ``new``."""
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            return new
+        out: dict[str, Any] = {k: None for k in old if k not in new}
+        for k, v in new.items():
+            if k not in old:
+                out[k] = v
+            elif old[k] != v:
+                out[k] = ApiServerEmulator._merge_diff(old[k], v)
+        return out
+
+    # ---- request handling ------------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
+            return await self._create(request)
+        if res is not None and request.name and (
+            request.action == enums.action.UPDATE or request.method == enums.method.PUT
+        ):
+            return await self._update(request)
+        response = await super()._handle(request)
+        if res is not None and request.action == enums.action.DELETE and request.name:
+            await self._collect_garbage()
+        return response
+
+    async def _create(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        assert request.resource is not None
+        obj = copy.deepcopy(request.data)
+        meta = obj.setdefault("metadata", {})
+        if request.namespace:
+            meta["namespace"] = request.namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        meta.update(
+            uid=str(uuid.uuid4()),
+            resourceVersion=str(next(_rv)),
+            generation=1,
+            creationTimestamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        if request.resource in self._status_subresource and request.resource in self._schemas:
+            obj.pop("status", None)
+        obj = self._admit(request.resource, obj)
+        response = await super()._handle(self._substitute(request, data=obj))
+        if response.status == 200:
+            response.set_status(201)
+        return response
+
+    async def _update(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        assert request.resource is not None
+        res = request.resource
+        old = self._stored(request)
+        if old is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        body = copy.deepcopy(request.data)
+        sub = request.subresource
+        is_put = request.method == enums.method.PUT
+        # The body's resourceVersion (PUT always has one; a PATCH may): optimistic concurrency.
+        if isinstance(body, dict):
+            want_rv = (body.get("metadata") or {}).get("resourceVersion")
+            if want_rv is not None and str(want_rv) != str(old["metadata"].get("resourceVersion")):
+                raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
+        if sub == "scale" and res in self._scale_paths and isinstance(body, dict):
+            replicas = (body.get("spec") or {}).get("replicas")
+            body = {}
+            node = body
+            parts = self._scale_paths[res].strip(".").split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = replicas
+            sub = None
+        # Compute the new object.
+        if isinstance(body, list):
+            try:
+                new = jsonpatch.apply_patch(copy.deepcopy(old), body)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
+        elif is_put:
+            new = copy.deepcopy(body)
+            new.setdefault("metadata", {})
+            for key in ("uid", "creationTimestamp", "namespace", "name", "generation"):
+                if key in old["metadata"]:
+                    new["metadata"][key] = old["metadata"][key]
+        else:
+            new = self._apply_merge(copy.deepcopy(old), body)
+        if res in self._status_subresource:
+            if sub == "status":
+                new = {**old, "status": new.get("status"), "metadata": {**old["metadata"], **new["metadata"]}}
+                if new["status"] is None:
+                    new.pop("status")
+            elif "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        new = self._admit(res, new)
+        meta = new.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(_rv))
+        strip = ("metadata", "status")
+        if {k: v for k, v in new.items() if k not in strip} != {k: v for k, v in old.items() if k not in strip}:
+            meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
+        diff = self._merge_diff(old, new)
+        evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
+        response = await super()._handle(evolved)
+        await self._collect_garbage()  # a finalizer removal may have completed a deletion
+        return response
+
+    @staticmethod
+    def _apply_merge(target: Any, patch: Any) -> Any:
+        if not isinstance(patch, dict):
+            return copy.deepcopy(patch)
+        if not isinstance(target, dict):
+            target = {}
+        for k, v in patch.items():
+            if v is None:
+                target.pop(k, None)
+            else:
+                target[k] = ApiServerEmulator._apply_merge(target.get(k), v)
+        return target
+
+    async def _collect_garbage(self) -> None:
+        """Background cascading deletion of objects whose owners are gone."""
+        while True:
+            live_uids = {
+                (obj.get("metadata") or {}).get("uid") for _, obj in self.objects.items() if not obj.deleted
+            }
+            orphans = [
+                key
+                for key, obj in self.objects.items()
+                if not obj.deleted
+                and any(ref.get("uid") not in live_uids for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+            ]
+            if not orphans:
+                return
+            async with self._lock:
+                for key in orphans:
+                    raw = copy.deepcopy(dict(self.objects[key].raw))
+                    self.objects[key].delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
