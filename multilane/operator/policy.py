@@ -18,7 +18,9 @@ threshold:
   own need (its input / utilisation + its lag / catch-up time) fits in its F lanes;
 - replicas carry CPU and memory, not concurrency: ``R`` is the smallest replica count (at least
   ``min_replicas``, at most ``min(max_replicas, partitions)``) that keeps every pod within
-  ``max_lanes_per_replica`` lanes, where a pod holds ``ceil(partitions / R)`` partitions. Choosing the
+  ``max_lanes_per_replica`` lanes, where a pod holds ``ceil(partitions / R)`` partitions, and, when
+  the pods' CPU use is observed, that runs the needed rate at ``target_cpu_utilisation`` (a pod's
+  capacity is extrapolated as ``processing_rate / (ready pods x cpu_utilisation)``). Choosing the
   smallest R for a given ``ceil(partitions / R)`` makes the shares as equal as they can be (R divides
   the partition count whenever some R with that share does).
 
@@ -30,8 +32,10 @@ Damping (all state lives in :class:`PolicyState`):
   observation (a real shortfall, scaled to immediately);
 - scale-down waits ``scale_down_delay_s`` after the last change, needs a history that covers that
   window, and goes to the highest recommendation within it; never while a backlog is draining;
-- after a scale-up, further scale-ups wait ``settle_s`` (new pods start, lanes fill);
-- a scale-up that did not raise the processing rate after ``settle_s`` while the backlog stayed is
+- after a scale-up, further scale-ups wait ``settle_s`` and, while the rollout runs, until it ends
+  (at most ``bottleneck_retry_s``): new pods start, partitions move, lanes fill;
+- a scale-up that did not raise the processing rate after ``settle_s`` (and after the rollout it
+  started, ``Observation.rebalancing``) while the backlog stayed is
   reported as a bottleneck; further scale-ups are held (with the reason) until the rate rises, the
   backlog clears, or ``bottleneck_retry_s`` passes;
 - an invalid observation (negative lag, NaN or negative rates, missing partitions) holds the last
@@ -103,6 +107,9 @@ class PolicyConfig:
     expected rise (the expected rise is proportional to the added lanes)."""
     bottleneck_retry_s: float = 600.0
     """> 0: after this long, a held (bottlenecked) scale-up may be tried once more."""
+    target_cpu_utilisation: float = 0.7
+    """In (0, 1]: replicas are added so that the pods' CPU stays at or below this share of their
+    limit at the needed rate (only when the observation reports CPU)."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -126,6 +133,8 @@ class PolicyConfig:
             problems.append("max_lag_catchup_s and default_lane_rate must be > 0")
         if self.backlog_threshold_s < 0 or not 0 <= self.min_scale_up_gain <= 1:
             problems.append("backlog_threshold_s >= 0 and min_scale_up_gain in [0, 1]")
+        if not 0 < self.target_cpu_utilisation <= 1:
+            problems.append("target_cpu_utilisation must be in (0, 1]")
         if not self.bottleneck_retry_s > 0:
             problems.append("bottleneck_retry_s must be > 0")
         if problems:
@@ -163,6 +172,13 @@ class Observation:
     input_rate_by_partition: Mapping[int, float] | None = None
     """Addition to the contract: records/s produced per partition (from end-offset deltas); None if
     unknown (then the input is taken as spread evenly). Used to size F for the busiest partition."""
+    cpu_utilisation: float | None = None
+    """Addition: mean CPU use of the ready worker pods over the rate window, as a share of their CPU
+    limit (0..1, above 1 when bursting); None if unknown. Sizes the replicas when pods are CPU-bound."""
+    ready_replicas: int | None = None
+    """Addition: pods ready over the rate window (None: taken as ``replicas``)."""
+    rebalancing: bool = False
+    """Addition: pods are starting or partitions moving; a scale-up is judged only after it ends."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +249,8 @@ class PolicyState:
     last_time: float | None = None
     lane_rate: float | None = None
     """Last lane-rate estimate that came from an observation (not the default)."""
+    pod_rate: float | None = None
+    """Last estimate of the records/s one pod handles at 100 % CPU (None until CPU was observed)."""
     last_replicas: int | None = None
     last_factor: int | None = None
     last_change_time: float | None = None
@@ -252,6 +270,7 @@ class PolicyState:
             "last_lag": self.last_lag,
             "last_time": self.last_time,
             "lane_rate": self.lane_rate,
+            "pod_rate": self.pod_rate,
             "last_replicas": self.last_replicas,
             "last_factor": self.last_factor,
             "last_change_time": self.last_change_time,
@@ -274,6 +293,7 @@ class PolicyState:
             last_lag=data.get("last_lag"),
             last_time=data.get("last_time"),
             lane_rate=data.get("lane_rate"),
+            pod_rate=data.get("pod_rate"),
             last_replicas=data.get("last_replicas"),
             last_factor=data.get("last_factor"),
             last_change_time=data.get("last_change_time"),
@@ -310,6 +330,10 @@ def validate_observation(obs: Observation, config: PolicyConfig) -> list[str]:
         bad_in = {p: v for p, v in obs.input_rate_by_partition.items() if not _finite_nonneg(v)}
         if bad_in:
             problems.append(f"invalid input_rate_by_partition {dict(list(bad_in.items())[:4])}")
+    if obs.cpu_utilisation is not None and not _finite_nonneg(obs.cpu_utilisation):
+        problems.append(f"invalid cpu_utilisation {obs.cpu_utilisation!r}")
+    if obs.ready_replicas is not None and obs.ready_replicas < 0:
+        problems.append(f"invalid ready_replicas {obs.ready_replicas}")
     if obs.busy_lanes is not None and not _finite_nonneg(obs.busy_lanes):
         problems.append(f"invalid busy_lanes {obs.busy_lanes!r}")
     if obs.replicas < 0 or obs.factor < 1:
@@ -350,6 +374,22 @@ def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float |
     return LaneRateEstimate(config.default_lane_rate, "default")
 
 
+MIN_CPU_FOR_ESTIMATE = 0.05
+"""CPU utilisation below this is too small to extrapolate a pod's capacity from."""
+
+
+def estimate_pod_rate(obs: Observation, previous: float | None) -> float | None:
+    """Records/s one pod would handle at 100 % of its CPU limit: ``processing_rate / (ready pods x
+    cpu_utilisation)`` when CPU is reported and high enough to extrapolate; else the previous value."""
+    ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
+    cpu = obs.cpu_utilisation
+    if cpu is not None and cpu >= MIN_CPU_FOR_ESTIMATE and ready > 0 and obs.processing_rate > 0:
+        rate = obs.processing_rate / (ready * cpu)
+        if rate >= MIN_LANE_RATE:
+            return rate
+    return previous
+
+
 def needed_capacity(config: PolicyConfig, input_rate: float, backlog: float) -> float:
     """Records/s the group must be able to process (see the module docstring)."""
     needed = input_rate / config.target_utilisation + backlog / config.target_catchup_s
@@ -386,7 +426,11 @@ def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
 
 
 def recommend(
-    config: PolicyConfig, needed: float, lane_rate: float, hottest_needed: float = 0.0
+    config: PolicyConfig,
+    needed: float,
+    lane_rate: float,
+    hottest_needed: float = 0.0,
+    pod_rate: float | None = None,
 ) -> Recommendation:
     """Replicas and factor whose capacity covers ``needed`` (or the maximum, with a warning).
 
@@ -396,7 +440,8 @@ def recommend(
     1. lanes needed ``L = ceil(needed / lane_rate)`` (at least one lane per partition);
     2. ``F = clamp(max(ceil(L / partitions), ceil(hottest_needed / lane_rate)), min_factor,
        max_factor)`` (rounded up: never one step short);
-    3. ``R`` from the per-pod lane budget (:func:`replicas_for`).
+    3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to
+       ``ceil(needed / (pod_rate x target_cpu_utilisation))`` when a pod's CPU capacity is known.
     """
     warnings: list[str] = []
     p = config.partitions
@@ -425,6 +470,15 @@ def recommend(
             f"{-(-p // replicas) * factor} lanes per pod exceed max_lanes_per_replica="
             f"{config.max_lanes_per_replica} at max replicas {replicas}"
         )
+    if pod_rate is not None and pod_rate > 0:
+        cpu_ratio = needed / (pod_rate * config.target_cpu_utilisation)
+        for_cpu = math.ceil(min(cpu_ratio, float(config.partitions + 1)))
+        if for_cpu > config.replica_ceiling:
+            warnings.append(
+                f"CPU: {needed:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "
+                f"target_cpu_utilisation={config.target_cpu_utilisation}; at most {config.replica_ceiling}"
+            )
+        replicas = min(max(replicas, for_cpu), config.replica_ceiling)
     return Recommendation(
         replicas=replicas,
         factor=factor,
@@ -472,7 +526,8 @@ class AutoscalePolicy:
         est = estimate_lane_rate(obs, cfg, st.lane_rate)
         needed = needed_capacity(cfg, obs.input_rate, backlog)
         hottest = hottest_partition_need(cfg, obs)
-        rec = recommend(cfg, needed, est.rate, hottest)
+        pod_rate = estimate_pod_rate(obs, st.pod_rate)
+        rec = recommend(cfg, needed, est.rate, hottest, pod_rate)
         warnings = list(rec.warnings)
         if est.source == "default":
             warnings.append(f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}")
@@ -484,6 +539,8 @@ class AutoscalePolicy:
             "busy_lanes": obs.busy_lanes,
             "lane_rate": round(est.rate, 3),
             "lane_rate_source": est.source,
+            "cpu_utilisation": obs.cpu_utilisation,
+            "pod_rate": None if pod_rate is None else round(pod_rate, 3),
             "needed_rate": round(needed, 3),
             "hottest_partition_rate": round(hottest, 3),
             "lanes_needed": rec.lanes_needed,
@@ -526,6 +583,7 @@ class AutoscalePolicy:
             st.last_change_time = now
         if est.source in ("observed", "saturated"):
             st.lane_rate = est.rate
+        st.pod_rate = pod_rate
         st.last_lag = backlog
         st.last_time = now
         st.last_replicas, st.last_factor = new_r, new_f
@@ -583,7 +641,7 @@ class AutoscalePolicy:
                 st.bottleneck = None
                 st.bottleneck_since = None
         p = st.pending_scale_up
-        if p is None or now - p.time < cfg.settle_s:
+        if p is None or now - p.time < cfg.settle_s or obs.rebalancing:
             return
         st.pending_scale_up = None
         if not has_backlog or cur_lanes < p.lanes_after:
@@ -614,7 +672,7 @@ class AutoscalePolicy:
         if (cur_r, cur_f) != (obs.replicas, obs.factor):
             prefix = f"clamp {obs.replicas}x{obs.factor} into bounds -> {cur_r}x{cur_f}; "
         r, f, reason = self._choose_within_bounds(
-            now, cur_r, cur_f, st, rec, has_backlog, lag_rising, draining, inputs
+            now, cur_r, cur_f, st, rec, has_backlog, lag_rising, draining, obs.rebalancing, inputs
         )
         return r, f, prefix + reason
 
@@ -628,6 +686,7 @@ class AutoscalePolicy:
         has_backlog: bool,
         lag_rising: bool,
         draining: bool,
+        rebalancing: bool,
         inputs: dict[str, Any],
     ) -> tuple[int, int, str]:
         cfg = self.config
@@ -645,12 +704,14 @@ class AutoscalePolicy:
                     f"the last scale-up did not raise the processing rate; {summary}",
                 )
             p = st.pending_scale_up
-            if p is not None and now - p.time < cfg.settle_s:
+            age = now - p.time if p is not None else math.inf
+            if p is not None and (age < cfg.settle_s or (rebalancing and age < cfg.bottleneck_retry_s)):
                 return (
                     cur_r,
                     cur_f,
                     f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
-                    f"scale-up at t={p.time:.0f}s has settled ({cfg.settle_s:.0f}s); {summary}",
+                    f"scale-up at t={p.time:.0f}s has settled ({cfg.settle_s:.0f}s, rollout "
+                    f"{'in progress' if rebalancing else 'done'}); {summary}",
                 )
             # The history holds at least this observation; right after a (re)start it is short and
             # the window is whatever has been seen (as in the HPA).

@@ -262,6 +262,38 @@ def test_hot_partition_raises_the_factor() -> None:
     assert d.factor == math.ceil((100 / 0.7 + 1000) / LANE_RATE)
 
 
+def test_cpu_bound_pods_add_replicas() -> None:
+    # one pod at 95 % CPU processes 285 rec/s: a pod handles 300 rec/s at 100 %. The input is 600
+    # rec/s: 857 rec/s needed -> ceil(857 / (300 x 0.7)) = 5 pods (lanes alone would keep 1 pod).
+    o = replace(obs(0, lag=0, input_rate=600, processing_rate=285, factor=1), cpu_utilisation=0.95)
+    d, state = AutoscalePolicy(CFG).decide(o, PolicyState())
+    assert d.replicas == 5, d.reason
+    assert d.inputs["pod_rate"] == pytest.approx(300)
+    assert state.pod_rate == pytest.approx(300)
+    without_cpu, _ = AutoscalePolicy(CFG).decide(replace(o, cpu_utilisation=None), PolicyState())
+    assert without_cpu.replicas == 1
+    # not enough partitions for the CPU needed: capped at min(max_replicas, partitions), with a warning
+    o = replace(obs(0, lag=0, input_rate=6000, processing_rate=285, factor=1), cpu_utilisation=0.95)
+    d, _ = AutoscalePolicy(CFG).decide(o, PolicyState())
+    assert d.replicas == CFG.replica_ceiling
+    assert any(w.startswith("CPU:") for w in d.warnings)
+
+
+def test_scale_up_is_judged_only_after_the_rollout() -> None:
+    policy = AutoscalePolicy(CFG)
+    state = PolicyState()
+    for t in range(0, 60, 15):
+        _, state = policy.decide(obs(t, lag=500), state)
+    d, state = policy.decide(obs(60, lag=200_000, processing_rate=2000, busy=48), state)
+    size = {"replicas": d.replicas, "factor": d.factor}
+    o = replace(obs(135, lag=400_000, processing_rate=2000, busy=12.0 * d.factor, **size), rebalancing=True)
+    d, state = policy.decide(o, state)
+    assert state.bottleneck is None
+    assert state.pending_scale_up is not None
+    d, state = policy.decide(replace(o, now=150, rebalancing=False), state)
+    assert state.bottleneck is not None
+
+
 def test_lane_rate_sources() -> None:
     o = obs(0, lag=0, processing_rate=3000, busy=30)
     assert estimate_lane_rate(o, CFG, None).source == "observed"
