@@ -493,8 +493,9 @@ def scenario_hol(ctx: Ctx) -> None:
             continue
         row_mean = mean if records == n else mean_naive  # each row against its own records' latencies
         table.add(
-            system=system, records=records, rate=res["rate"], efficiency=res["rate"] / (HOL_IN_FLIGHT / row_mean),
-            vs_bare=ratio(res["rate"], bare_rate), note=note,
+            system=system, records=records, rate=res["rate"],
+            efficiency=res["rate"] / (HOL_IN_FLIGHT / row_mean), vs_bare=ratio(res["rate"], bare_rate),
+            note=note,
         )  # fmt: skip
     ml_rate = ml.get("rate") if isinstance(ml, dict) else None
     ctx.report.goal("4. multilane efficiency with 1% slow records", ratio(ml_rate, ideal), 0.85)
