@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from benchmarks._common import Column, Report, main, ratio
+# benchmarks/ is not an installed package: make the repository root importable under plain `pytest`
+# too (``python -m pytest`` already has the working directory on sys.path)
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from benchmarks._common import Column, Report, main, ratio  # noqa: E402
 
 
 def _body(args: argparse.Namespace, report: Report) -> None:
