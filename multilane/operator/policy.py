@@ -19,8 +19,9 @@ threshold:
 - replicas carry CPU and memory, not concurrency: ``R`` is the smallest replica count (at least
   ``min_replicas``, at most ``min(max_replicas, partitions)``) that keeps every pod within
   ``max_lanes_per_replica`` lanes, where a pod holds ``ceil(partitions / R)`` partitions, and, when
-  the pods' CPU use is observed, that runs the needed rate at ``target_cpu_utilisation`` (a pod's
-  capacity is extrapolated as ``processing_rate / (ready pods x cpu_utilisation)``). Choosing the
+  the pods' CPU use is observed, that runs ``input_rate + backlog / target_catchup_s`` at
+  ``target_cpu_utilisation`` (a pod's capacity is extrapolated as ``processing_rate / (ready pods x
+  cpu_utilisation)``; the lane headroom is not applied twice). Choosing the
   smallest R for a given ``ceil(partitions / R)`` makes the shares as equal as they can be (R divides
   the partition count whenever some R with that share does).
 
@@ -390,9 +391,15 @@ def estimate_pod_rate(obs: Observation, previous: float | None) -> float | None:
     return previous
 
 
-def needed_capacity(config: PolicyConfig, input_rate: float, backlog: float) -> float:
-    """Records/s the group must be able to process (see the module docstring)."""
-    needed = input_rate / config.target_utilisation + backlog / config.target_catchup_s
+def needed_capacity(
+    config: PolicyConfig, input_rate: float, backlog: float, utilisation: float | None = None
+) -> float:
+    """Records/s the group must be able to process (see the module docstring).
+
+    ``utilisation`` overrides ``config.target_utilisation`` (1.0 gives the rate to be processed,
+    without headroom: the CPU sizing applies its own target to it)."""
+    u = config.target_utilisation if utilisation is None else utilisation
+    needed = input_rate / u + backlog / config.target_catchup_s
     if config.max_lag is not None and backlog > config.max_lag:
         needed = max(needed, input_rate + (backlog - config.max_lag) / config.max_lag_catchup_s)
     return needed
@@ -431,6 +438,7 @@ def recommend(
     lane_rate: float,
     hottest_needed: float = 0.0,
     pod_rate: float | None = None,
+    cpu_needed: float | None = None,
 ) -> Recommendation:
     """Replicas and factor whose capacity covers ``needed`` (or the maximum, with a warning).
 
@@ -441,7 +449,8 @@ def recommend(
     2. ``F = clamp(max(ceil(L / partitions), ceil(hottest_needed / lane_rate)), min_factor,
        max_factor)`` (rounded up: never one step short);
     3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to
-       ``ceil(needed / (pod_rate x target_cpu_utilisation))`` when a pod's CPU capacity is known.
+       ``ceil(cpu_needed / (pod_rate x target_cpu_utilisation))`` when a pod's CPU capacity is known
+       (``cpu_needed``: the rate without the lane headroom; defaults to ``needed``).
     """
     warnings: list[str] = []
     p = config.partitions
@@ -471,11 +480,12 @@ def recommend(
             f"{config.max_lanes_per_replica} at max replicas {replicas}"
         )
     if pod_rate is not None and pod_rate > 0:
-        cpu_ratio = needed / (pod_rate * config.target_cpu_utilisation)
+        cpu_rate = needed if cpu_needed is None else cpu_needed
+        cpu_ratio = cpu_rate / (pod_rate * config.target_cpu_utilisation)
         for_cpu = math.ceil(min(cpu_ratio, float(config.partitions + 1)))
         if for_cpu > config.replica_ceiling:
             warnings.append(
-                f"CPU: {needed:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "
+                f"CPU: {cpu_rate:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "
                 f"target_cpu_utilisation={config.target_cpu_utilisation}; at most {config.replica_ceiling}"
             )
         replicas = min(max(replicas, for_cpu), config.replica_ceiling)
@@ -527,7 +537,8 @@ class AutoscalePolicy:
         needed = needed_capacity(cfg, obs.input_rate, backlog)
         hottest = hottest_partition_need(cfg, obs)
         pod_rate = estimate_pod_rate(obs, st.pod_rate)
-        rec = recommend(cfg, needed, est.rate, hottest, pod_rate)
+        cpu_needed = needed_capacity(cfg, obs.input_rate, backlog, utilisation=1.0)
+        rec = recommend(cfg, needed, est.rate, hottest, pod_rate, cpu_needed)
         warnings = list(rec.warnings)
         if est.source == "default":
             warnings.append(f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}")

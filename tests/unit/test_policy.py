@@ -263,9 +263,9 @@ def test_hot_partition_raises_the_factor() -> None:
 
 
 def test_cpu_bound_pods_add_replicas() -> None:
-    # one pod at 95 % CPU processes 285 rec/s: a pod handles 300 rec/s at 100 %. The input is 600
-    # rec/s: 857 rec/s needed -> ceil(857 / (300 x 0.7)) = 5 pods (lanes alone would keep 1 pod).
-    o = replace(obs(0, lag=0, input_rate=600, processing_rate=285, factor=1), cpu_utilisation=0.95)
+    # one pod at 95 % CPU processes 285 rec/s: a pod handles 300 rec/s at 100 %. The input is 900
+    # rec/s: ceil(900 / (300 x 0.7)) = 5 pods (lanes alone would keep 1 pod).
+    o = replace(obs(0, lag=0, input_rate=900, processing_rate=285, factor=1), cpu_utilisation=0.95)
     d, state = AutoscalePolicy(CFG).decide(o, PolicyState())
     assert d.replicas == 5, d.reason
     assert d.inputs["pod_rate"] == pytest.approx(300)
