@@ -323,6 +323,7 @@ def scenario_io(ctx: Ctx) -> None:
             Column("efficiency", "efficiency", ".2f"),
             Column("vs_bare", "÷ bare asyncio", ".2f"),
             Column("cpu_us", "CPU µs/rec", ".1f"),
+            Column("peak", "peak running", ","),
             Column("note"),
         ],
     )
@@ -356,7 +357,7 @@ def scenario_io(ctx: Ctx) -> None:
             table.add(
                 in_flight=in_flight, system=system, records=n, rate=res["rate"],
                 efficiency=res["rate"] / ideal, vs_bare=ratio(res["rate"], bare_rate),
-                cpu_us=res["cpu_us_per_record"], note=note,
+                cpu_us=res["cpu_us_per_record"], peak=res.get("peak_running"), note=note,
             )  # fmt: skip
         ml_rate = ml.get("rate") if isinstance(ml, dict) else None
         if in_flight <= 256:
@@ -852,8 +853,21 @@ def child_main(argv: Sequence[str]) -> int:
     return 0
 
 
+@dataclass
+class RunningCounter:
+    """Records inside the processor right now, and the most ever (async processors: one thread)."""
+
+    now: int = 0
+    peak: int = 0
+
+
 def make_processor(
-    kind: str, base_ms: float, slow_ms: float, slow_fraction: float, on_done: Callable[[], None]
+    kind: str,
+    base_ms: float,
+    slow_ms: float,
+    slow_fraction: float,
+    on_done: Callable[[], None],
+    running: RunningCounter,
 ) -> Any:
     """The measured processor: a no-op (async or sync) or the shared latency model, then ``on_done``."""
     import asyncio
@@ -867,7 +881,10 @@ def make_processor(
         on_done()
 
     async def async_sleep(record: Any, ctx: Any) -> None:
+        running.now += 1
+        running.peak = max(running.peak, running.now)
         await asyncio.sleep(latency_s(record.offset, base, slow, slow_fraction))
+        running.now -= 1
         on_done()
 
     return {"async-noop": async_noop, "sync-noop": sync_noop, "async-sleep": async_sleep}[kind]
@@ -912,8 +929,10 @@ def run_multilane_child(args: argparse.Namespace) -> dict[str, Any]:
         ordering=OrderingMode(args.ordering),
         factor=args.factor,
     )
+    running = RunningCounter()
     engine = Engine(
-        config, make_processor(args.processor, args.base_ms, args.slow_ms, args.slow_fraction, on_done)
+        config,
+        make_processor(args.processor, args.base_ms, args.slow_ms, args.slow_fraction, on_done, running),
     )
 
     async def go() -> None:
@@ -930,7 +949,10 @@ def run_multilane_child(args: argparse.Namespace) -> dict[str, Any]:
             await engine.stop()
 
     asyncio.run(go())
-    return meter.result(args.records, ordering=args.ordering, factor=args.factor, processor=args.processor)
+    return meter.result(
+        args.records, ordering=args.ordering, factor=args.factor, processor=args.processor,
+        peak_running=running.peak,  # diagnostic: did the engine ever run F records at once?
+    )  # fmt: skip
 
 
 def worker_ignoring_progress(argv: Sequence[str]) -> int:
