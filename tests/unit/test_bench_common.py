@@ -91,3 +91,14 @@ def test_ratio_handles_missing_and_zero() -> None:
     assert ratio(None, 2.0) is None
     assert ratio(1.0, 0.0) is None
     assert ratio(1.0, None) is None
+
+
+def test_out_writes_the_same_object(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    code, lines = _run(capsys, ["--json", "--out", str(out)])
+    assert code == 0
+    written = json.loads(out.read_text())
+    printed = json.loads(lines[-1])
+    written.pop("elapsed_s")
+    printed.pop("elapsed_s")
+    assert written == printed
