@@ -498,3 +498,54 @@ def test_values_yaml_is_commented() -> None:
     values = yaml.safe_load(text)
     comments = [line for line in text.splitlines() if line.strip().startswith("# --")]
     assert len(comments) >= len(values)
+
+
+# --- cross-checks with the operator's code ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_operator_cli_accepts_the_rendered_arguments(render: Any, value_set: str) -> None:
+    """The Deployment's args parse with `multilane operator`'s own argument parser."""
+    import argparse
+
+    from multilane.operator import cli
+
+    args = _container(render(VALUE_SETS[value_set]))["args"]
+    assert args[0] == "operator"
+    parser = argparse.ArgumentParser(prog="multilane operator", exit_on_error=False)
+    cli.add_arguments(parser)
+    known = [a for a in args[1:] if a != "--debug"]  # extraArgs of the pinned-image set are free-form
+    parsed = parser.parse_args(known)
+    assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    watch = VALUE_SETS[value_set].get("operator", {}).get("watchNamespaces", [])
+    assert parsed.namespace == watch
+    peering = VALUE_SETS[value_set].get("peering", {}).get("enabled", False)
+    assert bool(parsed.peering) == peering
+
+
+def test_network_policy_matches_the_worker_pods_the_operator_builds(render: Any) -> None:
+    from multilane.operator import children as ch
+
+    ref = ch.ConsumerRef(name="orders", namespace=NAMESPACE, uid="0000-1111")
+    spec = {
+        "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "consumerGroup": "g"},
+        "workload": {"image": "app:1", "processor": "app:process"},
+    }
+    sts = ch.stateful_set(ref, spec, 2)
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    ports = {
+        p["name"]: p["containerPort"]
+        for c in sts["spec"]["template"]["spec"]["containers"]
+        for p in c["ports"]
+    }
+    policy = one(render(), "NetworkPolicy", f"{FULLNAME}-workers")
+    for expression in policy["spec"]["podSelector"]["matchExpressions"]:
+        assert expression["key"] in pod_labels
+        if expression["operator"] == "In":
+            assert pod_labels[expression["key"]] in expression["values"]
+    control, metrics = policy["spec"]["ingress"]
+    assert control["ports"][0]["port"] == ports["control"] == ch.CONTROL_PORT
+    assert metrics["ports"][0]["port"] == ports["metrics"] == ch.METRICS_PORT
+    # the PodMonitor scrapes the port by name
+    pod_monitor = one(render(VALUE_SETS["monitoring"]), "PodMonitor")
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
