@@ -14,8 +14,8 @@ Keys: ``keys`` distinct keys ``b"key-000000"``... (precomputed); key ``i`` (0-ba
 probability proportional to ``1 / (i + 1) ** zipf_s`` (``zipf_s = 0`` is uniform; ``keys = 0`` produces
 null keys). The key sequence is a function of ``(seed, keys, zipf_s, n)`` and the sampler (numpy's
 ``default_rng`` when numpy is importable, else Python's ``random.Random``; :attr:`LoadResult.sampler`
-says which). Values are ``value_size`` (>= 1) bytes: never empty, because the embedded broker does not
-deliver empty values.
+says which). Values are ``value_size`` (>= 1) random bytes, cycled from a pool of distinct values larger than
+compression windows (so batches do not compress to nothing); never empty.
 
 Every record counts once its delivery report arrives: ``records`` is the exact produced set (offsets
 from the reports, never from end offsets, which the embedded broker under-reports).
@@ -196,10 +196,21 @@ class LoadResult:
         }
 
 
-def _value(value_size: int, seed: int) -> bytes:
+VALUE_POOL_BYTES = 4 << 20  # distinct random values cycled through: larger than compressors' windows
+
+
+def _values(value_size: int, seed: int) -> list[bytes]:
+    """A pool of distinct random values, so record batches do not compress to nothing.
+
+    Identical values would let a 1 MiB compressed fetch response expand to hundreds of MiB and make
+    memory and throughput measurements meaningless. The pool (>= 4 MiB and >= 16 values) is larger
+    than the lz4/snappy windows; values are cycled in order.
+    """
     if value_size < 1:
-        raise ValueError(f"value size must be >= 1 byte (empty values are not delivered), got {value_size}")
-    return random.Random(seed ^ 0x5EED).randbytes(value_size)
+        raise ValueError(f"value size must be >= 1 byte, got {value_size}")
+    count = max(16, min(1 << 16, VALUE_POOL_BYTES // value_size))
+    blob = random.Random(seed ^ 0x5EED).randbytes(count * value_size)
+    return [blob[i * value_size : (i + 1) * value_size] for i in range(count)]
 
 
 def _producer(bootstrap: str, result: LoadResult, extra: Mapping[str, Any] | None) -> Any:
@@ -247,7 +258,7 @@ def produce_records(
 ) -> LoadResult:
     """Produce ``n`` records as fast as possible and wait for every delivery report (steps 1-3).
 
-    1. Precompute the value and the key sequence.
+    1. Precompute the values and the key sequence.
     2. ``produce()`` in a loop (``partition`` None = the client's partitioner picks by key), polling
        for delivery reports every few thousand records.
     3. Flush; records whose report did not arrive in ``flush_timeout_s`` count as neither delivered
@@ -256,7 +267,8 @@ def produce_records(
     if n < 0:
         raise ValueError(f"record count must be >= 0, got {n}")
     # 1.
-    value = _value(value_size, seed)
+    values = _values(value_size, seed)
+    n_values = len(values)
     sampler = ZipfKeySampler(keys, zipf_s, seed)
     key_seq = sampler.key_stream(n)
     result = LoadResult(topic, sampler=sampler.sampler)
@@ -265,6 +277,7 @@ def produce_records(
     # 2.
     produce = producer.produce
     for i, key in enumerate(key_seq):
+        value = values[i % n_values]
         try:
             if partition is None:
                 produce(topic, value, key)
@@ -297,13 +310,13 @@ def produce_paced(
 ) -> LoadResult:
     """Produce following ``profile`` (records/s per step), then wait for every delivery report.
 
-    1. Precompute the value and the whole key sequence (``profile.total_records`` keys).
+    1. Precompute the values and the whole key sequence (``profile.total_records`` keys).
     2. Every ``tick_s``, produce the records that are due by now (catching up after a stall), until
        the profile ends or ``should_stop()`` says so.
     3. Flush, as in :func:`produce_records`.
     """
     # 1.
-    value = _value(value_size, seed)
+    values = _values(value_size, seed)
     sampler = ZipfKeySampler(keys, zipf_s, seed)
     total = profile.total_records
     key_seq = iter(sampler.key_stream(total))
@@ -318,7 +331,7 @@ def produce_paced(
             break
         due = min(total, profile.due(elapsed))
         while sent < due:
-            _produce_one(producer, topic, value, next(key_seq), partition)
+            _produce_one(producer, topic, values[sent % len(values)], next(key_seq), partition)
             sent += 1
         producer.poll(0)
         if sent < total:

@@ -196,3 +196,35 @@ def test_compaction_never_runs(broker: EmbeddedBroker, topic_name: str) -> None:
     time.sleep(2.0)  # ample time for a compaction with these settings on Apache Kafka's cleaner... almost
     got = _consume(broker.bootstrap, topic_name, 3, timeout=10.0)
     assert [m.value() for m in got] == [b"version-0", b"version-1", b"version-2"]
+
+
+def test_fetch_responses_exceed_fetch_max_bytes(broker: EmbeddedBroker, topic_name: str) -> None:
+    """Not in the broker docstring's list (found by the chaos tests): fetch responses can exceed
+    ``fetch.max.bytes`` by about one producer batch (~2 MB answered for a 1 MiB request).
+
+    Lives with it: a consumer must not set ``receive.message.max.bytes`` close to ``fetch.max.bytes``
+    (librdkafka's default of 100 MB is fine); with a tight value the consumer fails every fetch with
+    "Invalid response size ... increase receive.message.max.bytes" and never makes progress.
+    """
+    from multilane.worker.loadgen import produce_records
+
+    broker.create_topic(topic_name, 1)
+    res = produce_records(broker.bootstrap, topic_name, 3000, keys=10, value_size=2000, seed=1, partition=0)
+    assert res.delivered == 3000  # ~6 MB in producer batches of up to 1 MB
+    tight = _consume(
+        broker.bootstrap,
+        topic_name,
+        3000,
+        timeout=6.0,
+        **{
+            "fetch.max.bytes": 1 << 20,
+            "max.partition.fetch.bytes": 1 << 20,
+            "receive.message.max.bytes": (1 << 20) + 65536,
+        },
+    )
+    default = _consume(broker.bootstrap, topic_name, 3000, timeout=30.0, **{"fetch.max.bytes": 1 << 20})
+    assert len(default) == 3000
+    assert len(tight) == 0, (
+        f"a consumer with receive.message.max.bytes = fetch.max.bytes + 64 KiB got {len(tight)} records: "
+        "the broker now keeps fetch responses within fetch.max.bytes"
+    )
