@@ -555,6 +555,7 @@ class ProducedTopic:
     last_offset: int
     seconds: float
     keys: list[bytes]  # keys[i] is the key of the record at offset first_offset + i
+    generator: str  # which producer made it: multilane's loadgen or the builtin fallback
 
 
 def produce_zipf(
@@ -567,17 +568,68 @@ def produce_zipf(
     seed: int = 1,
     producer_config: Mapping[str, Any] | None = None,
 ) -> ProducedTopic:
-    """Produce ``records`` records of ``value_bytes`` bytes, keys Zipf(s) over ``n_keys`` keys.
+    """Produce ``records`` records of ``value_bytes`` bytes to partition 0, keys Zipf(s) over ``n_keys``.
 
-    Deterministic for a given seed. Values are never empty (the embedded broker skips empty values).
-    Counts come from delivery reports, not from the broker's (under-reported) end offset.
+    Uses :func:`multilane.worker.loadgen.produce_records` (random, incompressible values) when it
+    imports, else a builtin generator. Uncompressed unless ``producer_config`` says otherwise.
+    Deterministic for a given seed; for a given seed a shorter run's keys are a prefix of a longer
+    run's. Values are never empty (the embedded broker skips empty values). Offsets and keys come from
+    delivery reports, never from the broker's (under-reported) end offset.
     """
+    config: dict[str, Any] = {"compression.type": "none", **(producer_config or {})}
+    try:
+        from multilane.worker.loadgen import produce_records
+    except ImportError:
+        return _produce_zipf_builtin(bootstrap, topic, records, value_bytes, n_keys, s, seed, config)
+    result = produce_records(
+        bootstrap, topic, records, keys=n_keys, value_size=value_bytes, zipf_s=s, seed=seed, partition=0,
+        producer_config=config,
+    )  # fmt: skip
+    by_offset = {r.offset: r.key or b"" for r in result.records}
+    return _produced(topic, records, by_offset, result.elapsed_s, result.errors,
+                     f"multilane.worker.loadgen ({result.sampler} sampler)")  # fmt: skip
+
+
+def _produced(
+    topic: str, records: int, by_offset: dict[int, bytes], seconds: float, errors: list[str], generator: str
+) -> ProducedTopic:
+    """Check that exactly ``records`` contiguous offsets were delivered; the :class:`ProducedTopic`."""
+    first, last = (min(by_offset), max(by_offset)) if by_offset else (0, -1)
+    if len(by_offset) != records or last - first + 1 != records:
+        raise RuntimeError(
+            f"produced {len(by_offset)}/{records} records to {topic} (offsets {first}..{last}); "
+            f"errors: {errors[:3]}"
+        )
+    return ProducedTopic(
+        topic=topic,
+        records=records,
+        first_offset=first,
+        last_offset=last,
+        seconds=seconds,
+        keys=[by_offset[o] for o in range(first, last + 1)],
+        generator=generator,
+    )
+
+
+def _produce_zipf_builtin(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    value_bytes: int,
+    n_keys: int,
+    s: float,
+    seed: int,
+    producer_config: Mapping[str, Any],
+) -> ProducedTopic:
+    """The fallback generator of :func:`produce_zipf` (Python's ``random``, cycled random values)."""
     from confluent_kafka import Producer
 
     rng = random.Random(seed)
     ranks = rng.choices(range(1, n_keys + 1), weights=zipf_weights(n_keys, s), k=records)
     keys = [zipf_key(r) for r in range(n_keys + 1)]
-    value = (b"v" * value_bytes)[:value_bytes] or b"v"
+    size = max(1, value_bytes)
+    pool = random.Random(seed ^ 0x5EED).randbytes(size * 4096)
+    values = [pool[i * size : (i + 1) * size] for i in range(4096)]
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "linger.ms": 20,
@@ -587,7 +639,7 @@ def produce_zipf(
         "acks": 1,
         "enable.idempotence": False,
     }
-    config.update(producer_config or {})
+    config.update(producer_config)
     producer = Producer(config)
     failed: list[str] = []
     by_offset: dict[int, bytes] = {}
@@ -599,28 +651,14 @@ def produce_zipf(
         by_offset[msg.offset()] = msg.key()
 
     t0 = time.perf_counter()
-    for rank in ranks:
-        key = keys[rank]
+    for i, rank in enumerate(ranks):
+        key, value = keys[rank], values[i % len(values)]
         while True:
             try:
-                producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                producer.produce(topic, value=value, key=key, partition=0, on_delivery=on_delivery)
                 break
             except BufferError:
                 producer.poll(0.05)
         producer.poll(0)
-    remaining = producer.flush(120)
-    seconds = time.perf_counter() - t0
-    first, last = (min(by_offset), max(by_offset)) if by_offset else (0, -1)
-    if remaining or failed or len(by_offset) != records or last - first + 1 != records:
-        raise RuntimeError(
-            f"produced {len(by_offset)}/{records} records to {topic} (offsets {first}..{last}); "
-            f"{remaining} undelivered; errors: {failed[:3]}"
-        )
-    return ProducedTopic(
-        topic=topic,
-        records=records,
-        first_offset=first,
-        last_offset=last,
-        seconds=seconds,
-        keys=[by_offset[o] for o in range(first, last + 1)],
-    )
+    producer.flush(120)
+    return _produced(topic, records, by_offset, time.perf_counter() - t0, failed, "builtin (Python random)")

@@ -129,7 +129,11 @@ class Ctx:
             name = f"bench-{records}-{uuid.uuid4().hex[:6]}"
             self.broker.create_topic(name, 1)
             produced = produce_zipf(self.bootstrap, name, records, VALUE_BYTES, N_KEYS, ZIPF_S, seed=SEED)
-            log(f"produced {produced.records:,} records to {name} in {produced.seconds:.1f}s")
+            log(
+                f"produced {produced.records:,} records to {name} in {produced.seconds:.1f}s "
+                f"with {produced.generator}"
+            )
+            self.report.params["producer"] = produced.generator
             self.topics[records] = produced
         return self.topics[records]
 
