@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from multilane.worker.state.apply import ApplyFilter, ChangeApplier, ChangelogEntry, PendingChangeBuffer
-from multilane.worker.state.codec import Change, ChangeOp
 
 
 class DoneSet:
@@ -21,11 +22,11 @@ class DoneSet:
 
 
 def put(offset: int, key: bytes, value: bytes, src: int, h: int = 7) -> ChangelogEntry:
-    return ChangelogEntry(offset, key, Change(ChangeOp.PUT, src, h, value))
+    return ChangelogEntry(offset, key, src, h, value)
 
 
 def delete(offset: int, key: bytes, src: int, h: int = 7) -> ChangelogEntry:
-    return ChangelogEntry(offset, key, Change(ChangeOp.DELETE, src, h))
+    return ChangelogEntry(offset, key, src, h, None)
 
 
 def test_filter_committed_and_done() -> None:
@@ -49,7 +50,7 @@ def test_active_applier_skips_uncommitted_and_keeps_newest_applicable() -> None:
             delete(3, b"j", 16),  # not done: skipped
         ]
     )
-    assert writes == [(b"k", b"1"), (b"j", b"x")]
+    assert writes == {b"k": b"1", b"j": b"x"}
     assert a.skipped == 2 and a.applied == 2
     assert a.above_commit_sources == {(15, 7)}
 
@@ -58,7 +59,7 @@ def test_buffer_holds_later_changes_of_a_held_key() -> None:
     # unordered mode: record 20 wrote k before record 5 did; only 5 is committed.
     a = ChangeApplier(ApplyFilter(10), PendingChangeBuffer())
     writes = a.feed([put(0, b"k", b"from20", 20), put(1, b"k", b"from5", 5), put(2, b"j", b"j", 1)])
-    assert writes == [(b"j", b"j")]  # k's committed change waits behind the held one
+    assert writes == {b"j": b"j"}  # k's committed change waits behind the held one
     assert len(a.buffer or ()) == 2
     a.flt = ApplyFilter(21)
     assert a.release() == [(b"k", b"from20"), (b"k", b"from5")]  # changelog order: from5 wins
@@ -67,7 +68,7 @@ def test_buffer_holds_later_changes_of_a_held_key() -> None:
 
 def test_release_only_what_became_applicable() -> None:
     a = ChangeApplier(ApplyFilter(0), PendingChangeBuffer())
-    assert a.feed([put(0, b"a", b"1", 5), put(1, b"b", b"1", 8), delete(2, b"a", 9)]) == []
+    assert a.feed([put(0, b"a", b"1", 5), put(1, b"b", b"1", 8), delete(2, b"a", 9)]) == {}
     a.flt = ApplyFilter(6)
     assert a.release() == [(b"a", b"1")]
     a.flt = ApplyFilter(9)
@@ -112,7 +113,7 @@ def test_learner_then_drain_equals_active_restore(
         for i, (k, src, is_del) in enumerate(changes)
     ]
 
-    def run(writes: list[tuple[bytes, bytes | None]], store: dict[bytes, bytes]) -> None:
+    def run(writes: Iterable[tuple[bytes, bytes | None]], store: dict[bytes, bytes]) -> None:
         for k, v in writes:
             if v is None:
                 store.pop(k, None)
@@ -120,15 +121,15 @@ def test_learner_then_drain_equals_active_restore(
                 store[k] = v
 
     reference: dict[bytes, bytes] = {}
-    run(ChangeApplier(ApplyFilter(c_final)).feed(entries), reference)
+    run(ChangeApplier(ApplyFilter(c_final)).feed(entries).items(), reference)
 
     learned: dict[bytes, bytes] = {}
     la = ChangeApplier(ApplyFilter(c_learn), PendingChangeBuffer())
     half = len(entries) // 2
-    run(la.feed(entries[:half]), learned)
+    run(la.feed(entries[:half]).items(), learned)
     la.flt = ApplyFilter((c_learn + c_final) // 2)
     run(la.release(), learned)
-    run(la.feed(entries[half:]), learned)
+    run(la.feed(entries[half:]).items(), learned)
     la.flt = ApplyFilter(c_final)
     writes, _ = la.drain()
     run(writes, learned)

@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from multilane.worker.state.codec import Change
+from typing import NamedTuple, Protocol
 
 __all__ = ["ApplyFilter", "ChangeApplier", "ChangelogEntry", "DoneOracle", "PendingChangeBuffer", "Write"]
 
@@ -29,13 +27,16 @@ class DoneOracle(Protocol):
     def is_done(self, offset: int, key_hash: int) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ChangelogEntry:
-    """A decoded changelog record. ``offset`` is its changelog offset."""
+class ChangelogEntry(NamedTuple):
+    """A decoded changelog record (a tuple: restore builds one per record). ``offset`` is its
+    changelog offset; ``value`` is the new value, None for a delete. ``source_offset == -1`` marks a
+    delete of unknown source (a tombstone whose envelope was compacted away)."""
 
     offset: int
     key: bytes
-    change: Change
+    source_offset: int
+    source_key_hash: int
+    value: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ class ApplyFilter:
 
 
 def _write_of(entry: ChangelogEntry) -> Write:
-    return (entry.key, None if entry.change.is_delete else entry.change.payload)
+    return (entry.key, entry.value)
 
 
 class PendingChangeBuffer:
@@ -99,7 +100,7 @@ class PendingChangeBuffer:
         kept: deque[ChangelogEntry] = deque()
         blocked: set[bytes] = set()
         for e in self._entries:
-            if e.key not in blocked and flt.applicable(e.change.source_offset, e.change.source_key_hash):
+            if e.key not in blocked and flt.applicable(e.source_offset, e.source_key_hash):
                 out.append((e, _write_of(e)))
                 self._keys[e.key] -= 1
                 if not self._keys[e.key]:
@@ -113,11 +114,7 @@ class PendingChangeBuffer:
     def drain(self, flt: ApplyFilter) -> tuple[list[tuple[ChangelogEntry, Write]], int]:
         """Empty the buffer: return the applicable entries in order, drop the rest (their records will
         be processed again). Returns ``(applied, dropped_count)``."""
-        out = [
-            (e, _write_of(e))
-            for e in self._entries
-            if flt.applicable(e.change.source_offset, e.change.source_key_hash)
-        ]
+        out = [(e, _write_of(e)) for e in self._entries if flt.applicable(e.source_offset, e.source_key_hash)]
         dropped = len(self._entries) - len(out)
         self._entries = deque()
         self._keys = Counter()
@@ -139,21 +136,28 @@ class ChangeApplier:
     applied: int = 0
     skipped: int = 0
 
-    def feed(self, entries: Iterable[ChangelogEntry]) -> list[Write]:
-        writes: list[Write] = []
-        flt, buf = self.flt, self.buffer
+    def feed(self, entries: Iterable[ChangelogEntry]) -> dict[bytes, bytes | None]:
+        """The store writes for ``entries`` (in order; the newest write of a key wins). Hot path of
+        every restore: plain tuple fields, no per-record objects beyond the entry."""
+        writes: dict[bytes, bytes | None] = {}
+        committed = self.flt.committed_offset
+        progress = self.flt.progress
+        buf = self.buffer
+        applied = 0
         for e in entries:
-            ch = e.change
-            if buf is not None and buf.holds(e.key):
+            key, src = e.key, e.source_offset
+            if buf is not None and buf.holds(key):
                 buf.add(e)
-            elif flt.applicable(ch.source_offset, ch.source_key_hash):
-                writes.append(_write_of(e))
-                self._note(ch)
+            elif src < committed or (progress is not None and progress.is_done(src, e.source_key_hash)):
+                writes[key] = e.value
+                applied += 1
+                if src >= committed:
+                    self.above_commit_sources.add((src, e.source_key_hash))
             elif buf is not None:
                 buf.add(e)
             else:
                 self.skipped += 1
-        self.applied += len(writes)
+        self.applied += applied
         return writes
 
     def release(self) -> list[Write]:
@@ -162,7 +166,7 @@ class ChangeApplier:
             return []
         released = self.buffer.release(self.flt)
         for e, _ in released:
-            self._note(e.change)
+            self._note(e)
         self.applied += len(released)
         return [w for _, w in released]
 
@@ -171,11 +175,11 @@ class ChangeApplier:
             return [], 0
         applied, dropped = self.buffer.drain(self.flt)
         for e, _ in applied:
-            self._note(e.change)
+            self._note(e)
         self.applied += len(applied)
         self.skipped += dropped
         return [w for _, w in applied], dropped
 
-    def _note(self, ch: Change) -> None:
-        if ch.source_offset >= self.flt.committed_offset:
-            self.above_commit_sources.add((ch.source_offset, ch.source_key_hash))
+    def _note(self, e: ChangelogEntry) -> None:
+        if e.source_offset >= self.flt.committed_offset:
+            self.above_commit_sources.add((e.source_offset, e.source_key_hash))

@@ -33,8 +33,11 @@ def install_kill_after_flush(n: int) -> None:
         with lock:
             calls[0] += 1
             if calls[0] >= n:
-                print(f"faults: SIGKILL after flush #{calls[0]} ({topic}[{partition}] offset {offset})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"faults: SIGKILL after flush #{calls[0]} ({topic}[{partition}] offset {offset})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
 
     StateManager.before_commit = before_commit  # type: ignore[method-assign]

@@ -18,13 +18,13 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from multilane.worker.state import metrics
 from multilane.worker.state.apply import ChangelogEntry
-from multilane.worker.state.codec import Change, ChangelogCodec, ChangeOp
+from multilane.worker.state.codec import HEADER_SIZE, HEADER_STRUCT, MAGIC, ChangelogCodec
 from multilane.worker.state.errors import ChangelogCorruptError, RestoreError
 
 __all__ = ["ChangelogOffsetError", "ChangelogReader", "OnCorrupt", "ReadBatch"]
@@ -50,8 +50,9 @@ class ReadBatch:
 class ChangelogReader:
     """Reads one changelog partition. Not thread-safe: one thread uses a reader at a time.
 
-    Invariants: ``position`` is the next changelog offset to read; ``_prev`` is the key and op of the
-    record just before ``position`` (for tombstone pairing), None after a seek.
+    Invariants: ``position`` is the next changelog offset to read; ``_prev`` is the key of the record
+    just before ``position`` when that record was a delete envelope (for tombstone pairing), else None
+    (also after a seek elsewhere).
     """
 
     def __init__(
@@ -82,7 +83,7 @@ class ChangelogReader:
         self._labels = (input_topic, str(partition))
         self._consumer = Consumer(config)
         self.position = 0
-        self._prev: tuple[bytes, ChangeOp] | None = None
+        self._prev: bytes | None = None  # key of the previous record if it was a delete envelope
         self.corrupt_skipped = 0
 
     def seek(self, offset: int) -> None:
@@ -107,69 +108,90 @@ class ChangelogReader:
         return None if high is None else max(0, high - self.position)
 
     def read(self, timeout_s: float, max_records: int = 10_000) -> ReadBatch:
-        """Consume up to ``max_records`` records (waiting at most ``timeout_s``) and decode them."""
+        """Consume up to ``max_records`` records (waiting at most ``timeout_s``) and decode them.
+
+        The loop is restore's hot path: a well-formed envelope is decoded inline; anything else
+        (null tombstones, corrupt records, errors) takes the slow path through :meth:`_decode`.
+        """
         msgs = self._consumer.consume(max_records, timeout_s)
         entries: list[ChangelogEntry] = []
+        append = entries.append
+        unpack = HEADER_STRUCT.unpack_from
         eof = False
         records = 0
+        last = -1
+        prev = self._prev
         for m in msgs:
             err = m.error()
             if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
+                self._prev = prev
+                if self._handle_error(err, m.offset()):
                     eof = True
-                    eof_at = m.offset()
-                    if eof_at is not None and eof_at > self.position:
-                        self.position = eof_at
-                    continue
-                if err.code() in _OUT_OF_RANGE:
-                    raise ChangelogOffsetError(
-                        f"changelog {self.topic}[{self.partition}] has no offset {self.position}: {err}"
-                    )
-                if err.fatal() or not err.retriable():
-                    raise RestoreError(f"reading changelog {self.topic}[{self.partition}]: {err}")
-                log.warning("transient error reading changelog %s[%d]: %s", self.topic, self.partition, err)
                 continue
             records += 1
-            offset = m.offset()
-            if offset is None:
-                raise RestoreError(
-                    f"changelog {self.topic}[{self.partition}] returned a record without offset"
-                )
             eof = False  # a record after an EOF event means the end moved
-            entry = self._decode(offset, m.key(), m.value())
-            self.position = offset + 1
+            offset = cast(int, m.offset())  # records (unlike error events) always carry an offset
+            last = offset
+            key = m.key()
+            value = m.value()
+            if key is not None and value is not None and len(value) >= HEADER_SIZE:
+                magic, op, src, h = unpack(value)
+                if magic == MAGIC and src >= 0:
+                    if op == b"P":
+                        append(ChangelogEntry(offset, key, src, h, value[HEADER_SIZE:]))
+                        prev = None
+                        continue
+                    if op == b"D" and len(value) == HEADER_SIZE:
+                        append(ChangelogEntry(offset, key, src, h, None))
+                        prev = key
+                        continue
+            self._prev = prev
+            entry = self._decode(offset, key, value)
+            prev = self._prev
             if entry is not None:
-                entries.append(entry)
+                append(entry)
+        self._prev = prev
+        if last >= self.position:
+            self.position = last + 1
         return ReadBatch(entries, eof, records)
 
+    def _handle_error(self, err: KafkaError, offset: int | None) -> bool:
+        """Handle an error event; True when it is the end of the partition."""
+        if err.code() == KafkaError._PARTITION_EOF:
+            if offset is not None and offset > self.position:
+                self.position = offset
+            return True
+        if err.code() in _OUT_OF_RANGE:
+            raise ChangelogOffsetError(
+                f"changelog {self.topic}[{self.partition}] has no offset {self.position}: {err}"
+            )
+        if err.fatal() or not err.retriable():
+            raise RestoreError(f"reading changelog {self.topic}[{self.partition}]: {err}")
+        log.warning("transient error reading changelog %s[%d]: %s", self.topic, self.partition, err)
+        return False
+
     def _decode(self, offset: int, key: bytes | None, value: bytes | None) -> ChangelogEntry | None:
+        """One record -> entry (None: skipped). Tombstone pairing: ``_prev`` is the key of the record
+        just before when it was a delete envelope, else None."""
         try:
             if key is None:
-                raise ChangelogCorruptError(
-                    "record has no key", topic=self.topic, partition=self.partition, offset=offset
-                )
-            try:
-                change = ChangelogCodec.decode(value)
-            except ChangelogCorruptError as exc:
-                raise ChangelogCorruptError(
-                    exc.reason, topic=self.topic, partition=self.partition, offset=offset
-                ) from None
+                raise ChangelogCorruptError("record has no key")
+            if value is None:  # null tombstone
+                paired = self._prev == key
+                self._prev = None
+                return None if paired else ChangelogEntry(offset, key, -1, 0, None)
+            src, h, new_value = ChangelogCodec.decode_fields(value)
         except ChangelogCorruptError as exc:
             self._prev = None
+            err = ChangelogCorruptError(exc.reason, topic=self.topic, partition=self.partition, offset=offset)
             if self.on_corrupt == "fail":
-                raise
+                raise err from None
             self.corrupt_skipped += 1
             metrics.CORRUPT_RECORDS.labels(*self._labels).inc()
-            log.error("%s; skipped (on_corrupt='skip')", exc)
+            log.error("%s; skipped (on_corrupt='skip')", err)
             return None
-        if change is None:  # null tombstone
-            paired = self._prev == (key, ChangeOp.DELETE)
-            self._prev = None
-            if paired:
-                return None
-            return ChangelogEntry(offset, key, Change(ChangeOp.DELETE, -1, 0))
-        self._prev = (key, change.op)
-        return ChangelogEntry(offset, key, change)
+        self._prev = key if new_value is None else None
+        return ChangelogEntry(offset, key, src, h, new_value)
 
     def close(self) -> None:
         try:

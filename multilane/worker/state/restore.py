@@ -102,7 +102,7 @@ class ChangelogRestorer:
         if batch.entries:
             writes = self.applier.feed(batch.entries)
             if writes:
-                self.store.apply(_last_per_key(writes))
+                self.store.apply(writes.items())
         st = self.status
         st.records_read += batch.records
         st.records_per_second = self._meter.add(batch.records)
@@ -135,10 +135,3 @@ class ChangelogRestorer:
                     f"{position} for {self.stall_timeout_s}s"
                 )
         return False
-
-
-def _last_per_key(writes: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
-    """Keep the newest write of each key (a batch may touch a key many times)."""
-    if len(writes) < 2:
-        return writes
-    return list(dict(writes).items())

@@ -132,6 +132,10 @@ class PartitionStore:
             yield bytes(it.key()), bytes(it.value())
             it.next()
 
+    def compact(self) -> None:
+        """Compact the whole key space (drops overwritten versions). Does I/O; may take seconds."""
+        self._handle().compact_range(None, None)
+
     def disk_bytes(self) -> int:
         """Bytes of the database's files on disk. Does I/O."""
         total = 0
