@@ -283,7 +283,11 @@ def test_example_is_valid(name: str, openapi_schema: Manifest) -> None:
     assert cr["kind"] == "ParallelConsumer"
     validator(openapi_schema).validate(cr)
     validator(openapi_schema).validate(apply_defaults(openapi_schema, cr))
-    assert cel_violations(openapi_schema, apply_defaults(openapi_schema, cr)) == []
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_passes_the_cel_rules(name: str, openapi_schema: Manifest) -> None:
+    assert cel_violations(openapi_schema, apply_defaults(openapi_schema, EXAMPLES[name])) == []
 
 
 def test_full_example_sets_every_spec_field(openapi_schema: Manifest) -> None:
