@@ -36,9 +36,9 @@ Damping (all state lives in :class:`PolicyState`):
 - after a scale-up, further scale-ups wait ``settle_s`` and, while the rollout runs, until it ends
   (at most ``bottleneck_retry_s``): new pods start, partitions move, lanes fill;
 - a scale-up that did not raise the processing rate after ``settle_s`` (and after the rollout it
-  started, ``Observation.rebalancing``) while the backlog stayed is
-  reported as a bottleneck; further scale-ups are held (with the reason) until the rate rises, the
-  backlog clears, or ``bottleneck_retry_s`` passes;
+  started, ``Observation.rebalancing``) while the backlog stayed is reported as a bottleneck; until
+  the rate rises or ``bottleneck_retry_s`` passes, the recommendation is capped at the size before
+  that scale-up (no further scale-up; the useless lanes/pods go after the scale-down delay);
 - an invalid observation (negative lag, NaN or negative rates, missing partitions) holds the last
   decision with the reason.
 """
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -257,7 +257,7 @@ class PolicyState:
     last_change_time: float | None = None
     pending_scale_up: ScaleUpRecord | None = None
     bottleneck: ScaleUpRecord | None = None
-    """Set when a scale-up proved ineffective; scale-ups are held while it is set."""
+    """Set when a scale-up proved ineffective; recommendations are capped at its "before" size."""
     bottleneck_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -510,11 +510,13 @@ class AutoscalePolicy:
 
         1. Validate the observation; on a problem hold the last decision.
         2. Estimate the lane rate and the needed capacity; compute the recommendation.
-        3. Record the recommendation in the history window.
-        4. Judge a pending scale-up (settled? did the rate rise?); set or clear the bottleneck.
-        5. Choose: scale up (confirmed by lag growth or a full stabilisation window, not held by a
-           bottleneck), scale down (delay passed, window covered, not draining, to the window max),
-           or hold.
+        3. Judge a pending scale-up (settled, rollout over: did the rate rise?); set or clear the
+           bottleneck; while it is set, cap the recommendation at the size before the ineffective
+           scale-up (so that size is also where a later scale-down returns).
+        4. Record the recommendation in the history window.
+        5. Choose: scale up (confirmed by lag growth or a full stabilisation window, not within the
+           settle time of the last scale-up), scale down (delay passed, window covered, not draining,
+           to the window max), or hold.
         6. Update the state and return the decision.
         """
         cfg = self.config
@@ -534,10 +536,13 @@ class AutoscalePolicy:
         draining = has_backlog and st.last_lag is not None and backlog < st.last_lag
         # 2.
         est = estimate_lane_rate(obs, cfg, st.lane_rate)
-        needed = needed_capacity(cfg, obs.input_rate, backlog)
+        # The observed input rate is used as is: inferring the input from lag growth reacts faster
+        # but turns a glitch in the lag (end offsets under-reported, then caught up) into a wild scale.
+        input_rate = obs.input_rate
+        needed = needed_capacity(cfg, input_rate, backlog)
         hottest = hottest_partition_need(cfg, obs)
         pod_rate = estimate_pod_rate(obs, st.pod_rate)
-        cpu_needed = needed_capacity(cfg, obs.input_rate, backlog, utilisation=1.0)
+        cpu_needed = needed_capacity(cfg, input_rate, backlog, utilisation=1.0)
         rec = recommend(cfg, needed, est.rate, hottest, pod_rate, cpu_needed)
         warnings = list(rec.warnings)
         if est.source == "default":
@@ -546,6 +551,7 @@ class AutoscalePolicy:
             "backlog": backlog,
             "backlog_threshold": round(threshold, 1),
             "input_rate": round(obs.input_rate, 3),
+            "input_rate_used": round(input_rate, 3),
             "processing_rate": round(obs.processing_rate, 3),
             "busy_lanes": obs.busy_lanes,
             "lane_rate": round(est.rate, 3),
@@ -561,10 +567,6 @@ class AutoscalePolicy:
             "current_factor": cur_f,
         }
         # 3.
-        horizon = max(cfg.scale_down_delay_s, cfg.stabilisation_s)
-        st.history = [h for h in st.history if h[0] >= now - horizon and h[0] <= now]
-        st.history.append((now, rec.replicas, rec.factor))
-        # 4.
         self._judge_scale_up(obs, st, has_backlog, cur_lanes, warnings)
         if st.bottleneck is not None:
             b = st.bottleneck
@@ -574,6 +576,16 @@ class AutoscalePolicy:
                 f"(before {b.rate_before:.1f} rec/s, now {obs.processing_rate:.1f} rec/s): "
                 "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
             )
+            cap_f = max(cfg.min_factor, -(-b.lanes_before // cfg.partitions))
+            cap_r = max(cfg.replica_floor, b.replicas_before)
+            if rec.factor > cap_f or rec.replicas > cap_r:
+                rec = replace(rec, replicas=min(rec.replicas, cap_r), factor=min(rec.factor, cap_f))
+                inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
+                inputs["capped_by_bottleneck"] = f"{cap_r}x{cap_f}"
+        # 4.
+        horizon = max(cfg.scale_down_delay_s, cfg.stabilisation_s)
+        st.history = [h for h in st.history if h[0] >= now - horizon and h[0] <= now]
+        st.history.append((now, rec.replicas, rec.factor))
         # 5.
         new_r, new_f, reason = self._choose(obs, st, rec, has_backlog, lag_rising, draining, inputs)
         # 6.
@@ -648,7 +660,7 @@ class AutoscalePolicy:
                 1.0 + max(cfg.min_scale_up_gain * b.expected_gain(), 0.05)
             )
             expired = st.bottleneck_since is not None and now - st.bottleneck_since >= cfg.bottleneck_retry_s
-            if not has_backlog or risen or expired:
+            if risen or expired:
                 st.bottleneck = None
                 st.bottleneck_since = None
         p = st.pending_scale_up
@@ -705,15 +717,13 @@ class AutoscalePolicy:
             f"need {rec.needed_rate:.1f} rec/s = {rec.lanes_needed} lanes at "
             f"{inputs['lane_rate']} rec/s/lane ({inputs['lane_rate_source']}); backlog {inputs['backlog']}"
         )
+        if "capped_by_bottleneck" in inputs:
+            summary += (
+                f"; capped at {inputs['capped_by_bottleneck']}: the last scale-up did not raise the "
+                "processing rate (bottleneck)"
+            )
         up = rec.factor > cur_f or rec.replicas > cur_r
         if up:
-            if st.bottleneck is not None:
-                return (
-                    cur_r,
-                    cur_f,
-                    f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} held, "
-                    f"the last scale-up did not raise the processing rate; {summary}",
-                )
             p = st.pending_scale_up
             age = now - p.time if p is not None else math.inf
             if p is not None and (age < cfg.settle_s or (rebalancing and age < cfg.bottleneck_retry_s)):

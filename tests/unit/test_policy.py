@@ -203,13 +203,14 @@ def test_scale_down_waits_for_the_delay_and_goes_to_the_window_max() -> None:
 
 
 def test_ineffective_scale_up_is_detected_and_further_scale_up_held() -> None:
-    policy = AutoscalePolicy(PolicyConfig(partitions=12, max_replicas=12, max_factor=256))
+    config = PolicyConfig(partitions=12, max_replicas=12, max_factor=256)
+    policy = AutoscalePolicy(config)
     state = PolicyState()
     size = (1, 4)
-    decisions: list[Decision] = []
+    decisions: list[tuple[int, Decision]] = []
     lag = 100_000
     # a downstream limit caps processing at 2000 rec/s whatever the lane count; the lag keeps growing
-    for t in range(0, 600, 15):
+    for t in range(0, 900, 15):
         lag += 1000 * 15
         busy = float(12 * size[1])  # every lane busy, each slower as lanes are added
         d, state = policy.decide(
@@ -218,15 +219,27 @@ def test_ineffective_scale_up_is_detected_and_further_scale_up_held() -> None:
             ),
             state,
         )
-        decisions.append(d)
+        decisions.append((t, d))
         size = (d.replicas, d.factor)
-    ups = [d for d in decisions if d.changed]
-    assert len(ups) >= 1
-    flagged = [d for d in decisions if any("did not raise the processing rate" in w for w in d.warnings)]
+    flagged = [
+        (t, d) for t, d in decisions if any("did not raise the processing rate" in w for w in d.warnings)
+    ]
     assert flagged, "the ineffective scale-up was not reported"
-    later = decisions[decisions.index(flagged[0]) :]
-    assert all(not d.changed for d in later), [d.reason for d in later if d.changed]
-    assert "held" in later[-1].reason
+    t_flag = flagged[0][0]
+    ups = [(t, d) for t, d in decisions if d.changed and t < t_flag]
+    assert ups, "no scale-up before the detection"
+    before = ups[-1][1].inputs["current_factor"]
+    retry_at = t_flag + config.bottleneck_retry_s
+    held = [d for t, d in decisions if t_flag <= t < retry_at]
+    # never scaled up again until the retry; the recommendation is capped at the size before the
+    # ineffective scale-up, and after the scale-down delay the useless lanes are given back
+    assert all(d.factor <= ups[-1][1].factor for d in held)
+    assert all(d.inputs["recommended_factor"] <= before for d in held)
+    assert "bottleneck" in held[0].reason
+    assert held[-1].factor == before < ups[-1][1].factor, held[-1].reason
+    # after bottleneck_retry_s one more scale-up is tried (and judged again)
+    retried = [d for t, d in decisions if t >= retry_at and d.changed]
+    assert retried and retried[0].factor > before
 
 
 def test_bottleneck_clears_when_the_rate_rises() -> None:
