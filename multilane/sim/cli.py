@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         default="all",
-        help="step | diurnal | bursts | hot_key | slowdown | all | a CSV file of timestamp_s,rate "
+        help="step | surge | diurnal | bursts | hot_key | slowdown | all | a CSV file of timestamp_s,rate "
         "(default: all)",
     )
     parser.add_argument("--duration", type=int, default=3600, help="simulated seconds (default 3600)")

@@ -95,6 +95,8 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
     arr_hist = np.zeros((n, p))
     proc_hist = np.zeros((n, p))
     busy_hist = np.zeros(n)
+    cpu_hist = np.zeros(n)
+    ready_now = sim.initial_replicas
     lag = np.zeros(n)
     pods = np.zeros(n, dtype=int)
     replicas = np.zeros(n, dtype=int)
@@ -121,6 +123,9 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
                 factor=cluster.factor,
                 busy_lanes=float(busy_hist[lo:i].mean()) if i > lo else None,
                 input_rate_by_partition={q: float(arr_hist[lo:i, q].sum() / span) for q in range(p)},
+                cpu_utilisation=float(cpu_hist[lo:i].mean()) if i > lo else None,
+                ready_replicas=ready_now,
+                rebalancing=cluster.rebalancing(now),
             )
             decision, state = policy.decide(obs, state)
             if decision.changed:
@@ -138,6 +143,8 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         arr_hist[i] = arrivals
         proc_hist[i] = result.processed
         busy_hist[i] = result.busy_lanes
+        cpu_hist[i] = result.cpu_utilisation
+        ready_now = result.pods_ready
         lag[i] = cluster.backlog.sum()
         pods[i] = result.pods_alive
         replicas[i] = cluster.replicas

@@ -44,8 +44,9 @@ class SimConfig:
     """> 0."""
     service_time_s: float = 0.05
     """> 0: time one lane spends on one record (a downstream call): 20 rec/s per lane."""
-    pod_max_rate: float = 2000.0
-    """> 0: records/s one pod can handle at most (its CPU), whatever its lane count."""
+    pod_max_rate: float = 400.0
+    """> 0: records/s one pod handles at 100 % of its CPU limit (2.5 ms CPU per record: client,
+    deserialisation, the call's own CPU), whatever its lane count."""
     downstream_concurrency: int = 32
     """>= 1: concurrent requests the downstream serves; more lanes than this wait."""
     pod_start_s: float = 20.0
@@ -137,6 +138,8 @@ class TickResult:
     busy_lanes: float
     pods_alive: int
     pods_ready: int
+    cpu_utilisation: float
+    """Mean over ready pods of processed / pod_max_rate (0 when no pod is ready)."""
 
 
 @dataclass
@@ -351,4 +354,11 @@ class Cluster:
         saturated = self.backlog > 1e-9
         busy = np.where(saturated, lanes, processed * service / dt)
         pods_ready = sum(1 for t in self.pods.values() if t <= now)
-        return TickResult(arrivals, processed, float(busy.sum()), len(self.pods), pods_ready)
+        cpu = float(processed.sum()) / (pods_ready * cfg.pod_max_rate * dt) if pods_ready else 0.0
+        return TickResult(arrivals, processed, float(busy.sum()), len(self.pods), pods_ready, cpu)
+
+    def rebalancing(self, now: float) -> bool:
+        """Pods starting, partitions moving or (baselines) partitions paused by a rebalance/restart."""
+        if any(t > now for t in self.pods.values()) or self.moves or self.draining:
+            return True
+        return bool((self.paused_until > now).any())

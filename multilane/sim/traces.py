@@ -23,6 +23,7 @@ __all__ = [
     "parse_csv_trace",
     "slowdown_trace",
     "step_trace",
+    "surge_trace",
 ]
 
 
@@ -79,6 +80,14 @@ def step_trace(
     t = np.arange(duration_s)
     rate = np.where(t < at_s, base, base * factor).astype(float)
     return Trace("step", rate, _uniform(duration_s, partitions), _ones(duration_s), at_s)
+
+
+def surge_trace(
+    duration_s: int, partitions: int, base: float = 60.0, factor: float = 10.0, at_s: float = 600.0
+) -> Trace:
+    """A 10x step past what one lane per partition can process (600 rec/s against 12 x 20 rec/s)."""
+    t = step_trace(duration_s, partitions, base, factor, at_s)
+    return Trace("surge", t.rate, t.shares, t.service_factor, t.event_time_s)
 
 
 def diurnal_trace(
@@ -172,6 +181,7 @@ TraceFactory = Callable[[int, int, int], Trace]
 
 _FACTORIES: dict[str, TraceFactory] = {
     "step": lambda d, p, s: step_trace(d, p),
+    "surge": lambda d, p, s: surge_trace(d, p),
     "diurnal": lambda d, p, s: diurnal_trace(d, p),
     "bursts": lambda d, p, s: bursts_trace(d, p, s),
     "hot_key": lambda d, p, s: hot_key_trace(d, p),
