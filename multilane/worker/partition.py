@@ -283,4 +283,4 @@ class PartitionRuntime:
         self.lanes.close()
         self.closed = True
         self._flow.forget(self.flow_counters)
-        self.inflight.clear()
+        # ``tracker`` and ``inflight`` stay: the final commit after close() still needs them.
