@@ -197,6 +197,10 @@ def bench_overhead(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -
         [Column("processor"), Column("rate", "rec/s", ",.0f"), Column("cpu_us", "CPU µs/rec", ".2f"),
          Column("wall_us", "wall µs/rec", ".2f"), Column("note")],
     )  # fmt: skip
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("overhead-in", 1, 1)])["overhead-in"].result(30)
     data = produce_zipf(
         bootstrap, "overhead-in", sizes.engine_records, value_bytes=100, n_keys=sizes.engine_keys
     )
@@ -226,9 +230,6 @@ def bench_overhead(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -
     report.goal("2. stateful rate ÷ stateless rate", ratio(stateful["rate"], stateless["rate"]), 0.5)
 
     # micro: view.get + view.put alone (changelog produce included, flush at the end)
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("micro-in", 1, 1)])["micro-in"].result(30)
     sm = StateManager(os.path.join(workdir, "micro"), bootstrap, f"bench-{uuid.uuid4().hex[:8]}")
     try:
