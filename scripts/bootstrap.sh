@@ -11,6 +11,7 @@ if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
 
 need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}" >&2
