@@ -18,7 +18,6 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)"),
     "loadgen": ("multilane.worker.loadgen", "produce synthetic records (Zipf keys) to a topic"),
-    "local": ("multilane.worker.local_run", "run a worker and a load generator on the embedded broker"),
     "operator": ("multilane.operator.cli", "run the kopf operator"),
     "demo": ("multilane.demo", "the local demo: autoscaling with restore-before-handoff"),
     "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces"),
