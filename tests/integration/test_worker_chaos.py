@@ -1,0 +1,354 @@
+"""Chaos tests: real ``multilane worker`` processes, SIGKILL, hangs, memory bounds, broker link cuts.
+
+Every test applies the delivery checkers of :mod:`multilane.testing.checkers` to the processors' event
+log and the produced set from delivery reports. Timing is polled, never slept for a fixed time, and
+deadlines are generous: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from multilane.testing.broker import EmbeddedBroker
+from multilane.testing.checkers import ProducedRecord, ReplayCounter, assert_all, check_delivery
+from multilane.testing.processors import EventLogFollower, read_event_log
+from multilane.testing.proxy import ProxiedBroker
+from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
+from multilane.worker.loadgen import LoadResult, RateProfile, produce_paced, produce_records
+
+pytestmark = pytest.mark.broker
+
+PROCESS_TIMEOUT = 150.0  # seconds for a worker to process everything (loaded 2-core machine)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    """Every WorkerProcess a test appends here is killed at teardown."""
+    started: list[WorkerProcess] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def _start(workers: list[WorkerProcess], spec: WorkerSpec, workdir: Path) -> WorkerProcess:
+    w = WorkerProcess(spec, workdir)
+    workers.append(w)
+    return w.start().wait_ready(90)
+
+
+def _wait_all_ended(
+    follower: EventLogFollower, produced: list[ProducedRecord], w: WorkerProcess, stall_s: float = 60.0
+) -> None:
+    """Wait until every produced record has ended; fail early if the worker dies or stops progressing."""
+    want = {(r.topic, r.partition, r.offset) for r in produced}
+    progress = {"n": -1, "at": time.monotonic()}
+
+    def done() -> bool:
+        if not w.alive:
+            raise AssertionError(f"worker died:\n{w.stderr_tail()}")
+        follower.poll()
+        if len(follower.events) != progress["n"]:
+            progress["n"], progress["at"] = len(follower.events), time.monotonic()
+        elif time.monotonic() - progress["at"] > stall_s:
+            missing = len(want - follower.ended)
+            raise AssertionError(
+                f"no processing progress for {stall_s:.0f}s, {missing} of {len(want)} records missing:\n"
+                + w.stderr_tail()
+            )
+        return want <= follower.ended
+
+    try:
+        wait_until(done, PROCESS_TIMEOUT, 0.25, "every produced record processed")
+    except TimeoutError as exc:
+        missing = len(want - follower.ended)
+        raise AssertionError(f"{exc}: {missing} of {len(want)} still missing\n{w.stderr_tail()}") from exc
+
+
+def _wait_quiet(follower: EventLogFollower, quiet_s: float, timeout: float) -> int:
+    """Wait until no new event arrives for ``quiet_s``; return the number of ended records."""
+    last_change = time.monotonic()
+    last_len = -1
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        follower.poll()
+        if len(follower.events) != last_len:
+            last_len = len(follower.events)
+            last_change = time.monotonic()
+        elif time.monotonic() - last_change >= quiet_s:
+            return len(follower.ended)
+        time.sleep(0.2)
+    raise AssertionError(f"events kept arriving for {timeout}s")
+
+
+# -- (a) kill -9 mid-stream under load ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["assign", "subscribe"])
+def test_kill9_mid_stream_under_load_loses_nothing(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], mode: str
+) -> None:
+    """SIGKILL a worker while a producer is still producing; a restarted worker finishes: nothing lost,
+    per-key order kept (rewinds only across incarnations), no key processed concurrently."""
+    broker.create_topic(topic_name, 2)
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(
+        broker.bootstrap,
+        group=f"g-{topic_name}",
+        topics=[topic_name] if mode == "subscribe" else (),
+        assign=None if mode == "subscribe" else f"{topic_name}:0,{topic_name}:1",
+        factor=4,
+        event_log=log,
+        env={"MULTILANE_TEST_SLEEP_MS": "1"},
+    )
+    w1 = _start(workers, spec, tmp_path)
+    # a producer thread: 3000 rec/s for 5 s
+    result: list[LoadResult] = []
+    producer = threading.Thread(
+        target=lambda: result.append(
+            produce_paced(broker.bootstrap, topic_name, RateProfile.constant(3000, 5), keys=200, seed=11)
+        )
+    )
+    producer.start()
+    follower = EventLogFollower(log)
+    wait_until(lambda: follower.ended_count() >= 3000, 60, 0.1, "3000 records processed before the kill")
+    w1.kill()
+    killed_at = follower.ended_count()
+    w2 = _start(workers, spec, tmp_path)
+    producer.join(120)
+    assert result, "producer thread failed"
+    produced = result[0].records
+    assert result[0].failed == 0
+    assert killed_at < len(produced), "the kill came too late to be mid-stream"
+    _wait_all_ended(follower, produced, w2)
+    assert w2.terminate(60) == 0
+    events = read_event_log(log)
+    results = check_delivery(produced, events, mode="key")
+    assert_all(results)
+    assert {e.pid for e in events if e.kind == "start"} == {w1.pid, w2.pid}
+
+
+# -- (b) replay bound -------------------------------------------------------------------------------
+
+
+def test_replays_after_kill9_are_bounded_by_in_flight(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """With one key hanging (its lane blocks, so the committed offset cannot pass it), let everything
+    else finish and commit cycles pass; SIGKILL; restart without the hang. Thanks to the persisted
+    per-key-range progress, the records redone after the restart are at most the records that were in
+    flight at the kill -- not everything above the committed offset."""
+    broker.create_topic(topic_name, 1)
+    hang_key = b"key-000003"
+    res = produce_records(broker.bootstrap, topic_name, 5000, keys=50, seed=5, partition=0)
+    produced = res.records
+    assert res.delivered == 5000
+    first_hang = min(r.offset for r in produced if r.key == hang_key)
+    log = str(tmp_path / "events.log")
+    base = {
+        "bootstrap": broker.bootstrap,
+        "group": f"g-{topic_name}",
+        "assign": f"{topic_name}:0",
+        "factor": 8,
+        "event_log": log,
+        "commit_interval_ms": 300,
+    }
+    w1 = _start(workers, WorkerSpec(**base, env={"MULTILANE_TEST_HANG_KEY": hang_key.decode()}), tmp_path)  # type: ignore[arg-type]
+    follower = EventLogFollower(log)
+    wait_until(lambda: follower.ended_count() > 1000, 60, 0.2, "most records processed")
+    _wait_quiet(follower, quiet_s=2.0, timeout=90)  # only the blocked lane is left
+    # let at least two more commit cycles pass after the last completion, then read in-flight
+    time.sleep(1.0)
+    status = w1.status()
+    (part,) = status["partitions"]
+    in_flight = int(part["in_flight"])
+    committed = int(part["committed"])
+    assert committed <= first_hang, f"committed {committed} passed the hung record at {first_hang}"
+    above_committed = sum(1 for r in produced if r.offset >= committed)
+    assert 0 < in_flight < above_committed, (in_flight, above_committed)
+    ended_before = set(follower.ended)
+    w1.kill()
+
+    w2 = _start(workers, WorkerSpec(**base), tmp_path)  # type: ignore[arg-type]
+    _wait_all_ended(follower, produced, w2)
+    assert w2.terminate(60) == 0
+    events = read_event_log(log)
+    redone = {e.tpo for e in events if e.kind == "start" and e.pid == w2.pid}
+    replayed_done = redone & ended_before
+    print(
+        f"in flight at kill {in_flight}, above committed {above_committed}, redone {len(redone)}, "
+        f"of which had completed before the kill {len(replayed_done)}"
+    )
+    assert len(redone) <= in_flight, f"{len(redone)} records redone, {in_flight} were in flight"
+    assert_all(
+        check_delivery(produced, events, mode="key"),
+        ReplayCounter(max_replays=in_flight, max_restarted=in_flight).check(events),
+    )
+
+
+# -- (c) memory bound under a slow processor and a fast producer -----------------------------------
+
+
+def test_rss_stays_bounded_with_slow_processor_and_fast_producer(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """A slow processor facing a large backlog: back-pressure (records and bytes in flight, and the
+    librdkafka prefetch queue sized from the byte bound) keeps the worker's RSS bounded.
+
+    Bound, derived: idle baseline (measured) + the in-flight byte bound B (values held by the engine)
+    + per-record overhead of the records B admits (B / value_size records x 2 KiB for the Record,
+    Context, message and bookkeeping objects) + librdkafka's prefetch queue (B / 2) and one fetch
+    response being decoded (fetch.max.bytes = B / 2) + 32 MiB for allocator slack. The backlog is
+    produced well above that bound, so a consumer buffering it would fail.
+    """
+    broker.create_topic(topic_name, 1)
+    value_size = 4000
+    n_records = 30_000
+    bound_bytes = 4 * 1024 * 1024
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(
+        broker.bootstrap,
+        group=f"g-{topic_name}",
+        assign=f"{topic_name}:0",
+        factor=8,
+        max_in_flight=100_000,  # the byte bound governs
+        max_in_flight_bytes=bound_bytes,
+        event_log=log,
+        env={"MULTILANE_TEST_SLEEP_MS": "20"},
+    )
+    w1 = _start(workers, spec, tmp_path)
+    idle: list[int] = []
+    for _ in range(5):  # idle baseline: ready, assigned, nothing to fetch yet
+        idle.append(w1.rss_kib())
+        time.sleep(0.2)
+    baseline_kib = max(idle)
+    res = produce_records(
+        broker.bootstrap, topic_name, n_records, keys=500, value_size=value_size, seed=3, partition=0
+    )
+    assert res.delivered == n_records
+    backlog_bytes = n_records * value_size
+    records_admitted = bound_bytes // value_size
+    bound_kib = (
+        baseline_kib
+        + (bound_bytes + records_admitted * 2048 + bound_bytes // 2 + bound_bytes // 2 + 32 * 1024 * 1024)
+        // 1024
+    )
+    assert backlog_bytes > 2 * (bound_kib - baseline_kib) * 1024  # buffering the backlog would break it
+    follower = EventLogFollower(log)
+    samples: list[int] = []
+    in_flight_bytes: list[int] = []
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        samples.append(w1.rss_kib())
+        in_flight_bytes.append(w1.in_flight() * value_size)
+        time.sleep(0.2)
+    assert follower.ended_count() < n_records // 2, "processor was not slow enough to leave a backlog"
+    print(
+        f"baseline {baseline_kib} KiB, peak {max(samples)} KiB, bound {bound_kib} KiB; "
+        f"in-flight bytes peak {max(in_flight_bytes)}, RSS samples {samples[::10]}"
+    )
+    # back-pressure really engaged: the worker held a good share of its byte bound while processing
+    assert max(in_flight_bytes) >= bound_bytes // 4, f"in-flight bytes never reached B/4: {in_flight_bytes}"
+    assert max(in_flight_bytes) <= bound_bytes + value_size, (
+        f"in-flight bytes above the bound: {in_flight_bytes}"
+    )
+    assert max(samples) <= bound_kib, f"RSS peaked at {max(samples)} KiB, bound {bound_kib} KiB"
+    # drain everything fast, then check the guarantees over both incarnations
+    w1.kill()
+    w2 = _start(workers, WorkerSpec(**{**spec.__dict__, "env": {}}), tmp_path)
+    _wait_all_ended(follower, res.records, w2)
+    assert w2.terminate(60) == 0
+    assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
+
+
+# -- (d) broker link cut ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxied_broker() -> Iterator[ProxiedBroker]:
+    pb = ProxiedBroker().start()
+    try:
+        yield pb
+    finally:
+        pb.stop()
+
+
+def test_broker_link_cut_20s_resumes_without_loss(
+    proxied_broker: ProxiedBroker, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """Cut every connection between the worker and the broker for ~20 s mid-stream (fetches and
+    commits fail, connections are refused); after the link returns, the same worker process resumes
+    by itself and processes everything, including records produced after the cut."""
+    pb = proxied_broker
+    topic = "cut-topic"
+    pb.create_topic(topic, 2)
+    first = produce_records(pb.bootstrap, topic, 6000, keys=100, seed=21)
+    assert first.delivered == 6000
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(
+        pb.bootstrap,
+        group="g-cut",
+        assign=f"{topic}:0,{topic}:1",
+        factor=4,
+        max_in_flight=300,  # most of the backlog stays unfetched until after the cut
+        event_log=log,
+        env={"MULTILANE_TEST_SLEEP_MS": "2"},
+    )
+    w = _start(workers, spec, tmp_path)
+    follower = EventLogFollower(log)
+    wait_until(lambda: follower.ended_count() >= 500, 60, 0.1, "500 records processed before the cut")
+    pb.proxy.cut()
+    cut_at = follower.ended_count()
+    t_cut = time.monotonic()
+    while time.monotonic() - t_cut < 20:
+        assert w.alive, f"worker died during the cut:\n{w.stderr_tail()}"
+        time.sleep(0.5)
+    during = follower.ended_count() - cut_at
+    assert follower.ended_count() < 6000, "everything finished before the cut ended: cut came too late"
+    pb.proxy.restore()
+    second = produce_records(pb.bootstrap, topic, 2000, keys=100, seed=22)
+    assert second.delivered == 2000
+    produced = first.records + second.records
+    _wait_all_ended(follower, produced, w)
+    assert w.alive
+    print(f"processed before cut {cut_at}, during the 20 s cut {during}")
+    assert w.terminate(60) == 0
+    events = read_event_log(log)
+    assert {e.pid for e in events} == {w.pid}  # the same process throughout
+    assert_all(check_delivery(produced, events, mode="key"))
+
+
+# -- (e) control API authentication -----------------------------------------------------------------
+
+
+def test_control_requests_need_the_token(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    broker.create_topic(topic_name, 1)
+    res = produce_records(broker.bootstrap, topic_name, 200, keys=10, seed=1, partition=0)
+    log = str(tmp_path / "events.log")
+    w = _start(
+        workers,
+        WorkerSpec(broker.bootstrap, group=f"g-{topic_name}", assign=f"{topic_name}:0", event_log=log),
+        tmp_path,
+    )
+    assert w.request("GET", "/healthz", token=None)[0] == 200
+    for path, method, body in [
+        ("/v1/status", "GET", None),
+        ("/v1/pause", "POST", {}),
+        ("/v1/factor", "POST", {"factor": 2}),
+        ("/v1/assignment", "POST", {"generation": 99, "partitions": [], "release_deadline_s": 1}),
+    ]:
+        assert w.request(method, path, body, token=None)[0] == 401, path
+        assert w.request(method, path, body, token="wrong-token")[0] == 401, path
+    status = w.status()  # with the token
+    assert status["factor"] == 8  # the unauthenticated factor change did nothing
+    assert status["paused"] is False
+    follower = EventLogFollower(log)
+    _wait_all_ended(follower, res.records, w)
+    assert w.terminate(60) == 0
+    assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
