@@ -165,7 +165,7 @@ def test_end_offset_is_under_reported_but_fetch_high_watermark_is_right(
         _low, high = c.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=10)
         assert high < 100, f"end offset now reported right ({high}): admin-API lag could be trusted"
         c.assign([TopicPartition(topic_name, 0, 0)])
-        seen: list[int] = []
+        seen: list[int | None] = []
         hi_offset = -1
         deadline = time.monotonic() + 30
         while (len(seen) < 100 or hi_offset < 100) and time.monotonic() < deadline:

@@ -159,7 +159,7 @@ def test_broker_behind_proxy_advertises_the_proxy_and_survives_a_cut() -> None:
             pb.proxy.restore()
             assert producer.flush(60) == 0  # librdkafka reconnects by itself
 
-            got: list[bytes] = []
+            got: list[bytes | None] = []
             deadline = time.monotonic() + 60
             while not got and time.monotonic() < deadline:
                 got += [m.value() for m in consumer.consume(100, 1.0) if m.error() is None]

@@ -42,23 +42,30 @@ def _start(workers: list[WorkerProcess], spec: WorkerSpec, workdir: Path) -> Wor
 
 
 def _wait_all_ended(
-    follower: EventLogFollower, produced: list[ProducedRecord], w: WorkerProcess, stall_s: float = 60.0
+    follower: EventLogFollower,
+    produced: list[ProducedRecord],
+    worker: WorkerProcess | list[WorkerProcess],
+    stall_s: float = 60.0,
 ) -> None:
-    """Wait until every produced record has ended; fail early if the worker dies or stops progressing."""
+    """Wait until every produced record has ended; fail early if a worker dies or progress stops."""
     want = {(r.topic, r.partition, r.offset) for r in produced}
+    group = worker if isinstance(worker, list) else [worker]
     progress = {"n": -1, "at": time.monotonic()}
 
+    def tails() -> str:
+        return "\n".join(f"--- worker {m.pid}:\n{m.stderr_tail(20)}" for m in group)
+
     def done() -> bool:
-        if not w.alive:
-            raise AssertionError(f"worker died:\n{w.stderr_tail()}")
+        for member in group:
+            if not member.alive:
+                raise AssertionError(f"worker {member.pid} died:\n{member.stderr_tail()}")
         follower.poll()
         if len(follower.events) != progress["n"]:
             progress["n"], progress["at"] = len(follower.events), time.monotonic()
         elif time.monotonic() - progress["at"] > stall_s:
             missing = len(want - follower.ended)
             raise AssertionError(
-                f"no processing progress for {stall_s:.0f}s, {missing} of {len(want)} records missing:\n"
-                + w.stderr_tail()
+                f"no processing progress for {stall_s:.0f}s, {missing} of {len(want)} missing:\n{tails()}"
             )
         return want <= follower.ended
 
@@ -66,7 +73,7 @@ def _wait_all_ended(
         wait_until(done, PROCESS_TIMEOUT, 0.25, "every produced record processed")
     except TimeoutError as exc:
         missing = len(want - follower.ended)
-        raise AssertionError(f"{exc}: {missing} of {len(want)} still missing\n{w.stderr_tail()}") from exc
+        raise AssertionError(f"{exc}: {missing} of {len(want)} still missing\n{tails()}") from exc
 
 
 def _wait_quiet(follower: EventLogFollower, quiet_s: float, timeout: float) -> int:
@@ -160,9 +167,8 @@ def test_replays_after_kill9_are_bounded_by_in_flight(
     w1 = _start(workers, WorkerSpec(**base, env={"MULTILANE_TEST_HANG_KEY": hang_key.decode()}), tmp_path)  # type: ignore[arg-type]
     follower = EventLogFollower(log)
     wait_until(lambda: follower.ended_count() > 1000, 60, 0.2, "most records processed")
-    _wait_quiet(follower, quiet_s=2.0, timeout=90)  # only the blocked lane is left
-    # let at least two more commit cycles pass after the last completion, then read in-flight
-    time.sleep(1.0)
+    # only the blocked lane is left; 3 s of quiet = ~10 commit cycles (300 ms) after the last completion
+    _wait_quiet(follower, quiet_s=3.0, timeout=90)
     status = w1.status()
     (part,) = status["partitions"]
     in_flight = int(part["in_flight"])
@@ -352,3 +358,91 @@ def test_control_requests_need_the_token(
     _wait_all_ended(follower, res.records, w)
     assert w.terminate(60) == 0
     assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
+
+
+# -- soak variants (slow) ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_soak_repeated_kill9_in_a_group_of_three(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """Three standalone workers share 4 partitions while a producer runs for 40 s; every ~6 s one of
+    them is SIGKILLed and restarted. Nothing is lost; order and exclusivity hold. (Partitions move
+    between live workers here, so a rewind within one incarnation is legitimate: a partition can come
+    back to a worker from an older committed offset after another worker died with it.)"""
+    import random
+
+    broker.create_topic(topic_name, 4)
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(
+        broker.bootstrap,
+        group=f"g-{topic_name}",
+        topics=[topic_name],
+        factor=4,
+        event_log=log,
+        env={"MULTILANE_TEST_SLEEP_MS": "1"},
+    )
+    group = [_start(workers, spec, tmp_path / f"w{i}") for i in range(3)]
+    result: list[LoadResult] = []
+    producer = threading.Thread(
+        target=lambda: result.append(
+            produce_paced(broker.bootstrap, topic_name, RateProfile.constant(1500, 40), keys=300, seed=99)
+        )
+    )
+    producer.start()
+    rng = random.Random(5)
+    kills = 0
+    while producer.is_alive():
+        time.sleep(6)
+        i = rng.randrange(3)
+        group[i].kill()
+        kills += 1
+        group[i] = _start(workers, spec, tmp_path / f"w{i}")
+    producer.join()
+    produced = result[0].records
+    _wait_all_ended(EventLogFollower(log), produced, group)
+    for w in group:
+        assert w.terminate(60) == 0
+    events = read_event_log(log)
+    results = check_delivery(produced, events, mode="key", rewind_within_incarnation=True)
+    print(f"{kills} kills; " + "; ".join(f"{r.name} {r.counts}" for r in results))
+    assert_all(results)
+
+
+@pytest.mark.slow
+def test_soak_broker_blackhole_45s(
+    proxied_broker: ProxiedBroker, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    """The link goes silent (packets dropped, connections kept open) for 45 s instead of being cut:
+    the worker must notice through its own timeouts, reconnect and finish without a restart."""
+    pb = proxied_broker
+    topic = "blackhole-topic"
+    pb.create_topic(topic, 2)
+    first = produce_records(pb.bootstrap, topic, 6000, keys=100, seed=31)
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(
+        pb.bootstrap,
+        group="g-blackhole",
+        assign=f"{topic}:0,{topic}:1",
+        factor=4,
+        max_in_flight=300,
+        event_log=log,
+        env={"MULTILANE_TEST_SLEEP_MS": "2"},
+    )
+    w = _start(workers, spec, tmp_path)
+    follower = EventLogFollower(log)
+    wait_until(lambda: follower.ended_count() >= 500, 60, 0.1, "500 records processed")
+    pb.proxy.blackhole()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 45:
+        assert w.alive, f"worker died during the black hole:\n{w.stderr_tail()}"
+        time.sleep(0.5)
+    pb.proxy.restore()
+    second = produce_records(pb.bootstrap, topic, 2000, keys=100, seed=32)
+    produced = first.records + second.records
+    _wait_all_ended(follower, produced, w, stall_s=120)
+    assert w.terminate(60) == 0
+    events = read_event_log(log)
+    assert {e.pid for e in events} == {w.pid}
+    assert_all(check_delivery(produced, events, mode="key"))
