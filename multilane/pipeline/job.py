@@ -23,7 +23,6 @@ from multilane.pipeline.kafka_io import (
 )
 from multilane.pipeline.layout import SnapshotId
 from multilane.pipeline.manifest import PartitionEntry, ShardFile, SnapshotManifest
-from multilane.pipeline.merge import newest
 from multilane.pipeline.planning import (
     OffsetRange,
     OffsetRangePlanner,
@@ -135,12 +134,13 @@ class SnapshotJob:
     1. Plan (driver): list each changelog's partitions, find each one's ``[start, true end)``, read the
        source bounds, cut offset ranges (:class:`OffsetRangePlanner`), allocate the snapshot id.
     2. Read (Spark, one task per offset range): read the range with confluent-kafka and keep the newest
-       change per key before the first uncommitted change (:func:`multilane.pipeline.merge.merge_range`).
+       change per key before the first uncommitted change (:func:`multilane.pipeline.merge.merge_range`),
+       keyed by ``(topic, partition, shard, key_hash(key), key)``.
     3. Tails (driver): each partition's snapshot ``changelog_offset`` = the smallest tail of its ranges.
-    4. Merge (Spark): drop changes at or past that offset; newest change per (partition, key) wins;
-       keys whose newest change is a delete are dropped.
-    5. Write (Spark): shuffle to (partition, key-range shard), sort by (key hash, key), write one
-       Parquet file per non-empty shard under ``data/<id>/`` (size and SHA-256 recorded).
+    4. Merge (Spark): drop changes at or past that offset; shuffle by (partition, shard) and sort by
+       (key hash, key), so that a key's changes from every range are adjacent.
+    5. Write (Spark): the newest change per key wins, keys whose newest change is a delete are dropped,
+       and each non-empty shard becomes one Parquet file under ``data/<id>/`` (size, SHA-256 recorded).
     6. Publish (driver): data-folder manifest, then ``manifests/<id>.json`` (see
        :meth:`SnapshotPublisher.publish`); only now is the snapshot visible.
     7. Cleanup (driver): retention (newest ``retain`` kept, older retired manifest first), then
@@ -232,6 +232,7 @@ class SnapshotJob:
     def _read_and_merge(
         self, sc: Any, ranges: Sequence[OffsetRange], extents: Sequence[PartitionExtent]
     ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int], Any, Any]:
+        """Steps 2-4 up to the shuffle: returns tails, records read, the sorted kept changes, the cache."""
         from pyspark import StorageLevel
 
         cfg = self.config
@@ -242,7 +243,7 @@ class SnapshotJob:
         # 2.
         read = (
             sc.parallelize(list(ranges), len(ranges))
-            .mapPartitions(read_ranges(self.kafka, cfg.idle_timeout_s))
+            .mapPartitions(read_ranges(self.kafka, cfg.idle_timeout_s, cfg.layout.to_list()))
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         # 3.
@@ -252,48 +253,31 @@ class SnapshotJob:
             if tail is not None:
                 tails[tp] = min(tails[tp], tail)
             records[tp] += n
-        # 4.
+        # 4. (the newest-per-key reduction happens in the write tasks, on sorted input: one shuffle)
         bc = sc.broadcast(tails)
+        n_shards = len(cfg.layout)
+        tasks = max(1, cfg.write_tasks or 2 * sc.defaultParallelism)
 
         def before_tail(item: tuple[Any, ...]) -> bool:
-            _tag, (topic, partition, _key), change = item
-            return item[0] == ROW and bool(change.changelog_offset < bc.value[(topic, partition)])
-
-        merged = (
-            read.filter(lambda item: item[0] == ROW)
-            .filter(before_tail)
-            .map(lambda item: (item[1], item[2]))
-            .reduceByKey(newest)
-            .filter(lambda kv: kv[1].op == "P")
-        )
-        return tails, records, merged, read
-
-    def _write(self, sc: Any, live: Any, snapshot_id: str) -> list[dict[str, Any]]:
-        cfg = self.config
-        layout = cfg.layout
-        n_shards = len(layout)
-        default_tasks = max(1, 2 * sc.defaultParallelism)
-        tasks = max(1, cfg.write_tasks or default_tasks)
-
-        def to_shard_row(
-            kv: tuple[tuple[str, int, bytes], Any],
-        ) -> tuple[tuple[str, int, int, int, bytes], Any]:
-            (topic, partition, key), change = kv
-            h = key_hash(key)  # a state key always lies in the key range of the lane that owns it
-            return (topic, partition, layout.lane_of(h), h, key), (
-                change.payload,
-                change.changelog_offset,
-                change.source_offset,
-            )
+            if item[0] != ROW:
+                return False
+            _tag, (topic, partition, _shard, _h, _key), change = item
+            return bool(change.changelog_offset < bc.value[(topic, partition)])
 
         def shard_partition(k: tuple[str, int, int, int, bytes]) -> int:
             # Deterministic across processes (never Python's salted hash): partition-major shard number.
             return key_hash(k[0].encode()) + k[1] * n_shards + k[2]
 
-        rows = live.map(to_shard_row).repartitionAndSortWithinPartitions(
-            numPartitions=tasks, partitionFunc=shard_partition
+        kept = (
+            read.filter(before_tail)
+            .map(lambda item: (item[1], item[2]))
+            .repartitionAndSortWithinPartitions(numPartitions=tasks, partitionFunc=shard_partition)
         )
-        files: list[dict[str, Any]] = rows.mapPartitions(write_shards(cfg.uri, snapshot_id)).collect()
+        return tails, records, kept, read
+
+    def _write(self, sc: Any, kept: Any, snapshot_id: str) -> list[dict[str, Any]]:
+        """Step 5: each write task merges its sorted changes and writes one file per shard."""
+        files: list[dict[str, Any]] = kept.mapPartitions(write_shards(self.config.uri, snapshot_id)).collect()
         return files
 
     def _manifest(

@@ -13,11 +13,13 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from multilane.pipeline.changes import Change
 from multilane.pipeline.kafka_io import ChangelogRangeReader
 from multilane.pipeline.layout import shard_path
-from multilane.pipeline.merge import merge_range
+from multilane.pipeline.merge import is_live, merge_range, newest
 from multilane.pipeline.planning import OffsetRange
 from multilane.pipeline.storage import SnapshotStore
+from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 __all__ = [
     "PARQUET_COLUMNS",
@@ -31,7 +33,7 @@ __all__ = [
 TAIL = 0
 """Tag of a read task's summary item: ``(TAIL, (topic, partition), tail_offset | None, records_read)``."""
 ROW = 1
-"""Tag of a kept change: ``(ROW, (topic, partition, key), change)``."""
+"""Tag of a kept change: ``(ROW, (topic, partition, shard, key_hash, key), change)``."""
 
 PARQUET_COLUMNS = ("key", "value", "key_hash", "changelog_offset", "source_offset")
 _ROWS_PER_BATCH = 65_536
@@ -53,15 +55,17 @@ def parquet_schema() -> Any:
 
 
 def read_ranges(
-    kafka_config: Mapping[str, Any], idle_timeout_s: float
+    kafka_config: Mapping[str, Any], idle_timeout_s: float, layout: list[list[int]]
 ) -> Callable[[Iterable[OffsetRange]], Iterator[tuple[Any, ...]]]:
     """The read task: for each offset range, the newest change per key before its tail, then a TAIL item.
 
     1. Read the range with confluent-kafka (``assign`` at ``start``, stop at ``end``).
     2. Keep the newest change per key; stop at the first envelope at or above the source bound.
-    3. Emit the kept changes (ROW), then the range's tail offset and record count (TAIL).
+    3. Emit the kept changes (ROW) keyed by ``(topic, partition, shard, key_hash(key), key)`` for the
+       ``layout`` (``KeyRangeMap.to_list()`` form), then the range's tail offset and record count (TAIL).
     """
     config = dict(kafka_config)
+    ranges_map = KeyRangeMap.from_list(layout)
 
     def run(ranges: Iterable[OffsetRange]) -> Iterator[tuple[Any, ...]]:
         for r in ranges:
@@ -75,43 +79,47 @@ def read_ranges(
                 changes.close()  # stops the reader (and closes its consumer) when merge stopped early
             # 3.
             for key, change in result.newest.items():
-                yield (ROW, (r.topic, r.partition, key), change)
+                h = key_hash(key)  # a state key always lies in the key range of the lane that owns it
+                yield (ROW, (r.topic, r.partition, ranges_map.lane_of(h), h, key), change)
             yield (TAIL, (r.topic, r.partition), result.tail_offset, result.records)
 
     return run
 
 
+SortKey = tuple[str, int, int, int, bytes]
+
+
 def write_shards(
     store_uri: str, snapshot_id: str
-) -> Callable[
-    [Iterable[tuple[tuple[str, int, int, int, bytes], tuple[bytes, int, int]]]], Iterator[dict[str, Any]]
-]:
-    """The write task: one Parquet file per (topic, partition, shard) of its sorted input.
+) -> Callable[[Iterable[tuple[SortKey, Change]]], Iterator[dict[str, Any]]]:
+    """The write task: merge its sorted changes and write one Parquet file per (topic, partition, shard).
 
-    Input items are ``((topic, partition, shard, key_hash, key), (value, changelog_offset,
-    source_offset))``, sorted by key, so each shard's rows are contiguous and ordered by key hash.
+    Input items are ``((topic, partition, shard, key_hash, key), change)`` sorted by that key, so each
+    shard's changes are contiguous, ordered by key hash, and a key's changes are adjacent.
 
-    1. Write the shard's rows to a local temporary Parquet file, in record batches.
-    2. Upload it to ``data/<id>/<topic>/<partition>/shard-<i>.parquet``, hashing while copying.
-    3. Emit ``{"topic", "partition", "shard", "path", "rows", "bytes", "sha256"}``.
+    1. Per key, the newest change wins (by changelog offset); a key whose newest change is a delete
+       is dropped.
+    2. Write the shard's rows to a local temporary Parquet file, in record batches.
+    3. Upload it to ``data/<id>/<topic>/<partition>/shard-<i>.parquet``, hashing while copying.
+    4. Emit ``{"topic", "partition", "shard", "path", "rows", "bytes", "sha256"}``.
     """
 
-    def run(
-        items: Iterable[tuple[tuple[str, int, int, int, bytes], tuple[bytes, int, int]]],
-    ) -> Iterator[dict[str, Any]]:
+    def run(items: Iterable[tuple[SortKey, Change]]) -> Iterator[dict[str, Any]]:
         store = SnapshotStore(store_uri)
         tmp_dir = tempfile.mkdtemp(prefix="multilane-snapshot-")
         try:
             current: tuple[str, int, int] | None = None
             sink: _ShardSink | None = None
-            for (topic, partition, shard, h, key), (value, changelog_offset, source_offset) in items:
+            for (topic, partition, shard, h, key), change in _newest_per_key(items):
+                if not is_live(change):
+                    continue
                 if current != (topic, partition, shard):
                     if sink is not None and current is not None:
                         yield sink.finish(store, current)
                     current = (topic, partition, shard)
                     sink = _ShardSink(os.path.join(tmp_dir, f"{partition}-{shard}.parquet"), snapshot_id)
                 assert sink is not None
-                sink.add(key, value, h, changelog_offset, source_offset)
+                sink.add(key, change.payload, h, change.changelog_offset, change.source_offset)
             if sink is not None and current is not None:
                 yield sink.finish(store, current)
         finally:
@@ -120,8 +128,23 @@ def write_shards(
     return run
 
 
+def _newest_per_key(items: Iterable[tuple[SortKey, Change]]) -> Iterator[tuple[SortKey, Change]]:
+    """Step 1 on sorted input: one item per sort key, its newest change."""
+    prev_key: SortKey | None = None
+    best: Change | None = None
+    for k, change in items:
+        if k == prev_key and best is not None:
+            best = newest(best, change)
+            continue
+        if prev_key is not None and best is not None:
+            yield prev_key, best
+        prev_key, best = k, change
+    if prev_key is not None and best is not None:
+        yield prev_key, best
+
+
 class _ShardSink:
-    """Buffers one shard's rows into record batches of a local Parquet file (steps 1-3 above)."""
+    """Buffers one shard's rows into record batches of a local Parquet file (steps 2-4 above)."""
 
     def __init__(self, local_path: str, snapshot_id: str) -> None:
         import pyarrow.parquet as pq
@@ -158,15 +181,15 @@ class _ShardSink:
             col.clear()
 
     def finish(self, store: SnapshotStore, shard_id: tuple[str, int, int]) -> dict[str, Any]:
-        # 1.
+        # 2.
         self._flush()
         self.writer.close()
         topic, partition, shard = shard_id
         rel = shard_path(self.snapshot_id, topic, partition, shard)
-        # 2.
+        # 3.
         size, sha = store.upload_file(self.local_path, rel)
         os.unlink(self.local_path)
-        # 3.
+        # 4.
         return {
             "topic": topic,
             "partition": partition,
