@@ -1,8 +1,12 @@
 """Per-partition state stores on RocksDB, their changelog, restore and learner mode. Does I/O.
 
 Entry point: :class:`StateManager` (the engine's ``PartitionStateHooks``). The pure parts are
-``codec`` (changelog envelope) and ``apply`` (which changes a restore applies); see ``docs/state.md``.
+``codec`` (changelog envelope), ``apply`` (which changes a restore applies) and ``errors``; see
+``docs/state.md``. Importing this package (or its pure modules, e.g. from the snapshot pipeline) does
+not import RocksDB or Kafka: ``StateManager`` is loaded on first access.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from multilane.worker.state.apply import ApplyFilter, DoneOracle
 from multilane.worker.state.codec import Change, ChangelogCodec, ChangeOp
@@ -15,7 +19,9 @@ from multilane.worker.state.errors import (
     StateKeyError,
     StatePhaseError,
 )
-from multilane.worker.state.manager import StateManager
+
+if TYPE_CHECKING:
+    from multilane.worker.state.manager import StateManager
 
 __all__ = [
     "ApplyFilter",
@@ -32,3 +38,11 @@ __all__ = [
     "StateManager",
     "StatePhaseError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StateManager":
+        from multilane.worker.state.manager import StateManager
+
+        return StateManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
