@@ -29,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies", default="multilane,keda-hpa,flink-style", help="comma-separated policy names"
     )
     parser.add_argument("--out", type=Path, default=None, help="directory for PNG plots (and sweep output)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a SimConfig field, e.g. --set downstream_concurrency=32 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON instead of a table")
     parser.add_argument("--sweep", action="store_true", help="run the parameter sweep on Spark")
     parser.add_argument("--seeds", type=int, default=3, help="sweep: seeds per case (default 3)")
@@ -48,15 +55,37 @@ def _traces(arg: str, duration: int, partitions: int, seed: int) -> list[Any]:
     return [parse_csv_trace(path.read_text(), duration, partitions, name=path.stem)]
 
 
+def sim_config(settings: list[str]) -> Any:
+    """A :class:`SimConfig` with ``FIELD=VALUE`` overrides (values parsed as JSON, else strings)."""
+    from dataclasses import fields, replace
+
+    from multilane.sim.model import SimConfig
+
+    known = {f.name for f in fields(SimConfig)}
+    overrides: dict[str, Any] = {}
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD in {', '.join(sorted(known))}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    return replace(SimConfig(), **overrides)
+
+
 def run(args: argparse.Namespace) -> int:
     from multilane.sim.engine import make_policy, simulate
-    from multilane.sim.model import SimConfig
     from multilane.sim.report import comparison_rows, comparison_table, verdicts
 
     console = Console(width=None if sys.stdout.isatty() else 132)
-    sim = SimConfig()
+    try:
+        sim = sim_config(args.set)
+    except ValueError as exc:
+        print(f"multilane simulate: {exc}", file=sys.stderr)
+        return 2
     if args.sweep:
-        return _run_sweep(args, console)
+        return _run_sweep(args, console, sim)
     try:
         traces = _traces(args.trace, args.duration, sim.partitions, args.seed)
         policies = [make_policy(n.strip(), sim) for n in args.policies.split(",") if n.strip()]
@@ -86,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_sweep(args: argparse.Namespace, console: Console) -> int:
+def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
     from rich.table import Table
 
     from multilane.sim.sweep import run_sweep, summarise, sweep_grid
@@ -94,7 +123,11 @@ def _run_sweep(args: argparse.Namespace, console: Console) -> int:
 
     out = args.out or Path("sim-sweep")
     traces = list(TRACE_NAMES) if args.trace == "all" else [args.trace]
-    cases = sweep_grid(traces, list(range(args.seed, args.seed + args.seeds)), args.duration)
+    base = {k: v for k, v in vars(sim).items() if v != getattr(type(sim)(), k)}
+    sims = [base, {**base, "baseline_lanes_per_pod": sim.partitions}]
+    cases = sweep_grid(
+        traces, list(range(args.seed, args.seed + args.seeds)), args.duration, sim_overrides=sims
+    )
     rows = run_sweep(cases, str(out / "runs.parquet"), master=args.master)
     summary = summarise(rows)
     if args.json:

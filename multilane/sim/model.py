@@ -47,7 +47,7 @@ class SimConfig:
     pod_max_rate: float = 400.0
     """> 0: records/s one pod handles at 100 % of its CPU limit (2.5 ms CPU per record: client,
     deserialisation, the call's own CPU), whatever its lane count."""
-    downstream_concurrency: int = 32
+    downstream_concurrency: int = 48
     """>= 1: concurrent requests the downstream serves; more lanes than this wait."""
     pod_start_s: float = 20.0
     """>= 0: from creating a pod to its consumer being ready."""
@@ -172,7 +172,7 @@ class Cluster:
         self.factor = cfg.initial_factor if self.mode is ScalingMode.MULTILANE else 1
         self.replicas = cfg.initial_replicas
         for _ in range(cfg.initial_replicas):
-            self.pods[self._new_pod_id()] = 0.0
+            self.pods[self._new_pod_id()] = -cfg.tick_s  # ready (and in the group) before the run
         self.owner = balanced_assignment(p, sorted(self.pods), np.full(p, -1))
 
     def _new_pod_id(self) -> int:

@@ -1,0 +1,231 @@
+"""Unit tests of the simulator (pure, a few seconds in all)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from multilane.cli import main
+from multilane.operator.policy import AutoscalePolicy, Decision, Observation
+from multilane.sim.engine import SimResult, make_policy, simulate
+from multilane.sim.model import Cluster, ScalingMode, SimConfig, balanced_assignment
+from multilane.sim.policies import KedaHpaConfig, KedaHpaPolicy, MultilanePolicy
+from multilane.sim.report import comparison_rows, verdicts
+from multilane.sim.traces import Trace, bursts_trace, make_trace, parse_csv_trace, step_trace
+
+SIM = SimConfig()
+
+
+@dataclass
+class FixedPolicy:
+    """Never scales: the control case."""
+
+    mode: ScalingMode
+    name: str = "fixed"
+    interval_s: float = 15.0
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, obs: Observation, state: Any) -> tuple[Decision, Any]:
+        return Decision(obs.replicas, obs.factor, "fixed", {}, False, []), state
+
+
+def constant_trace(rate: float, duration_s: int, partitions: int) -> Trace:
+    return Trace(
+        "constant",
+        np.full(duration_s, rate),
+        np.full((duration_s, partitions), 1.0 / partitions),
+        np.ones(duration_s),
+        None,
+    )
+
+
+@pytest.fixture(scope="module")
+def step_runs() -> dict[str, SimResult]:
+    trace = make_trace("step", 1800, SIM.partitions, 7)
+    return {
+        name: simulate(trace, make_policy(name, SIM), SIM, 7)
+        for name in ("multilane", "keda-hpa", "flink-style")
+    }
+
+
+def test_same_seed_same_metrics() -> None:
+    trace = make_trace("bursts", 900, SIM.partitions, 3)
+    a = simulate(trace, make_policy("multilane", SIM), SIM, 3)
+    b = simulate(trace, make_policy("multilane", SIM), SIM, 3)
+    c = simulate(trace, make_policy("multilane", SIM), SIM, 4)
+    assert a.metrics == b.metrics
+    assert np.array_equal(a.lag, b.lag)
+    assert a.metrics.produced != c.metrics.produced  # the seed drives the arrival noise
+
+
+def test_conservation_every_second(step_runs: dict[str, SimResult]) -> None:
+    for r in step_runs.values():
+        assert np.allclose(r.produced_cum, r.processed_cum + r.lag, rtol=0, atol=1e-6 * r.produced_cum[-1])
+        assert (r.lag >= 0).all()
+        assert r.metrics.produced == pytest.approx(r.metrics.processed + r.metrics.final_lag)
+
+
+@pytest.mark.parametrize(
+    ("mode", "capacity"),
+    [
+        (ScalingMode.MULTILANE, 4 * 1 * 20.0),  # 4 partitions x F=1 lane x 20 rec/s
+        (ScalingMode.KEDA, 1 * 20.0),  # one pod, one record at a time
+    ],
+)
+def test_never_scaling_policy_lag_grows_linearly(mode: ScalingMode, capacity: float) -> None:
+    sim = replace(SimConfig(partitions=4), noise=False)
+    rate = 100.0
+    r = simulate(constant_trace(rate, 600, 4), FixedPolicy(mode), sim, 1)
+    expected = (rate - capacity) * (np.arange(600) + 1)
+    assert np.allclose(r.lag, expected)
+    assert r.metrics.scaling_actions == 0
+    assert r.metrics.pod_seconds == 600
+
+
+def test_keda_policy_follows_hpa_rules() -> None:
+    policy = KedaHpaPolicy(partitions=12)
+    state = policy.initial_state()
+
+    def decide(now: float, lag: int, replicas: int) -> Decision:
+        nonlocal state
+        o = Observation(now, {p: lag // 12 for p in range(12)}, 0.0, 0.0, replicas, 1)
+        d, state = policy.decide(o, state)
+        return d
+
+    # 1 replica, lag 1200 -> wants 120, capped at 12 partitions, rate-limited to max(2x, +4) = 5
+    assert decide(0, 1200, 1).replicas == 5
+    # the lag is only re-read every 30 s; within 15 s of the last scale-up: max(2 x 1, 1 + 4) still
+    assert decide(15, 1200, 5).replicas == 10
+    assert decide(30, 1200, 10).replicas == 12
+    # within the 10 % tolerance: no change (lag 108 at 10 replicas -> ratio 1.08)
+    state = policy.initial_state()
+    assert decide(100, 108, 10).replicas == 10
+    # KEDA caps the metric at lagThreshold x partitions: 11 replicas and any lag -> ratio 120/110,
+    # inside the tolerance: the group stays one pod short (a real quirk of the defaults)
+    state = policy.initial_state()
+    assert decide(100, 1_000_000, 11).replicas == 11
+    # scale-down waits for the 300 s stabilisation window: highest recommendation within it
+    state = policy.initial_state()
+    assert decide(200, 1200, 12).replicas == 12
+    assert decide(230, 0, 12).replicas == 12
+    assert decide(499, 0, 12).replicas == 12
+    assert decide(530, 0, 12).replicas == 1
+
+
+def test_keda_run_respects_hpa_limits(step_runs: dict[str, SimResult]) -> None:
+    r = step_runs["keda-hpa"]
+    changes = [(t, int(r.replicas[int(t)])) for t, _ in r.decisions]
+    prev = SIM.initial_replicas
+    last_up: float | None = None
+    for t, n in changes:
+        assert 1 <= n <= SIM.partitions
+        if n > prev:
+            assert n <= max(2 * prev, prev + KedaHpaConfig().scale_up_pods)
+            last_up = t
+        elif n < prev and last_up is not None:
+            assert t - last_up >= KedaHpaConfig().scale_down_stabilisation_s
+        prev = n
+
+
+def test_multilane_beats_baselines_on_the_10x_step(step_runs: dict[str, SimResult]) -> None:
+    ml = step_runs["multilane"].metrics
+    for name in ("keda-hpa", "flink-style"):
+        other = step_runs[name].metrics
+        assert ml.lag_seconds < other.lag_seconds, name
+        assert ml.pod_seconds <= other.pod_seconds, name
+        assert ml.scaling_actions <= other.scaling_actions, name
+    rows = comparison_rows(step_runs.values())
+    assert verdicts(rows) == ["step: wins on all three"]
+
+
+def test_multilane_adapter_is_the_operator_policy() -> None:
+    p = make_policy("multilane", SIM)
+    assert isinstance(p, MultilanePolicy)
+    assert isinstance(p._policy, AutoscalePolicy)
+    assert p.config.partitions == SIM.partitions
+
+
+def test_flink_style_never_exceeds_partitions_and_restarts_pause_everything() -> None:
+    sim = replace(SimConfig(), noise=False)
+    r = simulate(make_trace("surge", 1500, sim.partitions, 1), make_policy("flink-style", sim), sim, 1)
+    assert r.replicas.max() <= sim.partitions
+    assert r.metrics.scaling_actions >= 1
+    # during a restart nothing is processed: the processed count is flat right after a rescale
+    t = int(r.decisions[0][0])
+    assert r.processed_cum[t + int(sim.flink_restart_s) - 2] == pytest.approx(r.processed_cum[t])
+
+
+def test_multilane_move_pauses_only_the_moved_partition() -> None:
+    sim = replace(SimConfig(partitions=4), noise=False)
+    cluster = Cluster(sim, ScalingMode.MULTILANE)
+    cluster.apply(0.0, 2, 1)
+    moved: list[int] = []
+    for t in range(0, 60):
+        before = cluster.owner.copy()
+        cluster.advance(float(t))
+        moved += [p for p in range(4) if before[p] != cluster.owner[p]]
+        paused = cluster.paused_until > t
+        # never more than the partitions in hand-off are paused
+        assert paused.sum() <= sim.max_moves_at_once
+    assert len(moved) == 2
+    assert cluster.partition_moves == 2
+    assert sorted(np.bincount(cluster.owner)) == [2, 2]
+
+
+def test_balanced_assignment_is_sticky() -> None:
+    current = np.array([0, 0, 0, 0, 1, 1])
+    new = balanced_assignment(6, [0, 1, 2], current)
+    assert sorted(np.bincount(new)) == [2, 2, 2]
+    assert (new[:2] == 0).all() and (new[4:] == 1).all()
+
+
+def test_traces() -> None:
+    t = step_trace(100, 4, base=10, factor=10, at_s=50)
+    assert t.rate[49] == 10 and t.rate[50] == 100
+    assert np.allclose(t.shares.sum(axis=1), 1)
+    a, b = bursts_trace(3600, 4, seed=1), bursts_trace(3600, 4, seed=1)
+    assert np.array_equal(a.rate, b.rate)
+    assert not np.array_equal(a.rate, bursts_trace(3600, 4, seed=2).rate)
+    hot = make_trace("hot_key", 1200, 12, 1)
+    assert hot.shares[1000, 0] == pytest.approx(0.4)
+    csv = parse_csv_trace("timestamp_s,rate\n0,5\n10,50\n", 20, 4)
+    assert csv.rate[9] == 5 and csv.rate[10] == 50 and csv.rate[19] == 50
+    with pytest.raises(ValueError, match="line 3"):
+        parse_csv_trace("timestamp_s,rate\n0,5\nx,y\n", 20, 4)
+    with pytest.raises(ValueError, match="unknown trace"):
+        make_trace("nope", 10, 4, 1)
+
+
+def test_a_simulated_hour_runs_in_seconds() -> None:
+    trace = make_trace("diurnal", 3600, SIM.partitions, 1)
+    start = time.process_time()
+    simulate(trace, make_policy("multilane", SIM), SIM, 1)
+    assert time.process_time() - start < 10.0
+
+
+def test_cli_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        ["simulate", "--trace", "step", "--duration", "900", "--seed", "2", "--json", "--out", str(tmp_path)]
+    )
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["policy"] for r in data["rows"]} == {"multilane", "keda-hpa", "flink-style"}
+    assert (tmp_path / "step.png").stat().st_size > 10_000
+
+
+def test_cli_csv_trace_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "load.csv"
+    path.write_text("timestamp_s,rate\n0,10\n300,150\n")
+    assert main(["simulate", "--trace", str(path), "--duration", "600", "--policies", "multilane"]) == 0
+    out = capsys.readouterr().out
+    assert "load" in out and "multilane" in out
+    assert main(["simulate", "--trace", "nope"]) == 2
+    assert main(["simulate", "--set", "bogus=1"]) == 2
