@@ -116,7 +116,8 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
         return None
     from multilane.worker.state.manager import StateManager
 
-    security = {k: v for k, v in cfg.consumer_overrides.items() if k.startswith(("sasl.", "ssl.", "security."))}
+    security = {k: v for k, v in cfg.consumer_overrides.items()
+                if k.startswith(("sasl.", "ssl.", "security."))}
     return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
                         producer_config=security, consumer_config=security, admin_config=security)
 

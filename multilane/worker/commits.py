@@ -84,7 +84,7 @@ class CommitCycle:
         store = self._store
         if store is not None:
             waits = []
-            for part, c, encoded in batch:
+            for part, _c, encoded in batch:
                 if encoded is not None:
                     waits.append((part, store.write(part.topic, part.partition, encoded)))
             for part, fut in waits:

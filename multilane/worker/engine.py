@@ -49,6 +49,8 @@ __all__ = ["Engine", "EngineError", "FencingError", "ReleasedPartition"]
 
 log = logging.getLogger(__name__)
 
+_Committed = tuple[int | None, str | None]  # (committed offset or None, commit metadata or None)
+
 
 class EngineError(RuntimeError):
     """The engine cannot do what was asked (bad argument or wrong state)."""
@@ -384,9 +386,9 @@ class Engine:
         if self.user_paused:
             rt.user_paused = True
 
-    def _committed(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, tuple[int | None, str | None]]:
+    def _committed(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
         """Committed offsets and metadata of ``tps`` (blocking consumer call on the loop thread)."""
-        out: dict[TopicPartitionId, tuple[int | None, str | None]] = {}
+        out: dict[TopicPartitionId, _Committed] = {}
         result = self._consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=15)
         for tp in result:
             off = tp.offset if tp.offset >= 0 else None
@@ -395,7 +397,7 @@ class Engine:
             out.setdefault(tp, (None, None))
         return out
 
-    def _load_progress(self, tp: TopicPartitionId, committed: tuple[int | None, str | None]) -> ProgressRecord | None:
+    def _load_progress(self, tp: TopicPartitionId, committed: _Committed) -> ProgressRecord | None:
         """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
         off, meta = committed
         if off is None:
@@ -436,7 +438,7 @@ class Engine:
         self._pause_fetch(parts)
         # 2. drain
         deadline = time.monotonic() + max(0.0, deadline_s)
-        while any(p.in_flight for p in parts) and time.monotonic() < deadline:
+        while any(p.in_flight for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         clean = {id(p): p.in_flight == 0 for p in parts}
         for p in parts:
@@ -543,9 +545,9 @@ class Engine:
         batch_max = self.config.consume_batch
         active = Phase.ACTIVE
         while not self._stopping:
-            for part in parts.values():
-                if part.done_buf:
-                    part.flush()
+            for rt in parts.values():
+                if rt.done_buf:
+                    rt.flush()
             room = flow.room()
             try:
                 msgs = consumer.consume(num_messages=min(batch_max, room) if room else 1, timeout=0)
@@ -678,7 +680,8 @@ class Engine:
         n = self.processed_total()
         if now - t0 >= 1.0:
             rate = (n - n0) / (now - t0)
-            self.processing_rate = rate if self.processing_rate == 0 else 0.5 * self.processing_rate + 0.5 * rate
+            prev = self.processing_rate
+            self.processing_rate = rate if prev == 0 else 0.5 * prev + 0.5 * rate
             self._last_rate_sample = (now, n)
 
     async def _producer_loop(self) -> None:

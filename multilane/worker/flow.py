@@ -35,8 +35,17 @@ class FlowCounters:
 class FlowController:
     """Admission control over per-partition and per-process in-flight bounds."""
 
-    __slots__ = ("max_bytes", "max_records", "part_max_bytes", "part_max_records", "peak_bytes",
-                 "peak_records", "records", "bytes", "resume_fraction")
+    __slots__ = (
+        "bytes",
+        "max_bytes",
+        "max_records",
+        "part_max_bytes",
+        "part_max_records",
+        "peak_bytes",
+        "peak_records",
+        "records",
+        "resume_fraction",
+    )
 
     def __init__(
         self,

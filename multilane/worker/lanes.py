@@ -338,7 +338,7 @@ class Lane:
         for i, work in enumerate(batch):
             if self.closed:
                 slot.work = None
-                return i, _Abandoned(), durations
+                return i, _AbandonedError(), durations
             rec, ctx = self._ctx(work, slot)
             slot.work = work
             t0 = slot.started = monotonic()
@@ -352,7 +352,7 @@ class Lane:
         return len(batch), None, durations
 
 
-class _Abandoned(Exception):
+class _AbandonedError(Exception):
     """The lane closed while a batch was running; the rest of the batch was not run."""
 
 
@@ -443,7 +443,7 @@ class LaneGroup:
             for lane in old:
                 lane.holding = True
             # 2. wait for running records
-            while any(lane.running for lane in old):
+            while any(lane.running for lane in old):  # noqa: ASYNC110 - counters of several lanes
                 await asyncio.sleep(0.002)
             # 3. take everything that is not running
             items: list[Work] = []

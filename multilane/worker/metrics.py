@@ -169,9 +169,9 @@ class MetricsServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        sockets = getattr(site._server, "sockets", None)
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:

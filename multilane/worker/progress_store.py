@@ -133,7 +133,9 @@ class ProgressStore:
         return text if fits_in_metadata(text) else None
 
     def write(self, topic: str, partition: int, encoded: bytes) -> asyncio.Future[None]:
-        """Produce one encoded progress record of ``topic/partition``; the future resolves when the broker acknowledged it.
+        """Produce one encoded progress record of ``topic/partition``.
+
+        The returned future resolves when the broker acknowledged it.
 
         The engine polls the producer on its loop, so the delivery callback runs on the loop thread.
         The future fails with :class:`KafkaException` when the delivery fails.
@@ -200,7 +202,9 @@ class ProgressStore:
                 for m in msgs:
                     if m.error() is not None:
                         continue
-                    last_offset = m.offset()
+                    off = m.offset()
+                    if off is not None:
+                        last_offset = off
                     # 3. newest for our key
                     if m.key() == key:
                         newest = m.value()

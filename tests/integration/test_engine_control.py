@@ -58,7 +58,8 @@ def test_http_control_auth_factor_pause_fencing(broker: EmbeddedBroker, topic_na
             # bad input
             assert _http(port, "POST", "/v1/factor", {"factor": "many"})[0] == 400
             assert _http(port, "POST", "/v1/factor", {"factor": 0})[0] == 400
-            assert _http(port, "POST", "/v1/assignment", {"generation": 1, "partitions": [{"topic": 5}]})[0] == 400
+            bad = {"generation": 1, "partitions": [{"topic": 5}]}
+            assert _http(port, "POST", "/v1/assignment", bad)[0] == 400
             # factor, pause, resume
             assert _http(port, "POST", "/v1/factor", {"factor": 3}) == (200, {"factor": 3})
             assert _http(port, "POST", "/v1/pause") == (200, {"paused": True})
@@ -69,7 +70,8 @@ def test_http_control_auth_factor_pause_fencing(broker: EmbeddedBroker, topic_na
                                                      {"topic": topic_name, "partition": 1}]}
             code, ans = _http(port, "POST", "/v1/assignment", body)
             assert code == 200 and ans == {"generation": 5, "released": []}
-            wait_for(lambda: len({(e.partition, e.offset) for e in rec.snapshot() if e.kind == "end"}) >= 2 * n, 60, what="both partitions processed")
+            wait_for(lambda: len({(e.partition, e.offset) for e in rec.snapshot()
+                                  if e.kind == "end"}) >= 2 * n, 60, what="both partitions processed")
             # a lower generation is fenced
             code, ans = _http(port, "POST", "/v1/assignment", {**body, "generation": 4, "partitions": []})
             assert code == 409 and ans["generation"] == 5

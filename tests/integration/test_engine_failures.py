@@ -100,7 +100,8 @@ def test_undecodable_progress_is_ignored(broker: EmbeddedBroker, topic_name: str
     cfg = config(broker, topic_name, group)
     broker.create_topic(cfg.progress_topic_name, 1)
     p = Producer({"bootstrap.servers": broker.bootstrap})
-    p.produce(cfg.progress_topic_name, key=progress_key(topic_name, 0), value=b"MLP\x01garbage!!", partition=0)
+    p.produce(cfg.progress_topic_name, key=progress_key(topic_name, 0), value=b"MLP\x01garbage!!",
+              partition=0)
     p.flush(10)
     rec = recorder()
     with caplog.at_level(logging.WARNING, logger="multilane"), running(cfg, rec.async_processor):
