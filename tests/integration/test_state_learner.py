@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.worker.state import StateManager, StatePhaseError
+from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.store import partition_dir
 
 pytestmark = pytest.mark.broker
@@ -101,7 +102,10 @@ def managers(broker: EmbeddedBroker, tmp_path: Path, group: str) -> Iterator[Cal
 
 
 def _slow_promotions(topic: str) -> float:
-    v = REGISTRY.get_sample_value("multilane_state_slow_promotions_total", {"topic": topic, "partition": "0"})
+    registry = CollectorRegistry()
+    for c in state_metrics.COLLECTORS:
+        registry.register(c)
+    v = registry.get_sample_value("multilane_state_slow_promotions_total", {"topic": topic, "partition": "0"})
     return v or 0.0
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.worker.state import ChangelogCorruptError, StateManager
+from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.checkpoint import Checkpoint, CheckpointStore
 from multilane.worker.state.store import partition_dir
 
@@ -172,7 +173,10 @@ def test_clean_close_checkpoint_is_reused_and_dirty_one_is_not(
 
 
 def _corrupt_metric(topic: str) -> float:
-    v = REGISTRY.get_sample_value("multilane_state_corrupt_records_total", {"topic": topic, "partition": "0"})
+    registry = CollectorRegistry()
+    for c in state_metrics.COLLECTORS:
+        registry.register(c)
+    v = registry.get_sample_value("multilane_state_corrupt_records_total", {"topic": topic, "partition": "0"})
     return v or 0.0
 
 

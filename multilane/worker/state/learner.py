@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from multilane.worker.state.apply import ApplyFilter, ChangeApplier, DoneOracle, PendingChangeBuffer
 from multilane.worker.state.checkpoint import Checkpoint
 from multilane.worker.state.committed import CommittedOffsetReader
-from multilane.worker.state.errors import RestoreError
+from multilane.worker.state.errors import RestoreError, StateError
 from multilane.worker.state.reader import ChangelogReader
 from multilane.worker.state.restore import ChangelogRestorer, RestoreStatus
 from multilane.worker.state.store import PartitionStore
@@ -120,7 +120,11 @@ class PartitionLearner:
             log.exception("learner %s[%d] failed", self.topic, self.partition)
 
     def _refresh_committed(self) -> None:
-        committed = self._committed_reader.committed(self.topic, self.partition)
+        try:
+            committed = self._committed_reader.committed(self.topic, self.partition)
+        except StateError as exc:  # transient (coordinator moving, broker down): try again next poll
+            log.warning("learner %s[%d]: %s", self.topic, self.partition, exc)
+            return
         if committed <= self.applier.flt.committed_offset:
             return
         self.applier.flt = ApplyFilter(committed)

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from prometheus_client.registry import Collector
+
 from multilane.worker.keyranges import KeyRange
 from multilane.worker.state import metrics
 from multilane.worker.state.apply import ApplyFilter, ChangeApplier, DoneOracle
@@ -422,6 +424,11 @@ class StateManager:
             raise StatePhaseError(f"learner {topic}[{partition}] failed: {learner.error}")
         if not learner.caught_up.is_set():
             raise StatePhaseError(f"learner {topic}[{partition}] has not caught up yet")
+
+    def metrics_collectors(self) -> tuple[Collector, ...]:
+        """The state store's Prometheus collectors, for the worker's metrics registry to register
+        (``multilane_restore_records_remaining``, ``multilane_restore_records_per_second``, ...)."""
+        return metrics.COLLECTORS
 
     def learner_status(self) -> list[dict[str, object]]:
         """Per partition known here: phase, restore lag (unread + held back), rate, ETA."""

@@ -1,11 +1,18 @@
-"""Prometheus metrics of the state store (process-wide singletons on the default registry). Does no I/O
-itself; the worker's metrics endpoint serves them."""
+"""Prometheus metrics of the state store. Does no I/O itself.
+
+Process-wide singletons that are *not* registered anywhere on creation: the worker's metrics endpoint
+registers :data:`COLLECTORS` (via ``StateManager.metrics_collectors()``) into its own registry, and an
+application may register them into ``prometheus_client.REGISTRY``. A collector may be registered into
+several registries (e.g. several engines in one test process).
+"""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
+from prometheus_client.registry import Collector
 
 __all__ = [
+    "COLLECTORS",
     "CORRUPT_RECORDS",
     "LEARNER_BUFFERED",
     "RESTORE_RECORDS_PER_SECOND",
@@ -19,26 +26,39 @@ RESTORE_RECORDS_REMAINING = Gauge(
     "multilane_restore_records_remaining",
     "Changelog records not yet applied to the local store (unread plus buffered); 0 when caught up",
     _LABELS,
+    registry=None,
 )
 RESTORE_RECORDS_PER_SECOND = Gauge(
     "multilane_restore_records_per_second",
     "Changelog records read per second by the running restore or learner (smoothed)",
     _LABELS,
+    registry=None,
 )
 LEARNER_BUFFERED = Gauge(
     "multilane_learner_buffered_changes",
     "Changes a learner holds back because their input records are not committed yet",
     _LABELS,
+    registry=None,
 )
 CORRUPT_RECORDS = Counter(
     "multilane_state_corrupt_records_total",
     "Changelog records that did not decode and were skipped (on_corrupt='skip')",
     _LABELS,
+    registry=None,
 )
 SLOW_PROMOTIONS = Counter(
     "multilane_state_slow_promotions_total",
     "Promotions that could not use the learner's store and restored from the changelog start",
     _LABELS,
+    registry=None,
+)
+
+COLLECTORS: tuple[Collector, ...] = (
+    RESTORE_RECORDS_REMAINING,
+    RESTORE_RECORDS_PER_SECOND,
+    LEARNER_BUFFERED,
+    CORRUPT_RECORDS,
+    SLOW_PROMOTIONS,
 )
 
 
