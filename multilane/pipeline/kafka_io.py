@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 _BATCH = 10_000
+_POLL_S = 0.05  # consume() waits this long for a full batch; short, so small reads end promptly
 
 
 class ChangelogReadError(RuntimeError):
@@ -44,6 +45,8 @@ def consumer_config(
         "auto.offset.reset": "earliest",
         # librdkafka's default (1000 ms) stalls the next fetch once the local queue fills up.
         "fetch.queue.backoff.ms": 10,
+        # A fetch at the end of the partition answers after this long; the end is found sooner.
+        "fetch.wait.max.ms": 100,
     }
     cfg.update(extra or {})
     cfg.update(overrides)
@@ -77,6 +80,7 @@ def _consumer_only(key: str) -> bool:
         "enable.partition.eof",
         "auto.offset.reset",
         "fetch.queue.backoff.ms",
+        "fetch.wait.max.ms",
     }
 
 
@@ -133,7 +137,7 @@ class ChangelogExtentProber:
                     raise ChangelogReadError(
                         f"no end-of-partition from {topic} partitions {sorted(pending)} in {self.timeout_s}s"
                     )
-                for msg in consumer.consume(num_messages=_BATCH, timeout=0.5):
+                for msg in consumer.consume(num_messages=_BATCH, timeout=_POLL_S):
                     err = msg.error()
                     p = _known(msg.partition())
                     if err is None:
@@ -174,7 +178,7 @@ class ChangelogRangeReader:
             last_progress = time.monotonic()
             position = start
             while True:
-                msgs = consumer.consume(num_messages=_BATCH, timeout=0.5)
+                msgs = consumer.consume(num_messages=_BATCH, timeout=_POLL_S)
                 if not msgs:
                     if time.monotonic() - last_progress > self.idle_timeout_s:
                         raise ChangelogReadError(
