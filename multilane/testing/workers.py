@@ -52,7 +52,11 @@ class WorkerError(RuntimeError):
 
 
 def wait_until(cond: Callable[[], T], timeout: float, interval: float = 0.1, what: str = "condition") -> T:
-    """Poll ``cond`` until it returns something truthy; TimeoutError naming ``what`` after ``timeout``."""
+    """Poll ``cond`` until it returns something truthy; TimeoutError naming ``what`` after ``timeout``.
+
+    Other exceptions from ``cond`` count as "not yet" (the last one is named in the TimeoutError),
+    except AssertionError, which propagates at once.
+    """
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:
@@ -60,6 +64,8 @@ def wait_until(cond: Callable[[], T], timeout: float, interval: float = 0.1, wha
             value = cond()
             if value:
                 return value
+        except AssertionError:
+            raise  # a condition that found a real failure ends the wait at once
         except Exception as exc:  # conditions may fail transiently (HTTP not up yet, ...)
             last_exc = exc
         if time.monotonic() >= deadline:
