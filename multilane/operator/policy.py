@@ -36,9 +36,11 @@ Damping (all state lives in :class:`PolicyState`):
 - after a scale-up, further scale-ups wait ``settle_s`` and, while the rollout runs, until it ends
   (at most ``bottleneck_retry_s``): new pods start, partitions move, lanes fill;
 - a scale-up that did not raise the processing rate after ``settle_s`` (and after the rollout it
-  started, ``Observation.rebalancing``) while the backlog stayed is reported as a bottleneck; until
-  the rate rises or ``bottleneck_retry_s`` passes, the recommendation is capped at the size before
-  that scale-up (no further scale-up; the useless lanes/pods go after the scale-down delay);
+  started, ``Observation.rebalancing``) while the backlog stayed is reported as a bottleneck: the
+  recommendation is capped at the size before that scale-up (no further scale-up; the useless
+  lanes/pods go after the scale-down delay) until the processing rate rises; after
+  ``bottleneck_retry_s`` one probe up to twice that size is allowed, and each failed probe doubles
+  the hold;
 - an invalid observation (negative lag, NaN or negative rates, missing partitions) holds the last
   decision with the reason.
 """
@@ -107,7 +109,8 @@ class PolicyConfig:
     """In [0, 1]: a scale-up is ineffective when the rate rose by less than this share of the
     expected rise (the expected rise is proportional to the added lanes)."""
     bottleneck_retry_s: float = 600.0
-    """> 0: after this long, a held (bottlenecked) scale-up may be tried once more."""
+    """> 0: after this long, a held (bottlenecked) scale-up is probed once more (at most twice the
+    last effective size); each failed probe doubles the hold."""
     target_cpu_utilisation: float = 0.7
     """In (0, 1]: replicas are added so that the pods' CPU stays at or below this share of their
     limit at the needed rate (only when the observation reports CPU)."""
@@ -257,8 +260,11 @@ class PolicyState:
     last_change_time: float | None = None
     pending_scale_up: ScaleUpRecord | None = None
     bottleneck: ScaleUpRecord | None = None
-    """Set when a scale-up proved ineffective; recommendations are capped at its "before" size."""
-    bottleneck_since: float | None = None
+    """Set when a scale-up proved ineffective: until ``bottleneck_hold_until`` recommendations are
+    capped at its "before" size (the last effective one), then at twice that (one probe)."""
+    bottleneck_hold_until: float | None = None
+    bottleneck_strikes: int = 0
+    """Probes that failed too; the hold doubles with each (``bottleneck_retry_s x 2**strikes``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -277,7 +283,8 @@ class PolicyState:
             "last_change_time": self.last_change_time,
             "pending_scale_up": rec(self.pending_scale_up),
             "bottleneck": rec(self.bottleneck),
-            "bottleneck_since": self.bottleneck_since,
+            "bottleneck_hold_until": self.bottleneck_hold_until,
+            "bottleneck_strikes": self.bottleneck_strikes,
         }
 
     @classmethod
@@ -300,7 +307,8 @@ class PolicyState:
             last_change_time=data.get("last_change_time"),
             pending_scale_up=rec(data.get("pending_scale_up")),
             bottleneck=rec(data.get("bottleneck")),
-            bottleneck_since=data.get("bottleneck_since"),
+            bottleneck_hold_until=data.get("bottleneck_hold_until"),
+            bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
         )
 
 
@@ -541,7 +549,8 @@ class AutoscalePolicy:
         input_rate = obs.input_rate
         needed = needed_capacity(cfg, input_rate, backlog)
         hottest = hottest_partition_need(cfg, obs)
-        pod_rate = estimate_pod_rate(obs, st.pod_rate)
+        # during a rollout the ready pods and the CPU window disagree: keep the previous estimate
+        pod_rate = st.pod_rate if obs.rebalancing else estimate_pod_rate(obs, st.pod_rate)
         cpu_needed = needed_capacity(cfg, input_rate, backlog, utilisation=1.0)
         rec = recommend(cfg, needed, est.rate, hottest, pod_rate, cpu_needed)
         warnings = list(rec.warnings)
@@ -578,6 +587,10 @@ class AutoscalePolicy:
             )
             cap_f = max(cfg.min_factor, -(-b.lanes_before // cfg.partitions))
             cap_r = max(cfg.replica_floor, b.replicas_before)
+            if st.bottleneck_hold_until is not None and now >= st.bottleneck_hold_until:
+                # the hold is over: one probe, at most twice the last effective size
+                cap_f = min(2 * cap_f, cfg.max_factor)
+                cap_r = min(2 * cap_r, cfg.replica_ceiling)
             if rec.factor > cap_f or rec.replicas > cap_r:
                 rec = replace(rec, replicas=min(rec.replicas, cap_r), factor=min(rec.factor, cap_f))
                 inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
@@ -656,24 +669,29 @@ class AutoscalePolicy:
         now = float(obs.now)
         b = st.bottleneck
         if b is not None:
+            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck
             risen = obs.processing_rate > b.rate_before * (
                 1.0 + max(cfg.min_scale_up_gain * b.expected_gain(), 0.05)
             )
-            expired = st.bottleneck_since is not None and now - st.bottleneck_since >= cfg.bottleneck_retry_s
-            if risen or expired:
-                st.bottleneck = None
-                st.bottleneck_since = None
+            if risen:
+                st.bottleneck, st.bottleneck_hold_until, st.bottleneck_strikes = None, None, 0
         p = st.pending_scale_up
         if p is None or now - p.time < cfg.settle_s or obs.rebalancing:
             return
         st.pending_scale_up = None
         if not has_backlog or cur_lanes < p.lanes_after:
             return  # demand met, or the scale-up was reverted: nothing to judge
+        # 2. judge the settled scale-up (a probe after a hold included)
         gain = obs.processing_rate / p.rate_before - 1.0 if p.rate_before > 0 else math.inf
         expected = p.expected_gain()
         if expected > 0 and gain < cfg.min_scale_up_gain * expected:
-            st.bottleneck = p
-            st.bottleneck_since = now
+            if st.bottleneck is None:
+                st.bottleneck, st.bottleneck_strikes = p, 0
+            else:
+                st.bottleneck_strikes += 1
+            st.bottleneck_hold_until = now + cfg.bottleneck_retry_s * 2**st.bottleneck_strikes
+        elif st.bottleneck is not None:
+            st.bottleneck, st.bottleneck_hold_until, st.bottleneck_strikes = None, None, 0
 
     def _choose(
         self,

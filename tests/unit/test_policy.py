@@ -210,7 +210,7 @@ def test_ineffective_scale_up_is_detected_and_further_scale_up_held() -> None:
     decisions: list[tuple[int, Decision]] = []
     lag = 100_000
     # a downstream limit caps processing at 2000 rec/s whatever the lane count; the lag keeps growing
-    for t in range(0, 900, 15):
+    for t in range(0, 1200, 15):
         lag += 1000 * 15
         busy = float(12 * size[1])  # every lane busy, each slower as lanes are added
         d, state = policy.decide(
@@ -237,9 +237,13 @@ def test_ineffective_scale_up_is_detected_and_further_scale_up_held() -> None:
     assert all(d.inputs["recommended_factor"] <= before for d in held)
     assert "bottleneck" in held[0].reason
     assert held[-1].factor == before < ups[-1][1].factor, held[-1].reason
-    # after bottleneck_retry_s one more scale-up is tried (and judged again)
+    # after bottleneck_retry_s one probe is tried, at most twice the last effective size
     retried = [d for t, d in decisions if t >= retry_at and d.changed]
-    assert retried and retried[0].factor > before
+    assert retried and before < retried[0].factor <= 2 * before
+    # it fails too: the hold doubles
+    assert state.bottleneck is not None and state.bottleneck_strikes == 1
+    assert state.bottleneck_hold_until is not None
+    assert state.bottleneck_hold_until >= retry_at + 2 * config.bottleneck_retry_s
 
 
 def test_bottleneck_clears_when_the_rate_rises() -> None:
