@@ -57,7 +57,11 @@ def verdicts(rows: Sequence[dict[str, Any]], policy: str = "multilane") -> list[
         if mine is None:
             continue
         failures: list[str] = []
-        for other in (r for r in rows if r["trace"] == trace and r["policy"] != policy):
+        others = [r for r in rows if r["trace"] == trace and r["policy"] != policy]
+        if not others:
+            out.append(f"{trace}: no other policy to compare with")
+            continue
+        for other in others:
             name = other["policy"]
             if mine["lag_seconds"] >= other["lag_seconds"]:
                 failures.append(f"lag-seconds not below {name}")
