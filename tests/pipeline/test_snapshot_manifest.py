@@ -46,7 +46,8 @@ def test_round_trip() -> None:
     back = ManifestCodec.decode(data)
     assert back == m
     assert back.factor == 2
-    assert back.partition("orders", 0) is not None and back.partition("orders", 0).changelog_offset == 40
+    p0 = back.partition("orders", 0)
+    assert p0 is not None and p0.changelog_offset == 40
     assert back.partition("orders", 7) is None
     assert back.total_rows == 5
     doc = json.loads(data)

@@ -180,7 +180,7 @@ def test_snapshot_equals_replay_then_restore_from_snapshot_and_tail(
     first_uncommitted = next(i for i, r in enumerate(all_records) if r[1] != "T" and r[2] >= bound)
     assert entry.changelog_offset == first_uncommitted < entry.changelog_end
     for committed in (bound, bound + 57, 20_000):
-        got = restore_from_snapshot_and_tail(
+        at_commit = restore_from_snapshot_and_tail(
             uri,
             bootstrap=broker.bootstrap,
             group=group,
@@ -188,8 +188,8 @@ def test_snapshot_equals_replay_then_restore_from_snapshot_and_tail(
             partition=0,
             committed_offset=committed,
         )
-        assert got.snapshot_id == bounded.manifest.snapshot_id
-        assert got.state == oracle(all_records, committed)
+        assert at_commit.snapshot_id == bounded.manifest.snapshot_id
+        assert at_commit.state == oracle(all_records, committed)
     # A restore whose committed offset is below the bound must not use that snapshot.
     older = SnapshotReader(uri).latest_covering("orders", 0, committed_offset=bound - 1)
     assert older is not None and older.snapshot_id == result.manifest.snapshot_id
@@ -286,6 +286,38 @@ def test_failed_job_leaves_nothing_visible_and_a_later_run_cleans_up(
     assert sorted(p.name for p in (tmp_path / "snapshots" / DATA_DIR).iterdir()) == [ok.manifest.snapshot_id]
     part = SnapshotReader(uri).latest_covering("orders", 0)
     assert part is not None and dict(part.iter_items()) == oracle(records)
+
+
+@pytest.mark.slow
+def test_run_local_snapshot_runs_the_cronjob_command(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path
+) -> None:
+    from multilane.pipeline.local import run_local_snapshot
+
+    group = topic_name
+    broker.create_topic(f"{group}.orders.changelog", 1)
+    records = generate(random.Random(9), 200, keys=30)
+    produce(broker, f"{group}.orders.changelog", 0, records)
+    pc = {
+        "metadata": {"name": "demo"},
+        "spec": {
+            "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "consumerGroup": group},
+            "workload": {"image": "example/app:1"},
+            "state": {"enabled": True, "snapshot": {"uri": "s3://elsewhere", "schedule": "", "retention": 2}},
+        },
+    }
+    run = run_local_snapshot(
+        pc,
+        bootstrap_servers=broker.bootstrap,
+        uri=str(tmp_path),
+        master="local[1]",
+        extra_args=["--source-bound", "none"],
+        timeout_s=300,
+    )
+    assert run.ok, run.stderr_tail
+    part = SnapshotReader(str(tmp_path)).latest_covering("orders", 0)
+    assert part is not None and part.snapshot_id == run.snapshot_id
+    assert dict(part.iter_items()) == oracle(records)
 
 
 def _commit(broker: EmbeddedBroker, group: str, topic: str, partition: int, offset: int) -> None:
