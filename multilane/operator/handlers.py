@@ -134,9 +134,10 @@ class OperatorHandlers:
         self.control_factory = control_factory or (
             lambda token: WorkerControlClient(token, timeout_s=self.settings.worker_timeout_s)
         )
-        self.admin_factory = admin_factory or (
+        self._admin_factory = admin_factory or (
             lambda config: KafkaAdminClient(config, timeout_s=self.settings.kafka_timeout_s)
         )
+        self._admins: dict[tuple[tuple[str, str], ...], KafkaAdminClient] = {}
         self.source_factory = source_factory or self._default_source
         self.token_factory = token_factory
         self._locks: dict[str, asyncio.Lock] = {}
@@ -166,6 +167,23 @@ class OperatorHandlers:
         async def _deleted(body: kopf.Body, **_: Any) -> None:
             self.forget(body)
 
+        @kopf.on.cleanup(registry=registry)
+        async def _cleanup(**_: Any) -> None:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the worker-control clients (HTTP sessions)."""
+        for _, control in list(self._controls.values()):
+            closer = getattr(control, "close", None)
+            if closer is not None:
+                await closer()
+        self._controls.clear()
+        for admin in self._admins.values():
+            closer = getattr(admin, "close", None)
+            if closer is not None:
+                await asyncio.to_thread(closer)
+        self._admins.clear()
+
     def _lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
 
@@ -176,6 +194,14 @@ class OperatorHandlers:
         self._controls.pop(ref.uid, None)
         self.metrics.forget(ref.namespace, ref.name)
         log.info("forgot %s/%s (children go with it through owner references)", ref.namespace, ref.name)
+
+    def admin_factory(self, config: Mapping[str, str]) -> KafkaAdminClient:
+        """One admin client per distinct client config, reused across passes (librdkafka clients are
+        expensive to create and destroy)."""
+        key = tuple(sorted(config.items()))
+        if key not in self._admins:
+            self._admins[key] = self._admin_factory(config)
+        return self._admins[key]
 
     # ---- status helpers ---------------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ into a condition instead of crashing.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["KafkaAdminClient", "KafkaUnavailableError", "PartitionOffsets"]
 
@@ -40,6 +42,17 @@ class KafkaAdminClient:
     def __init__(self, config: Mapping[str, str], timeout_s: float = 5.0) -> None:
         self.config = dict(config)
         self.timeout_s = timeout_s
+        self._admin: Any = None  # one librdkafka client, reused: creating/destroying one costs seconds
+        self._consumer: Any = None
+        self._consumer_group = ""
+        self._lock = threading.Lock()  # librdkafka handles are thread-safe; creation is guarded
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+            self._consumer = None
+            self._admin = None
 
     async def topic_partitions(self, topics: Sequence[str]) -> dict[str, int]:
         """Partition counts of those ``topics`` that exist (missing topics are left out)."""
@@ -49,7 +62,10 @@ class KafkaAdminClient:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({**self.config, "socket.timeout.ms": int(self.timeout_s * 1000)})
+        with self._lock:
+            if self._admin is None:
+                self._admin = AdminClient({**self.config, "socket.timeout.ms": int(self.timeout_s * 1000)})
+            admin = self._admin
         try:
             metadata = admin.list_topics(timeout=self.timeout_s)
         except KafkaException as exc:
@@ -68,28 +84,31 @@ class KafkaAdminClient:
     def _offsets(self, group: str, topic_partitions: dict[str, int]) -> list[PartitionOffsets]:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        consumer = Consumer(
-            {**self.config, "group.id": group, "enable.auto.commit": False, "socket.timeout.ms": 5000}
-        )
+        with self._lock:
+            if self._consumer is None or self._consumer_group != group:
+                if self._consumer is not None:
+                    self._consumer.close()
+                self._consumer = Consumer(
+                    {**self.config, "group.id": group, "enable.auto.commit": False, "socket.timeout.ms": 5000}
+                )
+                self._consumer_group = group
+            consumer = self._consumer
+        tps = [TopicPartition(t, i) for t, n in sorted(topic_partitions.items()) for i in range(n)]
         try:
-            tps = [TopicPartition(t, i) for t, n in sorted(topic_partitions.items()) for i in range(n)]
-            try:
-                committed = consumer.committed(tps, timeout=self.timeout_s)
-                out = []
-                for tp in committed:
-                    low, high = consumer.get_watermark_offsets(
-                        TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False
+            committed = consumer.committed(tps, timeout=self.timeout_s)
+            out = []
+            for tp in committed:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False
+                )
+                out.append(
+                    PartitionOffsets(
+                        partition=f"{tp.topic}/{tp.partition}",
+                        low=int(low),
+                        high=int(high),
+                        committed=int(tp.offset) if tp.offset >= 0 else None,
                     )
-                    out.append(
-                        PartitionOffsets(
-                            partition=f"{tp.topic}/{tp.partition}",
-                            low=int(low),
-                            high=int(high),
-                            committed=int(tp.offset) if tp.offset >= 0 else None,
-                        )
-                    )
-                return out
-            except KafkaException as exc:
-                raise KafkaUnavailableError(str(exc)) from exc
-        finally:
-            consumer.close()
+                )
+            return out
+        except KafkaException as exc:
+            raise KafkaUnavailableError(str(exc)) from exc

@@ -89,14 +89,16 @@ class WorkerObservation:
 
     ``learner_lag`` maps partitions the worker is learning to their restore lag in records (None when
     the restore has not reported yet). ``released`` maps partitions the worker has released to their
-    final committed offset. ``active`` lists partitions the worker is processing.
+    final committed offset (None when the release is known but its offset is not, e.g. a release
+    re-sent after an operator restart to a worker that no longer owned the partition). ``active``
+    lists partitions the worker is processing.
     """
 
     name: str
     alive: bool
     active: frozenset[str] = frozenset()
     learner_lag: Mapping[str, int | None] = field(default_factory=dict)
-    released: Mapping[str, int] = field(default_factory=dict)
+    released: Mapping[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,10 @@ class RolloutCoordinator:
             caught_up = lag is not None and lag <= self.acceptable_recovery_lag
             timed_out = now - move.phase_since >= self.learner_timeout_s
             if not caught_up and not timed_out:
+                if move.partition not in target.learner_lag and move.partition not in target.active:
+                    # 1. (again) the target is not learning P: the first call was lost, or the target
+                    # restarted; learning is idempotent on the worker
+                    actions.append(Action(ActionKind.LEARN, worker=move.target, partition=move.partition))
                 return move
             if timed_out and not caught_up:
                 actions.append(
@@ -290,8 +296,9 @@ class RolloutCoordinator:
             return move.advance(MovePhase.RELEASING, now)
         if move.phase is MovePhase.RELEASING:
             # 3. promote once the source reported the release, or is known dead
+            known = source is not None and move.partition in source.released
             released = source.released.get(move.partition) if source is not None else None
-            if released is None and not source_gone:
+            if not known and not source_gone:
                 # re-send: the release call is idempotent and the first one may have been lost
                 assert move.source is not None
                 actions.append(Action(ActionKind.RELEASE, worker=move.source, partition=move.partition))

@@ -118,6 +118,8 @@ class OperatorRunner:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self.task, timeout=15)
             self.task = None
+        if self.handlers is not None:
+            await self.handlers.close()
         if self.kube is not None:
             await self.kube.close()
             self.kube = None

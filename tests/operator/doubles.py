@@ -24,7 +24,12 @@ import aiohttp.web
 
 from multilane.operator.kube import KubeClient, api_path
 from multilane.operator.planner import format_partition
-from multilane.operator.sources import MetricSample, MetricsInvalidError, MetricsUnavailableError, QueryContext
+from multilane.operator.sources import (
+    MetricSample,
+    MetricsInvalidError,
+    MetricsUnavailableError,
+    QueryContext,
+)
 from multilane.testing.broker import free_port
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
@@ -59,6 +64,7 @@ class WorkerFleet:
         self.workers: dict[str, FakeWorker] = {}
         self.calls: list[Call] = []
         self.keepers: dict[str, LeaseKeeper] = {}
+        self.removed_with: dict[str, set[str]] = {}  # worker -> partitions it held when its pod went
         self.port = free_port()
         self._runner: aiohttp.web.AppRunner | None = None
 
@@ -110,7 +116,9 @@ class WorkerFleet:
         keeper = self.keepers.pop(name, None)
         if keeper is not None:
             await keeper.stop()
-        self.workers.pop(name, None)
+        worker = self.workers.pop(name, None)
+        if worker is not None:
+            self.removed_with[name] = set(worker.partitions)
 
     def assignment(self) -> dict[str, set[str]]:
         return {name: set(w.partitions) for name, w in self.workers.items()}
@@ -152,7 +160,11 @@ class WorkerFleet:
                 {
                     "generation": generation,
                     "released": [
-                        {"topic": p.rpartition("/")[0], "partition": int(p.rpartition("/")[2]), "committed_offset": 100}
+                        {
+                            "topic": p.rpartition("/")[0],
+                            "partition": int(p.rpartition("/")[2]),
+                            "committed_offset": 100,
+                        }
                         for p in released
                     ],
                 },
@@ -251,17 +263,21 @@ class StaticSource:
         self.samples = 0
 
     def fail(self, unavailable: bool = True) -> None:
-        self.error = MetricsUnavailableError("test: down") if unavailable else MetricsInvalidError("test: nonsense")
+        self.error = (
+            MetricsUnavailableError("test: down") if unavailable else MetricsInvalidError("test: nonsense")
+        )
 
     async def sample(self, ctx: QueryContext) -> MetricSample:
         self.samples += 1
         if self.error is not None:
             raise self.error
         lag = {p: (self.lag or {}).get(p, 0) for p in ctx.partitions}
-        return MetricSample(lag=lag, input_rate=self.input_rate, processing_rate=self.processing_rate, time=time.time())
+        return MetricSample(
+            lag=lag, input_rate=self.input_rate, processing_rate=self.processing_rate, time=time.time()
+        )
 
 
-async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
+async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what: str = "") -> Any:  # noqa: ASYNC109
     """Poll ``predicate`` (sync or async) until it returns a truthy value; generous on a loaded machine."""
     deadline = time.monotonic() + timeout
     last: Any = None

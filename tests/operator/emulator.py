@@ -50,7 +50,9 @@ _rv = itertools.count(1000)
 def _strip_x(schema: Any) -> Any:
     """The CRD schema as plain JSON Schema (drop x-kubernetes-* keys and OpenAPI-only ``nullable``)."""
     if isinstance(schema, dict):
-        return {k: _strip_x(v) for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+        return {
+            k: _strip_x(v) for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"
+        }
     if isinstance(schema, list):
         return [_strip_x(v) for v in schema]
     return schema
@@ -152,7 +154,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             jsonschema.validate({k: v for k, v in obj.items() if k != "metadata"}, _strip_x(schema))
         except jsonschema.ValidationError as exc:
             path = ".".join(str(p) for p in exc.absolute_path)
-            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"{path}: {exc.message}") from None
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message=f"{path}: {exc.message}"
+            ) from None
         return obj
 
     def _substitute(self, original: kmock.Request, **changes: Any) -> kmock.Request:
@@ -186,8 +190,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         res = request.resource
         if res is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
             return await self._create(request)
-        if res is not None and request.name and (
-            request.action == enums.action.UPDATE or request.method == enums.method.PUT
+        if (
+            res is not None
+            and request.name
+            and (request.action == enums.action.UPDATE or request.method == enums.method.PUT)
         ):
             return await self._update(request)
         response = await super()._handle(request)
@@ -230,7 +236,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if isinstance(body, dict):
             want_rv = (body.get("metadata") or {}).get("resourceVersion")
             if want_rv is not None and str(want_rv) != str(old["metadata"].get("resourceVersion")):
-                raise kmock.KubernetesError(status=409, reason="Conflict", message="the object has been modified")
+                raise kmock.KubernetesError(
+                    status=409, reason="Conflict", message="the object has been modified"
+                )
         if sub == "scale" and res in self._scale_paths and isinstance(body, dict):
             replicas = (body.get("spec") or {}).get("replicas")
             body = {}
@@ -267,7 +275,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         meta = new.setdefault("metadata", {})
         meta["resourceVersion"] = str(next(_rv))
         strip = ("metadata", "status")
-        if {k: v for k, v in new.items() if k not in strip} != {k: v for k, v in old.items() if k not in strip}:
+        if {k: v for k, v in new.items() if k not in strip} != {
+            k: v for k, v in old.items() if k not in strip
+        }:
             meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
         diff = self._merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
@@ -298,7 +308,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 key
                 for key, obj in self.objects.items()
                 if not obj.deleted
-                and any(ref.get("uid") not in live_uids for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+                and any(
+                    ref.get("uid") not in live_uids
+                    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+                )
             ]
             if not orphans:
                 return

@@ -17,7 +17,13 @@ import pytest
 from multilane.operator.kube import KubeClient, api_path
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, consumer_body, cr_path
-from tests.operator.doubles import StatefulSetControllerDouble, StaticSource, WorkerFleet, partitions_of, wait_for
+from tests.operator.doubles import (
+    StatefulSetControllerDouble,
+    StaticSource,
+    WorkerFleet,
+    partitions_of,
+    wait_for,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -65,8 +71,10 @@ async def test_create_builds_children_assigns_partitions_and_reports_status(
 
     # Children, each with the owner reference and the consumer label.
     for gv, plural, name in CHILDREN:
-        obj = await wait_for(lambda gv=gv, plural=plural, name=name: kube.get(api_path(gv, plural, NS, name)),
-                             what=f"{plural}/{name}")
+        obj = await wait_for(
+            lambda gv=gv, plural=plural, name=name: kube.get(api_path(gv, plural, NS, name)),
+            what=f"{plural}/{name}",
+        )
         assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
         assert obj["metadata"]["ownerReferences"][0]["controller"] is True
         assert obj["metadata"]["labels"]["multilane.dev/consumer"] == "demo"
@@ -171,10 +179,16 @@ async def test_missing_credentials_and_unreachable_broker_are_conditions(
     # The Secret appears: the children follow, with the Secret referenced (never copied).
     await kube.create(
         api_path("v1", "secrets", NS),
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kafka-creds"},
-         "data": {"sasl.username": base64.b64encode(b"u").decode()}},
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "kafka-creds"},
+            "data": {"sasl.username": base64.b64encode(b"u").decode()},
+        },
     )
-    sts = await wait_for(lambda: kube.get(api_path("apps/v1", "statefulsets", NS, "creds")), timeout=60, what="sts")
+    sts = await wait_for(
+        lambda: kube.get(api_path("apps/v1", "statefulsets", NS, "creds")), timeout=60, what="sts"
+    )
     container = sts["spec"]["template"]["spec"]["containers"][0]
     assert container["envFrom"] == [{"prefix": "MULTILANE_KAFKA_", "secretRef": {"name": "kafka-creds"}}]
     assert "sasl.username" not in str(container.get("env"))
@@ -196,13 +210,17 @@ async def test_delete_removes_children_through_owner_references(
     await runner.start()
     await kube.create(CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic))
     for gv, plural, name in CHILDREN:
-        await wait_for(lambda gv=gv, plural=plural, name=name: kube.get(api_path(gv, plural, NS, name)),
-                       what=f"{plural}/{name}")
+        await wait_for(
+            lambda gv=gv, plural=plural, name=name: kube.get(api_path(gv, plural, NS, name)),
+            what=f"{plural}/{name}",
+        )
     await kube.delete(cr_path("demo"))
     await wait_for(lambda: _is_none(kube.get(cr_path("demo"))), what="CR gone (finalizers, if any, released)")
     for gv, plural, name in CHILDREN:
-        await wait_for(lambda gv=gv, plural=plural, name=name: _is_none(kube.get(api_path(gv, plural, NS, name))),
-                       what=f"{plural}/{name} collected")
+        await wait_for(
+            lambda gv=gv, plural=plural, name=name: _is_none(kube.get(api_path(gv, plural, NS, name))),
+            what=f"{plural}/{name} collected",
+        )
 
 
 async def _is_none(value: Any) -> bool:

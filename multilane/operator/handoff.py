@@ -1,0 +1,483 @@
+"""``HandoffExecutor``: carries out restore-before-handoff rollouts against real workers. Does I/O
+(through the :class:`HandoffControl` it is given; no platform code here, so the Kubernetes operator and
+the local control plane run the same executor).
+
+The executor owns the *assignment* while state is enabled: it replaces the eager release-then-grant
+change of :class:`~multilane.operator.assignment.AssignmentCoordinator` by a
+:class:`~multilane.operator.rollout.RolloutCoordinator` rollout, and keeps ``status.assignment``
+(generation, members) exact after every call, so ``AssignmentCoordinator.sync`` and a restarted
+operator see what each worker was last pushed. Both ``status.assignment`` and ``status.rollout`` are
+persisted *before* every worker call that changes ownership (intent first), so an operator killed at
+any point resumes: every call below is idempotent on the worker.
+
+One :meth:`HandoffExecutor.step` (numbered as in the code):
+
+1. Observe: ``GET /v1/status`` of every alive worker -> :class:`WorkerObservation` (active
+   partitions, learners with their restore lag, releases this executor saw complete).
+2. Finish an eager change left pending in ``status.assignment`` (written by the eager path before
+   state was enabled) with ``AssignmentCoordinator.step``; nothing else happens until it is done.
+3. Place unowned partitions (no alive owner and no move under way: new partitions, dead owners,
+   moves abandoned after the release): pushed at once to the planner's choice; nobody processes them,
+   so there is nothing to wait for (the new owner restores before it starts).
+4. Plan a rollout when none runs: the planner's balanced target over the eligible workers; every
+   partition whose alive owner differs from its target owner becomes a move (scale-down: the staying
+   workers learn the partitions of the leaving ones, which are removed only after the last move).
+5. Advance the rollout: ``RolloutCoordinator.step`` and carry out its actions, repeated while they
+   make progress (so a release is followed by its promotion in the same step):
+
+   - ``LEARN``: ``POST /v1/learn`` on the target (restore from snapshot/changelog as a learner);
+   - ``RELEASE``: generation + 1, the source's members without P persisted, then the source is pushed
+     that assignment (it stops fetching P, drains up to ``release_deadline_s``, commits, closes the
+     store) and answers the final committed offset;
+   - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted,
+     then the target is pushed its assignment: opening a learning partition is the promotion (it
+     applies the last changelog records and processes from the committed offset);
+   - ``REMOVE_WORKERS``: the platform is asked for the staying replica count;
+   - ``EVENT``: returned to the caller (Kubernetes Event / log line).
+6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from multilane.operator.assignment import AssignmentCoordinator, AssignmentState, WorkerControl
+from multilane.operator.planner import AssignmentPlanner, format_partition
+from multilane.operator.platform import WorkerInfo
+from multilane.operator.rollout import (
+    Action,
+    ActionKind,
+    MovePhase,
+    Rollout,
+    RolloutCoordinator,
+    WorkerObservation,
+)
+from multilane.operator.workers import (
+    WorkerControlClient,
+    WorkerFencedError,
+    WorkerUnreachableError,
+    _partitions_body,
+)
+
+__all__ = [
+    "HandoffConfig",
+    "HandoffControl",
+    "HandoffControlClient",
+    "HandoffExecutor",
+    "HandoffRecord",
+    "HandoffStep",
+    "PersistHandoff",
+    "observe_worker",
+]
+
+log = logging.getLogger(__name__)
+
+_LEARNING_PHASES = ("restoring", "learning")
+
+
+class HandoffControl(WorkerControl, Protocol):
+    """The worker control calls the executor needs (the assignment calls plus the learner calls)."""
+
+    async def learn(self, base_url: str, partitions: Iterable[str]) -> None: ...
+
+    async def drop(self, base_url: str, partitions: Iterable[str]) -> None: ...
+
+
+class HandoffControlClient(WorkerControlClient):
+    """:class:`WorkerControlClient` plus ``/v1/learn`` and ``/v1/drop`` (HTTP I/O)."""
+
+    async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
+        await self._call("POST", f"{base_url}/v1/learn", {"partitions": _partitions_body(partitions)})
+
+    async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
+        await self._call("POST", f"{base_url}/v1/drop", {"partitions": _partitions_body(partitions)})
+
+
+@dataclass(frozen=True)
+class HandoffConfig:
+    """From ``spec.state`` and ``spec.scaling``. Invariants: all values > 0."""
+
+    acceptable_recovery_lag: int = 10_000  # spec.state.acceptableRecoveryLag
+    learner_timeout_s: float = 600.0  # spec.state.learnerTimeoutSeconds
+    max_concurrent_warmups: int = 1  # spec.scaling.maxPartitionsMovedAtOnce
+    release_deadline_s: float = 30.0  # drain budget of a releasing worker
+
+    def coordinator(self) -> RolloutCoordinator:
+        return RolloutCoordinator(
+            acceptable_recovery_lag=self.acceptable_recovery_lag,
+            max_concurrent_warmups=self.max_concurrent_warmups,
+            learner_timeout_s=self.learner_timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class HandoffRecord:
+    """One completed move. ``pause_s``: from the release call to the end of the promotion call (the
+    partition is processed by nobody in between); ``learn_s``: warm-up time before the release."""
+
+    partition: str
+    source: str | None
+    target: str
+    eager: bool
+    learn_s: float
+    pause_s: float
+    final_offset: int | None
+
+
+@dataclass
+class HandoffStep:
+    """What a step did and what the caller must write."""
+
+    assignment: AssignmentState
+    rollout: Rollout | None
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    handoffs: list[HandoffRecord] = field(default_factory=list)  # moves completed in this step
+    remove_to: int | None = None  # REMOVE_WORKERS: the replica count to scale the platform down to
+    blocked: str = ""
+    observations: dict[str, WorkerObservation] = field(default_factory=dict)
+
+    @property
+    def in_progress(self) -> bool:
+        return self.rollout is not None or self.assignment.pending is not None
+
+
+PersistHandoff = Callable[[AssignmentState, Rollout | None], Awaitable[None]]
+
+
+def observe_worker(name: str, alive: bool, status: Mapping[str, Any] | None) -> WorkerObservation:
+    """A :class:`WorkerObservation` from a worker's ``/v1/status`` answer (None: no answer). Pure."""
+    if not alive or status is None:
+        return WorkerObservation(name=name, alive=alive)
+    active = frozenset(
+        format_partition(str(p["topic"]), int(p["partition"]))
+        for p in status.get("partitions") or []
+        if p.get("phase") == "active"
+    )
+    learners: dict[str, int | None] = {}
+    for entry in status.get("learners") or []:
+        if entry.get("phase") in _LEARNING_PHASES:
+            lag = entry.get("restore_lag")
+            learners[format_partition(str(entry["topic"]), int(entry["partition"]))] = (
+                None if lag is None else int(lag)
+            )
+    return WorkerObservation(name=name, alive=True, active=active, learner_lag=learners)
+
+
+class HandoffExecutor:
+    """Runs the protocol of the module docstring. Keeps in memory only what the workers can tell
+    again after a restart: releases seen complete (a re-sent release answers at once) and timings.
+
+    ``clock``: seconds (epoch) for the rollout's phase times (persisted); pauses use ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        control: HandoffControl,
+        persist: PersistHandoff,
+        config: HandoffConfig = HandoffConfig(),
+        clock: Callable[[], float] = time.time,
+        max_rounds: int = 6,
+    ) -> None:
+        self.control = control
+        self.persist = persist
+        self.config = config
+        self.coordinator = config.coordinator()
+        self.clock = clock
+        self.max_rounds = max_rounds
+        self._released: dict[tuple[str, str], int | None] = {}  # (source, partition) -> final offset
+        self._release_started: dict[str, float] = {}  # partition -> monotonic time of the release
+        self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
+        self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
+        self.completed: list[HandoffRecord] = []  # every move completed by this executor
+
+    # -- step ------------------------------------------------------------------------------------------
+
+    async def step(
+        self,
+        assignment: AssignmentState,
+        rollout: Rollout | None,
+        workers: Sequence[WorkerInfo],
+        partitions: Sequence[str],
+        eligible: Iterable[str],
+        replicas: int,
+    ) -> HandoffStep:
+        """One pass (steps 1-6 of the module docstring). ``eligible``: workers that may receive
+        partitions (the staying ones); ``replicas``: the replica count to keep once leaving workers
+        have handed everything over."""
+        by_name = {w.name: w for w in workers}
+        receivers = {w.name for w in workers if w.eligible} & set(eligible)
+        result = HandoffStep(assignment=assignment, rollout=rollout)
+        # 1. Observe.
+        obs = await self._observe(workers)
+        result.observations = obs
+        # 2. Finish an eager change left pending.
+        if assignment.pending is not None:
+            eager = AssignmentCoordinator(
+                self.control,
+                AssignmentPlanner(max_moves=self.config.max_concurrent_warmups),
+                lambda s: self.persist(s, rollout),
+                release_deadline_s=self.config.release_deadline_s,
+            )
+            done = await eager.step(assignment, workers, partitions, eligible=receivers)
+            result.assignment = done.state
+            result.blocked = done.blocked
+            return result
+        # 3. Place unowned partitions.
+        assignment = await self._place(assignment, rollout, by_name, obs, partitions, receivers, result)
+        # 4. Plan a rollout when none runs.
+        if rollout is None or rollout.finished:
+            rollout = await self._plan(assignment, by_name, obs, partitions, receivers, replicas, result)
+        # 5. Advance the rollout.
+        if rollout is not None:
+            for _ in range(self.max_rounds):
+                before = rollout
+                rollout, actions = self.coordinator.step(rollout, obs, self.clock())
+                if rollout != before:
+                    await self.persist(assignment, rollout)
+                assignment = await self._execute(actions, assignment, rollout, by_name, replicas, result)
+                progressed = rollout != before or any(
+                    a.kind in (ActionKind.RELEASE, ActionKind.PROMOTE) for a in actions
+                )
+                if rollout.finished or not progressed:
+                    break
+                obs = await self._observe(workers)
+                result.observations = obs
+        # 6. Finished rollouts leave status.
+        if rollout is not None and rollout.finished:
+            log.info("rollout of generation %d finished: %s", rollout.generation, rollout.phases())
+            rollout = None
+            await self.persist(assignment, None)
+        result.assignment, result.rollout = assignment, rollout
+        return result
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    async def _observe(self, workers: Sequence[WorkerInfo]) -> dict[str, WorkerObservation]:
+        async def one(w: WorkerInfo) -> WorkerObservation:
+            status: dict[str, Any] | None = None
+            if w.alive:
+                try:
+                    status = await self.control.status(w.control_url)
+                except WorkerUnreachableError as exc:
+                    log.info("status of %s: %s", w.name, exc)
+            o = observe_worker(w.name, w.alive, status)
+            released = {p: off for (src, p), off in self._released.items() if src == w.name}
+            return replace(o, released=released) if released else o
+
+        found = await asyncio.gather(*(one(w) for w in workers))
+        return {o.name: o for o in found}
+
+    async def _place(
+        self,
+        assignment: AssignmentState,
+        rollout: Rollout | None,
+        by_name: Mapping[str, WorkerInfo],
+        obs: Mapping[str, WorkerObservation],
+        partitions: Sequence[str],
+        receivers: set[str],
+        result: HandoffStep,
+    ) -> AssignmentState:
+        moving = set()
+        if rollout is not None:
+            moving = {
+                m.partition for m in rollout.moves if m.phase in (MovePhase.RELEASING, MovePhase.PROMOTING)
+            }
+        alive = {w for w, o in obs.items() if o.alive}
+        owned = {p for w, ps in assignment.members.items() if w in alive for p in ps}
+        unowned = [p for p in partitions if p not in owned and p not in moving]
+        if not unowned or not receivers:
+            return assignment
+        current = {w: ps for w, ps in assignment.members.items() if w in alive}
+        plan = AssignmentPlanner(max_moves=1).plan(current, receivers, partitions)
+        members = {w: tuple(p for p in ps if p not in unowned) for w, ps in assignment.members.items()}
+        targets: dict[str, list[str]] = {}
+        for m in plan.moves:
+            if m.source is None and m.partition in unowned:
+                targets.setdefault(m.target, []).append(m.partition)
+        for w, ps in targets.items():
+            members[w] = tuple(sorted(set(members.get(w, ())) | set(ps)))
+        assignment = AssignmentState(generation=assignment.generation + 1, members=members)
+        # intent first, then the pushes
+        await self.persist(assignment, rollout)
+        for w, ps in sorted(targets.items()):
+            try:
+                await self.control.assign(
+                    by_name[w].control_url, assignment.generation, members[w], self.config.release_deadline_s
+                )
+            except (WorkerUnreachableError, WorkerFencedError) as exc:
+                result.blocked = f"{w}: {exc}"
+                log.warning("placing %s on %s: %s", ps, w, exc)
+                continue
+            result.events.append(("Normal", "Placed", f"{', '.join(ps)} -> {w} (no live owner)"))
+        return assignment
+
+    async def _plan(
+        self,
+        assignment: AssignmentState,
+        by_name: Mapping[str, WorkerInfo],
+        obs: Mapping[str, WorkerObservation],
+        partitions: Sequence[str],
+        receivers: set[str],
+        replicas: int,
+        result: HandoffStep,
+    ) -> Rollout | None:
+        alive = {w for w, o in obs.items() if o.alive}
+        current = {w: ps for w, ps in assignment.members.items() if w in alive}
+        leaving = sorted(w for w in by_name if w not in receivers and by_name[w].alive)
+        if not receivers:
+            return None
+        plan = AssignmentPlanner(max_moves=None).plan(current, receivers, partitions)
+        owner_now = {p: w for w, ps in current.items() for p in ps}
+        owner_next = {p: w for w, ps in plan.assignment.items() for p in ps}
+        moving = {p: owner_next[p] for p in owner_next if p in owner_now and owner_now[p] != owner_next[p]}
+        holding = [w for w in leaving if current.get(w)]
+        if not moving and not holding:
+            if leaving and len(by_name) > replicas:
+                result.remove_to = replicas  # nothing to hand over: remove at once
+            return None
+        rollout = self.coordinator.start(
+            assignment.generation, owner_now, moving, self.clock(), leaving=tuple(leaving)
+        )
+        await self.persist(assignment, rollout)
+        result.events.append(
+            (
+                "Normal",
+                "RolloutStarted",
+                f"{len(rollout.moves)} partition(s) to move with restore-before-handoff"
+                + (f"; then remove {', '.join(leaving)}" if leaving else ""),
+            )
+        )
+        return rollout
+
+    async def _execute(
+        self,
+        actions: Sequence[Action],
+        assignment: AssignmentState,
+        rollout: Rollout,
+        by_name: Mapping[str, WorkerInfo],
+        replicas: int,
+        result: HandoffStep,
+    ) -> AssignmentState:
+        for a in actions:
+            if a.kind is ActionKind.LEARN:
+                self._learn_started.setdefault(a.partition, time.monotonic())
+                try:
+                    await self.control.learn(by_name[a.worker].control_url, [a.partition])
+                except WorkerUnreachableError as exc:
+                    log.warning("learn %s on %s: %s", a.partition, a.worker, exc)
+            elif a.kind is ActionKind.RELEASE:
+                assignment = await self._release(a, assignment, rollout, by_name, result)
+            elif a.kind is ActionKind.PROMOTE:
+                assignment = await self._promote(a, assignment, rollout, by_name, result)
+            elif a.kind is ActionKind.DROP_LEARNER:
+                try:
+                    await self.control.drop(by_name[a.worker].control_url, [a.partition])
+                except (WorkerUnreachableError, KeyError) as exc:
+                    log.warning("drop %s on %s: %s", a.partition, a.worker, exc)
+            elif a.kind is ActionKind.REMOVE_WORKERS:
+                result.remove_to = replicas
+                result.events.append(("Normal", "WorkersRemoved", f"removing {', '.join(a.workers)}"))
+            elif a.kind is ActionKind.EVENT:
+                kind = "Warning" if a.reason in ("LearnerTimeout", "HandoffTargetLost") else "Normal"
+                result.events.append((kind, a.reason, a.message))
+        # moves that reached DONE
+        for m in rollout.moves:
+            if m.phase is MovePhase.DONE and m.partition in self._release_started:
+                started = self._release_started.pop(m.partition)
+                learn_started = self._learn_started.pop(m.partition, started)
+                record = HandoffRecord(
+                    m.partition,
+                    m.source,
+                    m.target,
+                    m.eager,
+                    round(started - learn_started, 3),
+                    round(self._pause_end.pop(m.partition, time.monotonic()) - started, 3),
+                    m.final_offset,
+                )
+                self.completed.append(record)
+                result.handoffs.append(record)
+                result.events.append(
+                    (
+                        "Normal",
+                        "HandedOff",
+                        f"{m.partition}: {m.source} -> {m.target} paused {record.pause_s:.3f}s"
+                        + (" (eager fallback)" if m.eager else ""),
+                    )
+                )
+        return assignment
+
+    async def _release(
+        self,
+        a: Action,
+        assignment: AssignmentState,
+        rollout: Rollout,
+        by_name: Mapping[str, WorkerInfo],
+        result: HandoffStep,
+    ) -> AssignmentState:
+        source = by_name.get(a.worker)
+        if source is None:
+            return assignment
+        members = dict(assignment.members)
+        keep = tuple(p for p in members.get(a.worker, ()) if p != a.partition)
+        if keep != members.get(a.worker, ()) or a.partition not in self._release_started:
+            # 1. intent: a new generation without P on the source
+            members[a.worker] = keep
+            assignment = AssignmentState(generation=assignment.generation + 1, members=members)
+            await self.persist(assignment, rollout)
+        self._release_started.setdefault(a.partition, time.monotonic())
+        try:
+            # 2. the source drains, commits and closes P
+            released = await self.control.assign(
+                source.control_url, assignment.generation, keep, self.config.release_deadline_s
+            )
+        except WorkerFencedError as exc:
+            result.blocked = f"{a.worker}: {exc}"
+            return AssignmentState(generation=assignment.generation + 1, members=members)
+        except WorkerUnreachableError as exc:
+            result.blocked = f"{a.worker}: {exc}"
+            log.warning("release of %s on %s: %s", a.partition, a.worker, exc)
+            return assignment
+        offsets = {r.partition: r.committed_offset for r in released}
+        # 3. remembered for the next observation: the rollout promotes the target
+        self._released[(a.worker, a.partition)] = offsets.get(a.partition)
+        return assignment
+
+    async def _promote(
+        self,
+        a: Action,
+        assignment: AssignmentState,
+        rollout: Rollout,
+        by_name: Mapping[str, WorkerInfo],
+        result: HandoffStep,
+    ) -> AssignmentState:
+        target = by_name.get(a.worker)
+        if target is None:
+            return assignment
+        self._release_started.setdefault(a.partition, time.monotonic())
+        members = {w: tuple(p for p in ps if p != a.partition) for w, ps in assignment.members.items()}
+        members[a.worker] = tuple(sorted(set(assignment.members.get(a.worker, ())) | {a.partition}))
+        if members != assignment.members:
+            # 1. intent: P belongs to the target (and no longer to a dead source)
+            assignment = AssignmentState(generation=assignment.generation, members=members)
+            await self.persist(assignment, rollout)
+        try:
+            # 2. opening a learning partition promotes it (tail applied, processing from the commit)
+            await self.control.assign(
+                target.control_url, assignment.generation, members[a.worker], self.config.release_deadline_s
+            )
+        except WorkerFencedError as exc:
+            result.blocked = f"{a.worker}: {exc}"
+            return AssignmentState(generation=assignment.generation + 1, members=members)
+        except WorkerUnreachableError as exc:
+            result.blocked = f"{a.worker}: {exc}"
+            log.warning("promotion of %s on %s: %s", a.partition, a.worker, exc)
+            return assignment
+        self._pause_end[a.partition] = time.monotonic()
+        for key in [k for k in self._released if k[1] == a.partition]:
+            del self._released[key]
+        return assignment
