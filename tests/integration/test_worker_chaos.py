@@ -258,7 +258,7 @@ def test_rss_stays_bounded_with_slow_processor_and_fast_producer(
         f"in-flight bytes peak {max(in_flight_bytes)}, RSS samples {samples[::10]}"
     )
     # back-pressure really engaged: the worker held a good share of its byte bound while processing
-    assert max(in_flight_bytes) >= bound_bytes // 4, f"in-flight bytes never reached B/4: {in_flight_bytes}"
+    assert max(in_flight_bytes) >= bound_bytes // 4, f"in-flight bytes never reached B/4 (fetching stalled?): {in_flight_bytes}"
     assert max(in_flight_bytes) <= bound_bytes + value_size, (
         f"in-flight bytes above the bound: {in_flight_bytes}"
     )
