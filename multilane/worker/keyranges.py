@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +166,7 @@ class KeyRangeMap:
     def __getitem__(self, lane: int) -> KeyRange:
         return self._ranges[lane]
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[KeyRange]:
         return iter(self._ranges)
 
     def __eq__(self, other: object) -> bool:
