@@ -47,6 +47,8 @@ class PromotionResult:
     dropped: int = 0
     changelog_offset: int = 0
     above_commit_sources: frozenset[tuple[int, int]] = frozenset()
+    stop_seconds: float = 0.0  # step 1
+    catch_up_seconds: float = 0.0  # step 3
 
 
 class PartitionLearner:
@@ -104,7 +106,7 @@ class PartitionLearner:
                 if now >= next_poll:
                     self._refresh_committed()
                     next_poll = now + self._poll_interval_s
-                if self.restorer.step(0.1) and not self.caught_up.is_set():
+                if self.restorer.step(0.05) and not self.caught_up.is_set():
                     self.caught_up.set()
                     self.status.phase = "learning"
                     log.info(
@@ -155,6 +157,7 @@ class PartitionLearner:
         t0 = time.monotonic()
         # 1.
         self.stop()
+        stopped = time.monotonic()
         if self.error is not None:
             return PromotionResult(False, f"learner failed: {self.error}", time.monotonic() - t0)
         # 2.
@@ -181,6 +184,7 @@ class PartitionLearner:
             self.store.apply(released)
         self.reader.seek(self.reader.position)
         self.restorer.run_to_end()
+        caught_up = time.monotonic()
         # 4.
         before = self.applier.applied
         writes, dropped = self.applier.drain()
@@ -199,6 +203,8 @@ class PartitionLearner:
             dropped,
             self.reader.position,
             frozenset(sources),
+            stopped - t0,
+            caught_up - stopped,
         )
 
     def checkpoint(self) -> Checkpoint:

@@ -165,10 +165,13 @@ class StateManager:
             learner.reader.close()
             if result.fast:
                 log.info(
-                    "promoted %s[%d] in %.3fs (%d held-back changes applied, %d dropped)",
+                    "promoted %s[%d] in %.3fs (stop %.3fs, catch-up %.3fs; %d held-back changes applied, "
+                    "%d dropped)",
                     topic,
                     partition,
                     result.seconds,
+                    result.stop_seconds,
+                    result.catch_up_seconds,
                     result.applied_from_buffer,
                     result.dropped,
                 )

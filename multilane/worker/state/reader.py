@@ -73,7 +73,9 @@ class ChangelogReader:
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
-            "fetch.wait.max.ms": 100,
+            # an idle learner re-fetches this often; also bounds how long a promotion waits for the
+            # fresh fetch that proves it has read to the end
+            "fetch.wait.max.ms": 50,
             "fetch.queue.backoff.ms": 10,
             **dict(consumer_config or {}),
         }
@@ -87,11 +89,14 @@ class ChangelogReader:
         self.corrupt_skipped = 0
 
     def seek(self, offset: int) -> None:
-        """Position the reader at ``offset`` (0 = the beginning) with a fresh fetch. Seeking to the
-        current position continues the stream (a tombstone right after it still pairs with its envelope)."""
-        self._consumer.assign(
-            [TopicPartition(self.topic, self.partition, OFFSET_BEGINNING if offset == 0 else offset)]
-        )
+        """Position the reader at ``offset`` with a fresh fetch. Seeking to the current position
+        continues the stream (a tombstone right after it still pairs with its envelope).
+
+        Offset 0 is assigned as the literal offset 0, not ``OFFSET_BEGINNING`` (whose resolution costs
+        ~0.5 s on the embedded broker); if the log no longer starts at 0 the out-of-range error makes
+        :meth:`read` fall back to the beginning.
+        """
+        self._consumer.assign([TopicPartition(self.topic, self.partition, offset)])
         if offset != self.position:  # a continuation keeps the tombstone pairing state
             self._prev = None
         self.position = offset
@@ -162,6 +167,14 @@ class ChangelogReader:
                 self.position = offset
             return True
         if err.code() in _OUT_OF_RANGE:
+            if self.position == 0:  # the log does not start at 0 any more: read from its start
+                log.info(
+                    "changelog %s[%d] does not start at 0; reading from its beginning",
+                    self.topic,
+                    self.partition,
+                )
+                self._consumer.assign([TopicPartition(self.topic, self.partition, OFFSET_BEGINNING)])
+                return False
             raise ChangelogOffsetError(
                 f"changelog {self.topic}[{self.partition}] has no offset {self.position}: {err}"
             )

@@ -123,7 +123,7 @@ class ChangelogRestorer:
         position = self.reader.position
         while stop is None or not stop.is_set():
             # 1.
-            if self.step(0.2):
+            if self.step(0.03):  # consume() waits for a full batch or the timeout: keep it short
                 return True
             # 2.
             now = time.monotonic()
