@@ -23,6 +23,7 @@ it for other threads.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Iterable
@@ -129,6 +130,10 @@ class Engine:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
+        if cfg.gc_threshold:
+            g0, g1, g2 = gc.get_threshold()
+            if g0 < cfg.gc_threshold:
+                gc.set_threshold(cfg.gc_threshold, g1, g2)
         if not self._is_async:
             self._proc_pool = ThreadPoolExecutor(max_workers=cfg.max_threads,
                                                  thread_name_prefix="multilane-proc")
@@ -559,29 +564,25 @@ class Engine:
                 self._resume_drained()
                 await asyncio.sleep(0.001 if room else 0.002)
                 continue
-            last_t: str | None = None
-            last_p = -1
-            part: PartitionRuntime | None = None
-            refused: set[int] | None = None
-            for m in msgs:
+            i = 0
+            n = len(msgs)
+            while i < n:
+                m = msgs[i]
                 if m.error() is not None:
                     self._on_fetch_error(m)
+                    i += 1
                     continue
-                p = m.partition()
-                t = m.topic()
-                if p != last_p or t != last_t:
-                    part = parts.get((t, p))
-                    last_t, last_p = t, p
-                if part is None or part.phase != active:
+                part = parts.get((m.topic(), m.partition()))
+                if part is None or part.phase != active or part.flow_counters.paused:
+                    # Not ours (any more): a new owner starts at the committed offset. Or paused by
+                    # back-pressure: everything from the refused record on is fetched again later.
+                    i += 1
                     continue
-                if refused is not None and id(part) in refused:
-                    continue
-                if not part.accept(m):
+                j, refused = part.accept_run(msgs, i)
+                if refused:
                     # back-pressure: stop fetching it and go back to the record that did not fit
-                    self._pause_for_flow(part, m.offset())
-                    if refused is None:
-                        refused = set()
-                    refused.add(id(part))
+                    self._pause_for_flow(part, msgs[j].offset())
+                i = max(j, i + 1) if not refused else j
             self._resume_drained()
             await asyncio.sleep(0)
 

@@ -72,6 +72,29 @@ class FlowController:
         """How many more records the process may take now (for sizing a consume call)."""
         return max(0, self.max_records - self.records)
 
+    def budget(self, part: FlowCounters) -> tuple[int, int]:
+        """(records, bytes) ``part`` may still take now. The byte budget may be exceeded by a single
+        record when the partition has nothing in flight (see :meth:`admit`)."""
+        return (
+            min(self.part_max_records - part.records, self.max_records - self.records),
+            min(self.part_max_bytes - part.bytes, self.max_bytes - self.bytes),
+        )
+
+    def take(self, part: FlowCounters, records: int, nbytes: int) -> None:
+        """Charge ``records`` / ``nbytes`` that fit the :meth:`budget` taken just before."""
+        part.records += records
+        part.bytes += nbytes
+        self.records += records
+        self.bytes += nbytes
+        if part.records > part.peak_records:
+            part.peak_records = part.records
+        if part.bytes > part.peak_bytes:
+            part.peak_bytes = part.bytes
+        if self.records > self.peak_records:
+            self.peak_records = self.records
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
+
     def admit(self, part: FlowCounters, nbytes: int) -> bool:
         """Take one record of ``nbytes`` for ``part`` if it fits; True when taken.
 

@@ -63,7 +63,14 @@ class RunSlot:
 
 
 class LaneHost(Protocol):
-    """Receives the outcome of every attempt (the partition runtime)."""
+    """Receives the outcome of every attempt (the partition runtime).
+
+    Successes of async runners are appended straight to ``done_buf`` / ``durations`` (the host applies
+    them in bulk); those lists are never replaced, only cleared.
+    """
+
+    done_buf: list[Work]
+    durations: list[float]
 
     def on_success(self, work: Work, seconds: float) -> None: ...
     def on_success_many(self, works: list[Work], durations: list[float]) -> None: ...
@@ -256,11 +263,18 @@ class Lane:
         return self.closed or slot.index >= self.concurrency
 
     async def _run_async(self, slot: RunSlot) -> None:
+        # The hot loop: locals for everything touched per record; no Task per record.
         q = self.queue
+        popleft = q.popleft
         proc = self.env.processor
+        view = self.env.view
         host = self.host
+        done_append = host.done_buf.append
+        dur_append = host.durations.append
         monotonic = time.monotonic
         yield_every = self.env.yield_every
+        blocked = self.blocked
+        lane_no = self.index if self.concurrency == 1 else slot.index
         n = 0
         while True:
             if not q or self.holding or slot.index >= self.concurrency:
@@ -268,10 +282,14 @@ class Lane:
                     return
                 await self._idle()
                 continue
-            work = q.popleft()
-            if self.blocked and self._parks(work):
+            work = popleft()
+            if blocked and self._parks(work):
                 continue
-            rec, ctx = self._ctx(work, slot)
+            rec = work.record
+            ctx = Context(rec.topic, rec.partition, rec.offset, rec.key, rec.headers, lane_no, work.attempt)
+            if view is not None:
+                ctx.state = view(rec.topic, rec.partition, rec.key, self.key_range, rec.offset,
+                                 work.key_hash)
             slot.work = work
             t0 = slot.started = monotonic()
             self.running += 1
@@ -284,8 +302,9 @@ class Lane:
             else:
                 self.running -= 1
                 slot.work = None
-                host.on_success(work, monotonic() - t0)
-                if self.blocked:
+                done_append(work)
+                dur_append(monotonic() - t0)
+                if blocked:
                     self.key_done(work)
             n += 1
             if n >= yield_every:
@@ -359,7 +378,7 @@ class _AbandonedError(Exception):
 class LaneGroup:
     """The lanes of one partition and the routing of its records to them.
 
-    Invariant: in key mode ``lanes[i].key_range == layout[i]`` and ``_starts[i] == layout[i].start``;
+    Invariant: in key mode ``lanes[i].key_range == layout[i]`` and ``starts[i] == layout[i].start``;
     in partition and unordered modes there is exactly one lane, covering the whole hash space.
     """
 
@@ -370,7 +389,7 @@ class LaneGroup:
         self.env = env
         self.layout = KeyRangeMap.even(factor if mode is OrderingMode.KEY else 1)
         self.lanes: list[Lane] = self._make_lanes(self.layout)
-        self._starts = [r.start for r in self.layout.ranges]
+        self.starts = [r.start for r in self.layout.ranges]
         self._resizing: asyncio.Lock | None = None
 
     def _make_lanes(self, layout: KeyRangeMap) -> list[Lane]:
@@ -393,10 +412,10 @@ class LaneGroup:
         if len(lanes) == 1:
             lanes[0].push(work)
         else:
-            lanes[bisect.bisect_right(self._starts, work.key_hash) - 1].push(work)
+            lanes[bisect.bisect_right(self.starts, work.key_hash) - 1].push(work)
 
     def lane_index(self, key_hash: int) -> int:
-        return bisect.bisect_right(self._starts, key_hash) - 1
+        return bisect.bisect_right(self.starts, key_hash) - 1
 
     @property
     def running(self) -> int:
@@ -457,7 +476,7 @@ class LaneGroup:
             layout = KeyRangeMap.even(factor)
             lanes = self._make_lanes(layout)
             self.layout = layout
-            self._starts = [r.start for r in layout.ranges]
+            self.starts = [r.start for r in layout.ranges]
             self.lanes = lanes
             for work, delay in sorted(pending, key=lambda p: p[0].record.offset):
                 lanes[self.lane_index(work.key_hash)].retry_later(work, delay)

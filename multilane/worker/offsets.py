@@ -49,6 +49,19 @@ class OffsetTracker:
         self._window.append(offset)
         self._next = offset + 1
 
+    def add_many(self, offsets: list[int]) -> None:
+        """Add several offsets at once; they must strictly increase (checked at the ends only:
+        the engine passes offsets of one fetch run, which Kafka delivers in increasing order)."""
+        if not offsets:
+            return
+        nxt = self._next
+        if nxt is not None and offsets[0] < nxt:
+            raise OffsetError(f"offset {offsets[0]} added after position {nxt}: offsets must increase")
+        if offsets[-1] < offsets[0]:
+            raise OffsetError("offsets passed to add_many must increase")
+        self._window.extend(offsets)
+        self._next = offsets[-1] + 1
+
     def add_completed(self, offset: int) -> None:
         """Record a fetched offset that needs no processing (e.g. progress says it was done)."""
         self.add(offset)

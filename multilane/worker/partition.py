@@ -8,6 +8,7 @@ report outcomes back through :meth:`on_success` / :meth:`on_failure`.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from typing import Any
 
 from multilane.api import OrderingMode, Record
@@ -96,47 +97,110 @@ class PartitionRuntime:
         self.skipped = 0
         self.dlq_pending: dict[int, Work] = {}
         # Completed records not yet applied to tracker/flow/metrics (see flush()); loop thread only.
+        # Invariant: these list objects are never replaced (lane runners hold their append methods).
         self.done_buf: list[Work] = []
         self.durations: list[float] = []
 
     # -- fetch side ----------------------------------------------------------------------------------
 
-    def accept(self, msg: Any) -> bool:
-        """Take one fetched message; False when back-pressure refuses it (nothing was changed)."""
-        offset: int = msg.offset()
+    def accept_run(self, msgs: list[Any], i: int) -> tuple[int, bool]:
+        """Take the run of messages of this partition starting at ``msgs[i]`` (steps 1-4).
+
+        Returns ``(j, refused)``: ``msgs[i:j]`` were handled; when ``refused``, ``msgs[j]`` (of this
+        partition) did not fit the in-flight bounds and nothing from ``j`` on was taken; otherwise
+        ``msgs[j]`` (if any) belongs to another partition or is an error event.
+
+        1. Take the flow budget once for the run (records and bytes this partition may still take).
+        2. Per message: skip re-deliveries, hash the key (cached), skip what restored progress says is
+           done, check the budget, build the work item and push it to its lane.
+        3. Add the taken offsets to the tracker in one call.
+        4. Charge the flow controller once.
+        """
+        topic = self.topic
+        partition = self.partition
         tracker = self.tracker
         pos = tracker.position
-        if pos is not None and offset < pos:
-            return True  # already seen (re-delivery after a seek): ignore
-        key: bytes | None = msg.key()
-        if key is not None:
-            cache = self._key_cache
-            kh = cache.get(key)
-            if kh is None:
-                kh = key_hash(key)
-                if len(cache) >= _KEY_CACHE_MAX:
-                    cache.clear()
-                cache[key] = kh
-        else:
-            kh = key_hash(offset.to_bytes(8, "big", signed=True))
+        if pos is None:
+            pos = -1
+        flow = self._flow
+        fc = self.flow_counters
+        # 1. budget
+        rec_room, byte_room = flow.budget(fc)
+        taken = 0
+        taken_bytes = 0
+        offsets: list[int] = []
+        cache = self._key_cache
+        inflight = self.inflight if self._track_inflight else None
+        group = self.lanes
+        lanes = group.lanes
+        single = lanes[0] if len(lanes) == 1 else None
+        starts = group.starts
+        n = len(msgs)
+        j = i
+        refused = False
+        # 2. per message
+        while j < n:
+            m = msgs[j]
+            if m.error() is not None or m.partition() != partition or m.topic() != topic:
+                break
+            offset: int = m.offset()
+            if offset < pos:
+                j += 1
+                continue  # already seen (re-delivery after a seek)
+            key: bytes | None = m.key()
+            if key is not None:
+                kh = cache.get(key)
+                if kh is None:
+                    kh = key_hash(key)
+                    if len(cache) >= _KEY_CACHE_MAX:
+                        cache.clear()
+                    cache[key] = kh
+            else:
+                kh = key_hash(offset.to_bytes(8, "big", signed=True))
+            if self.restore is not None and self._restored(offset, kh, offsets):
+                pos = offset + 1
+                j += 1
+                continue
+            value: bytes | None = m.value()
+            nbytes = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 64
+            if taken >= rec_room or (taken_bytes + nbytes > byte_room and (taken or fc.records)):
+                refused = True
+                break
+            taken += 1
+            taken_bytes += nbytes
+            offsets.append(offset)
+            pos = offset + 1
+            if inflight is not None:
+                inflight[offset] = kh
+            work = Work(Record(topic, partition, offset, key, value, m.headers() or [],
+                               m.timestamp()[1]), kh, nbytes)
+            if single is not None:
+                single.push(work)
+            else:
+                lanes[bisect_right(starts, kh) - 1].push(work)
+            j += 1
+        # 3. tracker
+        if offsets:
+            tracker.add_many(offsets)
+        # 4. flow
+        if taken:
+            flow.take(fc, taken, taken_bytes)
+        return j, refused
+
+    def _restored(self, offset: int, kh: int, pending: list[int]) -> bool:
+        """True (and the offset recorded as complete) when restored progress says it is done."""
         restore = self.restore
-        if restore is not None:
-            if offset >= self.restore_until:
-                self.restore = None
-            elif restore.is_done(offset, kh):
-                tracker.add_completed(offset)
-                self.skipped += 1
-                return True
-        value: bytes | None = msg.value()
-        nbytes = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 64
-        if not self._flow.admit(self.flow_counters, nbytes):
+        assert restore is not None
+        if offset >= self.restore_until:
+            self.restore = None
             return False
-        tracker.add(offset)
-        if self._track_inflight:
-            self.inflight[offset] = kh
-        rec = Record(self.topic, self.partition, offset, key, value, msg.headers() or [],
-                     msg.timestamp()[1])
-        self.lanes.route(Work(rec, kh, nbytes))
+        if not restore.is_done(offset, kh):
+            return False
+        if pending:  # keep the tracker's offsets in order
+            self.tracker.add_many(pending)
+            pending.clear()
+        self.tracker.add_completed(offset)
+        self.skipped += 1
         return True
 
     # -- outcomes (called by lanes, on the loop thread) -----------------------------------------------
@@ -163,9 +227,9 @@ class PartitionRuntime:
         if not works:
             return
         durations = self.durations
-        self.done_buf = []
-        self.durations = []
         if self.closed:
+            works.clear()
+            durations.clear()
             return
         nbytes = 0
         offsets = [w.record.offset for w in works]
@@ -179,6 +243,8 @@ class PartitionRuntime:
         self._flow.release_many(self.flow_counters, len(works), nbytes)
         self.processed += len(works)
         self._hist.observe_many(durations)
+        works.clear()
+        durations.clear()
 
     def on_failure(self, work: Work, exc: BaseException, lane: Lane) -> None:
         if self.closed:
