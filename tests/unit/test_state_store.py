@@ -177,3 +177,15 @@ def test_checkpoint_usable_rules() -> None:
     assert not ok and "not complete" in why
     ok, why = checkpoint_usable(ck, ApplyFilter(39, DoneSet({(41, 7)})))
     assert not ok and "behind" in why
+
+
+def test_view_record_key_outside_the_lane_range_is_refused(store: PartitionStore) -> None:
+    lanes = KeyRangeMap.even(2)
+    key = b"user-42"
+    other = lanes[1 - lanes.lane_of(key_hash(key))]
+    v = KeyRangeStateView(make_part(store, RecordingWriter()), key, other, 1, key_hash(key))
+    with pytest.raises(StateKeyError, match="outside"):
+        v.put(b"x")
+    with pytest.raises(StateKeyError, match="outside"):
+        v.get(key)
+    assert store.get(key) is None

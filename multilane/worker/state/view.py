@@ -42,14 +42,18 @@ class KeyRangeStateView:
         self._source_key_hash = source_key_hash
 
     def _resolve(self, key: bytes | None) -> bytes:
-        if key is None:
-            if self._key is None:
+        if key is None or key is self._key:
+            own = self._key
+            if own is None:
                 raise StateKeyError(
                     f"record {self._part.topic}[{self._part.partition}]@{self._source_offset} has no key: "
                     "pass key=... explicitly"
                 )
-            key = self._key
-        elif not isinstance(key, bytes):
+            # The record's own key: its hash is the routing hash the engine already computed.
+            if own and self._range.contains(self._source_key_hash):
+                return own
+            key = own
+        if not isinstance(key, bytes):
             raise StateKeyError(f"state keys must be bytes, got {type(key).__name__}")
         if not key:
             raise StateKeyError("state keys must not be empty")
