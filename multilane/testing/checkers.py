@@ -16,8 +16,9 @@ of that pid seen so far (an in-process recorder marks the end of an incarnation 
   -- only in a new incarnation -- a rewind to an earlier produced offset, after which the walk continues
   in order from there.
 - :class:`ExclusiveKeyChecker`: no two attempts of one unit are open at once, across all processes.
-  An attempt opens at ``start`` and closes at its ``end``/``fail``, or at its pid's ``kill`` marker, or
-  (without a marker) after that pid's last event.
+  An attempt opens at ``start`` and closes at its ``end``/``fail``/``cancel``, or at its pid's ``kill``
+  marker, or (without a marker) after that pid's last event. (A sync processor cannot be cancelled: an
+  abandoned sync attempt stays open until it ends, so a new owner starting the key meanwhile is caught.)
 - :class:`ReplayCounter`: how many records were processed (ended) more than once, and started again in
   another incarnation; optionally bounded.
 
@@ -271,8 +272,8 @@ class ExclusiveKeyChecker:
 
     1. Find each pid's last event index (where its unmarked open attempts close).
     2. Walk the log: ``kill`` closes the pid's open attempts; ``start`` opens an attempt of its unit
-       and is a violation if another attempt of the unit is still open; ``end``/``fail`` close the
-       attempt they belong to (a close with no matching open attempt is a violation too).
+       and is a violation if another attempt of the unit is still open; ``end``/``fail``/``cancel``
+       close the attempt they belong to (a close with no matching open attempt is a violation too).
     """
 
     def __init__(self, by: str = "key") -> None:
@@ -310,7 +311,7 @@ class ExclusiveKeyChecker:
                         f"@{off} attempt {att} (started at event {events[sidx].seq})"
                     )
                 attempts.append((e.pid, incarnation, e.offset, e.attempt, idx))
-            else:  # end / fail
+            else:  # end / fail / cancel
                 for j, a in enumerate(attempts):
                     if a[1] == incarnation and a[2] == e.offset and a[3] == e.attempt:
                         del attempts[j]

@@ -4,7 +4,8 @@ Does I/O: appends to the event log file named by ``MULTILANE_TEST_LOG`` (when se
 
 Use ``multilane.testing.processors:logging_async`` or ``...:logging_sync`` as the worker's
 ``--processor``. Per processing attempt they write a ``start`` event, then (after the configured work)
-an ``end`` event, or a ``fail`` event just before raising. Knobs, read from the environment once per
+an ``end`` event, or a ``fail`` event just before raising, or (async only) a ``cancel`` event when the
+engine cancels the attempt (it stops running there). Knobs, read from the environment once per
 process (call :func:`reload_config` to re-read):
 
 - ``MULTILANE_TEST_LOG``: event log path; unset = record nothing (a pure sleep processor).
@@ -23,8 +24,8 @@ real-time order of the events (used by the checkers as the sequence)::
 
     kind  time  pid  topic  partition  offset  key_hex  attempt  lane
 
-``kind`` is ``start``, ``end``, ``fail`` or ``kill`` (a marker written by whoever SIGKILLs ``pid``:
-everything that pid had started ends there); ``key_hex`` is ``-`` for a null key.
+``kind`` is ``start``, ``end``, ``fail``, ``cancel`` or ``kill`` (a marker written by whoever
+SIGKILLs ``pid``: everything that pid had started ends there); ``key_hex`` is ``-`` for a null key.
 
 :class:`EventRecorder` offers the same processors in-process, recording into a list (no files).
 """
@@ -61,7 +62,7 @@ __all__ = [
     "reload_config",
 ]
 
-EVENT_KINDS = ("start", "end", "fail", "kill")
+EVENT_KINDS = ("start", "end", "fail", "cancel", "kill")
 
 
 class PoisonRecordError(RuntimeError):
@@ -347,11 +348,17 @@ def _run_sync(cfg: ProcessorConfig, sink: EventSink, ctx: Context) -> None:
 
 
 async def _run_async(cfg: ProcessorConfig, sink: EventSink, ctx: Context) -> None:
-    if _pre_work(cfg, sink, ctx):
-        while not _released(cfg):  # noqa: ASYNC110 - the release is a file from another process
-            await asyncio.sleep(0.05)
-    if cfg.sleep_s:
-        await asyncio.sleep(cfg.sleep_s)
+    hang = _pre_work(cfg, sink, ctx)
+    try:
+        if hang:
+            while not _released(cfg):  # noqa: ASYNC110 - the release is a file from another process
+                await asyncio.sleep(0.05)
+        if cfg.sleep_s:
+            await asyncio.sleep(cfg.sleep_s)
+    except asyncio.CancelledError:
+        # the engine abandoned this attempt (e.g. on a revoke): it stops running here
+        sink.emit("cancel", ctx)
+        raise
     sink.emit("end", ctx)
 
 

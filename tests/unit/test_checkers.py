@@ -276,3 +276,14 @@ def test_check_delivery_modes() -> None:
     assert len(check_delivery(P, log.events, mode="partition")) == 4
     with pytest.raises(ValueError, match="ordering mode"):
         check_delivery(P, log.events, mode="lane")
+
+
+def test_cancel_closes_an_attempt_but_an_abandoned_one_stays_open() -> None:
+    # pid 1 loses the partition: its async attempt is cancelled, pid 2 takes over -> fine
+    cancelled = Log().add("start", 1, 0).add("cancel", 1, 0).run(2, 0).run(1, 1, b"b")
+    assert ExclusiveKeyChecker().check(cancelled.events).ok
+    # a sync attempt cannot be cancelled: pid 1 is still running it when pid 2 starts the key
+    abandoned = Log().add("start", 1, 0).run(2, 0).add("end", 1, 0)
+    r = ExclusiveKeyChecker().check(abandoned.events)
+    assert not r.ok
+    assert "while pid 1 still runs @0" in r.violations[0]

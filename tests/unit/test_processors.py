@@ -237,3 +237,18 @@ def test_event_log_follower_reads_incrementally_and_waits_for_whole_lines(tmp_pa
     assert [(e.kind, e.seq) for e in follower.poll()] == [("end", 1)]
     assert follower.ended_count() == 1
     assert follower.events == read_event_log(path)
+
+
+def test_async_cancellation_is_logged(env_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MULTILANE_TEST_SLEEP_MS", "10000")
+    tp.reload_config()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(tp.logging_async(*ctx(4)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert [(e.kind, e.offset) for e in read_event_log(env_log)] == [("start", 4), ("cancel", 4)]
