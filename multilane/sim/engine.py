@@ -43,6 +43,8 @@ class SimResult:
     """(time, reason) of every decision that changed the size."""
     warnings: list[tuple[float, str]]
     """(time, warning) the first time each distinct warning text prefix appeared."""
+    event_time_s: float | None = None
+    """The trace's event (time to drain counts from it)."""
 
 
 POLICY_NAMES = ("multilane", "keda-hpa", "flink-style")
@@ -176,4 +178,5 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         metrics=metrics,
         decisions=decisions,
         warnings=warnings,
+        event_time_s=trace.event_time_s,
     )

@@ -26,13 +26,16 @@ COLUMNS: Sequence[tuple[str, str]] = (
 
 def comparison_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
     """One flat dict per run: trace, policy and the metrics."""
-    return [{"trace": r.trace, "policy": r.policy, **r.metrics.to_dict()} for r in results]
+    return [
+        {"trace": r.trace, "policy": r.policy, "event_time_s": r.event_time_s, **r.metrics.to_dict()}
+        for r in results
+    ]
 
 
 def _fmt(key: str, value: Any, row: dict[str, Any]) -> str:
     if key == "time_to_drain_s":
         if value is None:
-            return "never" if row.get("final_lag", 0) > 0 and row.get("peak_lag", 0) > 0 else "-"
+            return "-" if row.get("event_time_s") is None else "never"
         return f"{value:.0f}"
     if isinstance(value, float):
         return f"{value:,.0f}"
