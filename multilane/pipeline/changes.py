@@ -12,7 +12,7 @@ unknown source (see :mod:`multilane.pipeline.merge`).
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 __all__ = [
     "DELETE",
@@ -50,21 +50,31 @@ class Change(NamedTuple):
     changelog_offset: int
 
 
-def decode_change(key: bytes | None, value: bytes | None, changelog_offset: int) -> Change:
-    """Decode one changelog record; raise :class:`ChangelogFormatError` when it is not one."""
-    # Imported here: the state package's __init__ imports its I/O modules.
+_codec: Any = None  # (ChangelogCodec.decode, ChangeOp.PUT, ChangelogCorruptError), loaded on first use
+
+
+def _load_codec() -> Any:
+    # Imported late: the state package's __init__ imports its I/O modules (this module stays pure).
+    global _codec
     from multilane.worker.state.codec import ChangelogCodec, ChangeOp
     from multilane.worker.state.errors import ChangelogCorruptError
 
+    _codec = (ChangelogCodec.decode, ChangeOp.PUT, ChangelogCorruptError)
+    return _codec
+
+
+def decode_change(key: bytes | None, value: bytes | None, changelog_offset: int) -> Change:
+    """Decode one changelog record; raise :class:`ChangelogFormatError` when it is not one."""
+    decode, put, corrupt = _codec or _load_codec()
     if key is None:
         raise ChangelogFormatError(f"changelog record at offset {changelog_offset} has no key")
     try:
-        change = ChangelogCodec.decode(value)
-    except ChangelogCorruptError as exc:
+        change = decode(value)
+    except corrupt as exc:
         raise ChangelogFormatError(f"changelog record at offset {changelog_offset}: {exc.reason}") from exc
     if change is None:
         return Change(key, TOMBSTONE, -1, 0, b"", changelog_offset)
-    op = PUT if change.op is ChangeOp.PUT else DELETE
+    op = PUT if change.op is put else DELETE
     return Change(key, op, change.source_offset, change.source_key_hash, change.payload, changelog_offset)
 
 

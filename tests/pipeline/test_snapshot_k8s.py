@@ -114,3 +114,12 @@ def test_long_names_fit_kubernetes_limits(pc: dict[str, Any]) -> None:
     validate(job)
     with pytest.raises(SnapshotSpecError, match="suffix"):
         render_snapshot_job(pc, suffix="Bad_Suffix")
+
+
+def test_config_dir_reads_a_mounted_secret(tmp_path: Path) -> None:
+    (tmp_path / "sasl.username").write_text("svc\n")
+    (tmp_path / "sasl.password").write_text("s3cret")
+    (tmp_path / "..data").mkdir()  # Kubernetes' symlink folder is skipped
+    assert cli.read_config_dir(str(tmp_path)) == {"sasl.password": "s3cret", "sasl.username": "svc"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        cli.parse_kv(["novalue"], "--consumer-config")
