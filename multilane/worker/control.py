@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from confluent_kafka import KafkaException
 
 from multilane.worker.engine import Engine, EngineError, FencingError
 
@@ -143,6 +144,9 @@ class ControlServer:
                                      status=409)
         except EngineError as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        except KafkaException as exc:  # e.g. the broker is unreachable: the caller should retry
+            log.warning("control request %s failed: %s", request.path, exc)
+            return web.json_response({"error": f"kafka: {exc}"}, status=503)
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         if not request.can_read_body:

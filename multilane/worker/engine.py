@@ -151,11 +151,12 @@ class Engine:
         self._commits = CommitCycle(self._consumer, self._store, self.hooks)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
-        await self._run_io(self._ensure_progress_topic, topics)
+        await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, topics)
         # 3. assignment
         if cfg.operator_mode:
             if cfg.assign:
-                await self.assign(list(cfg.assign), self.generation)
+                await self._retrying("take the initial assignment", self.assign, list(cfg.assign),
+                                     self.generation)
         else:
             self._consumer.subscribe(list(cfg.topics), on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -169,6 +170,23 @@ class Engine:
         self.ready.set()
         log.info("engine %s started (%s mode, ordering=%s, factor=%d)", cfg.worker_id,
                  "operator" if cfg.operator_mode else "standalone", cfg.ordering.value, self._factor)
+
+    async def _retrying(self, what: str, fn: Any, *args: Any) -> Any:
+        """Call ``fn(*args)`` until it succeeds (the broker may not be reachable yet), with backoff."""
+        delay = 0.5
+        while True:
+            try:
+                return await fn(*args)
+            except (KafkaException, RuntimeError) as exc:
+                if self._stop_requested is not None and self._stop_requested.is_set():
+                    raise
+                log.warning("cannot %s yet (%s); retrying in %.1fs", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _require_started(self) -> None:
+        if self._consumer is None or self._stopped:
+            raise EngineError("the engine is not running")
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to stop (safe from signal handlers on the loop)."""
@@ -220,6 +238,11 @@ class Engine:
             self._consumer.close()
         except Exception as exc:  # closing after a lost broker
             log.warning("consumer close: %s", exc)
+        # drop the producer (its last reference), so that it stops reconnecting
+        self._dlq = None
+        self._store = None
+        self._commits = None
+        self._producer = None
         if self._proc_pool is not None:
             self._proc_pool.shutdown(wait=False, cancel_futures=True)
         self._io_pool.shutdown(wait=False, cancel_futures=True)
@@ -240,6 +263,7 @@ class Engine:
         if not self.config.operator_mode:
             raise EngineError("assign() is for operator mode; standalone mode uses group rebalances")
         wanted = _normalise(partitions)
+        self._require_started()
         async with self._control_lock:
             # 1. fencing
             if generation < self.generation:
@@ -259,6 +283,7 @@ class Engine:
                       deadline_s: float = 30.0) -> list[ReleasedPartition]:
         """Drain and hand back partitions; returns their final committed offsets."""
         tps = _normalise(partitions)
+        self._require_started()
         async with self._control_lock:
             unknown = [tp for tp in tps if tp not in self._parts]
             if unknown:
@@ -484,7 +509,12 @@ class Engine:
         tps = [(tp.topic, tp.partition) for tp in partitions if (tp.topic, tp.partition) not in self._parts]
         if not tps:
             return
-        committed = self._committed(tps)
+        try:
+            committed = self._committed(tps)
+        except KafkaException as exc:
+            # librdkafka then starts at the committed offset itself; without it no progress is used.
+            log.warning("cannot read committed offsets of %s (%s); starting without progress", tps, exc)
+            committed = {tp: (None, None) for tp in tps}
         runtimes = []
         for tp in tps:
             off = committed[tp][0]

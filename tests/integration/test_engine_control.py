@@ -16,6 +16,7 @@ from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.worker.control import ControlServer
 from multilane.worker.keyranges import KeyRangeMap, key_hash
+from multilane.worker.metrics import MetricsServer
 
 pytestmark = pytest.mark.broker
 
@@ -80,6 +81,22 @@ def test_http_control_auth_factor_pause_fencing(broker: EmbeddedBroker, topic_na
             code, ans = _http(port, "POST", "/v1/assignment", {**body, "partitions": body["partitions"][:1]})
             assert code == 200
             assert ans["released"] == [{"topic": topic_name, "partition": 1, "committed_offset": n}]
+            # metrics endpoint: every documented metric name is exported
+            metrics = MetricsServer(engine.metrics, host="127.0.0.1", port=0)
+            mport = runner.call(metrics.start)
+            with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=30) as resp:
+                text = resp.read().decode()
+            runner.call(metrics.stop)
+            for name in ("multilane_records_processed_total", "multilane_records_failed_total",
+                         "multilane_records_retried_total", "multilane_records_dead_lettered_total",
+                         "multilane_in_flight_records", "multilane_committed_offset",
+                         "multilane_consumer_lag", "multilane_partition_paused",
+                         "multilane_lane_utilisation_ratio", "multilane_processing_seconds_bucket",
+                         "multilane_progress_record_bytes", "multilane_stalled_records", "multilane_factor"):
+                assert name in text, name
+            assert f'multilane_records_processed_total{{partition="0",topic="{topic_name}"}} {n}.0' in text
+            assert f'multilane_consumer_lag{{partition="0",topic="{topic_name}"}} 0.0' in text
+            assert "multilane_factor 3.0" in text
         finally:
             runner.call(server.stop)
     assert_all(check_delivery(produced, rec.snapshot(), mode="key"))

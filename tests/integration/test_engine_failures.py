@@ -110,3 +110,29 @@ def test_undecodable_progress_is_ignored(broker: EmbeddedBroker, topic_name: str
     assert ended(events) == set(range(100, n)), "nothing above the committed offset may be skipped"
     assert_all(check_delivery([r for r in produced if r.offset >= 100], events, mode="key"))
     assert any("undecodable progress" in r.getMessage() for r in caplog.records)
+
+
+def test_broker_link_cut_then_restored(tmp_path: object) -> None:
+    """The link to the broker is cut mid-stream: the engine keeps going with what it has, commits fail
+    and are retried, and once the link is back everything is processed and committed by itself."""
+    from multilane.testing.proxy import ProxiedBroker
+
+    with ProxiedBroker() as pb:
+        topic = "linkcut"
+        pb.create_topic(topic, 1)
+        n = 1500
+        produced = produce(pb, topic, n, keys=30)  # type: ignore[arg-type]
+        rec = recorder(sleep_ms=2.0)
+        cfg = config(pb, topic, "g-linkcut", factor=4, max_in_flight=200)  # type: ignore[arg-type]
+        with running(cfg, rec.async_processor) as (engine, runner):
+            wait_for(lambda: len(ended(rec.snapshot())) >= 200, 60, what="some processed")
+            pb.proxy.cut()
+            time.sleep(3.0)
+            during = len(ended(rec.snapshot()))
+            assert runner.sync(engine.status)["processed_total"] >= 200
+            pb.proxy.restore()
+            wait_for(lambda: len(ended(rec.snapshot())) >= n, 90, what="all processed after restore")
+            wait_for(lambda: committed_offset(pb, cfg.group, topic) == n, 60,  # type: ignore[arg-type]
+                     what="commit to the end after restore")
+        assert during < n
+        assert_all(check_delivery(produced, rec.snapshot(), mode="key"))
