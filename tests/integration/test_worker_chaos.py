@@ -258,7 +258,9 @@ def test_rss_stays_bounded_with_slow_processor_and_fast_producer(
         f"in-flight bytes peak {max(in_flight_bytes)}, RSS samples {samples[::10]}"
     )
     # back-pressure really engaged: the worker held a good share of its byte bound while processing
-    assert max(in_flight_bytes) >= bound_bytes // 4, f"in-flight bytes never reached B/4 (fetching stalled?): {in_flight_bytes}"
+    assert max(in_flight_bytes) >= bound_bytes // 4, (
+        f"in-flight bytes never reached B/4 (fetching stalled?): {in_flight_bytes}"
+    )
     assert max(in_flight_bytes) <= bound_bytes + value_size, (
         f"in-flight bytes above the bound: {in_flight_bytes}"
     )
@@ -357,6 +359,41 @@ def test_control_requests_need_the_token(
     follower = EventLogFollower(log)
     _wait_all_ended(follower, res.records, w)
     assert w.terminate(60) == 0
+    assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
+
+
+# -- rebalance with a sync processor ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("processor", ["logging_sync", "logging_async"])
+def test_rebalance_mid_record_keeps_keys_exclusive(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], processor: str
+) -> None:
+    """A second standalone worker joins while the first is in the middle of slow records: the
+    cooperative rebalance moves a partition. The new owner must not start a key while the old owner is
+    still running a record of that key -- an async attempt can be cancelled (logged as ``cancel``), but a
+    sync one keeps running in its thread until it returns."""
+    broker.create_topic(topic_name, 2)
+    res = produce_records(broker.bootstrap, topic_name, 400, keys=8, seed=4)
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(
+        broker.bootstrap,
+        group=f"g-{topic_name}",
+        topics=[topic_name],
+        processor=f"multilane.testing.processors:{processor}",
+        factor=2,
+        event_log=log,
+        env={"MULTILANE_TEST_SLEEP_MS": "150"},
+    )
+    w1 = _start(workers, spec, tmp_path / "w1")
+    follower = EventLogFollower(log)
+    wait_until(lambda: follower.ended_count() >= 20, 60, 0.1, "20 records processed by the first worker")
+    w2 = _start(workers, spec, tmp_path / "w2")
+    _wait_all_ended(follower, res.records, [w1, w2])
+    events = read_event_log(log)
+    assert {e.pid for e in events if e.kind == "start"} == {w1.pid, w2.pid}, "the partitions never moved"
+    assert w1.terminate(60) == 0
+    assert w2.terminate(60) == 0
     assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
 
 
