@@ -115,6 +115,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _label(overrides_json: str) -> str:
+    """``{"a": 1, "b": 2}`` -> ``a=1 b=2``; ``{}`` -> ``defaults``."""
+    items = json.loads(overrides_json)
+    return (
+        " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in items.items()) or "defaults"
+    )
+
+
 def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
     from rich.table import Table
 
@@ -134,13 +142,14 @@ def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     table = Table(title=f"sweep: {len(rows)} runs, mean over {args.seeds} seeds")
-    for h in ("trace", "policy", "variant", "lag-seconds", "pod-seconds", "actions", "drained"):
-        table.add_column(h, justify="left" if h in ("trace", "policy", "variant") else "right")
+    for h in ("trace", "policy", "variant", "simulation", "lag-seconds", "pod-seconds", "actions", "drained"):
+        table.add_column(h, justify="left" if h in ("trace", "policy", "variant", "simulation") else "right")
     for s in summary:
         table.add_row(
             s["trace"],
             s["policy"],
-            s["variant"],
+            _label(s["variant"]),
+            _label(s["sim"]),
             f"{s['lag_seconds']:,.0f}",
             f"{s['pod_seconds']:,.0f}",
             f"{s['scaling_actions']:.1f}",
