@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
-from multilane.worker.state import StateManager, StatePhaseError
+from multilane.worker.state import ChangelogCorruptError, StateManager, StatePhaseError
 from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.store import partition_dir
 
@@ -230,3 +230,34 @@ def test_demote_keeps_the_store_and_drop_removes_it(
     sm.drop(topic_name, 0)
     assert not directory.exists()
     assert sm.learner_status() == []
+
+
+def test_learner_fails_loudly_on_a_corrupt_record(
+    broker: EmbeddedBroker,
+    topic_name: str,
+    managers: Callable[[str], StateManager],
+    committer: Callable[[str, int], None],
+) -> None:
+    broker.create_topic(topic_name, 1)
+    owner, learner = managers("owner"), managers("learner")
+    owner.open_partition(topic_name, 0, 0, None)
+    apply_ops(owner, topic_name, random_ops(0, 10, 5, seed=11))
+    owner.before_commit(topic_name, 0, 10)
+    committer(topic_name, 10)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    offsets: list[int] = []
+    p.produce(owner.changelog_topic(topic_name), key=b"x", value=b"not an envelope at all", partition=0,
+              on_delivery=lambda err, msg: offsets.append(msg.offset()))  # fmt: skip
+    p.flush(10)
+    learner.learn(topic_name, 0)
+
+    def failed() -> bool:
+        return learner.learner_status()[0]["phase"] == "failed"
+
+    wait_until(failed, what="learner failed")
+    [status] = learner.learner_status()
+    assert f"@{offsets[0]}" in str(status["error"])
+    with pytest.raises(StatePhaseError, match="failed"):
+        learner.promote(topic_name, 0)
+    with pytest.raises(ChangelogCorruptError):  # the full-restore fallback fails loudly too
+        learner.open_partition(topic_name, 0, 10, None)

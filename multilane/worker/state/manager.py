@@ -161,8 +161,14 @@ class StateManager:
             learner = self._learners.pop(tp, None)
         # 1.
         if learner is not None:
-            result = learner.promote(committed_offset, progress)
-            learner.reader.close()
+            try:
+                result = learner.promote(committed_offset, progress)
+            except BaseException:
+                learner.status.phase = "failed"
+                learner.store.close()
+                raise
+            finally:
+                learner.reader.close()
             if result.fast:
                 log.info(
                     "promoted %s[%d] in %.3fs (stop %.3fs, catch-up %.3fs; %d held-back changes applied, "
