@@ -546,12 +546,11 @@ class AutoscalePolicy:
         est = estimate_lane_rate(obs, cfg, st.lane_rate)
         # The observed input rate is used as is: inferring the input from lag growth reacts faster
         # but turns a glitch in the lag (end offsets under-reported, then caught up) into a wild scale.
-        input_rate = obs.input_rate
-        needed = needed_capacity(cfg, input_rate, backlog)
+        needed = needed_capacity(cfg, obs.input_rate, backlog)
         hottest = hottest_partition_need(cfg, obs)
         # during a rollout the ready pods and the CPU window disagree: keep the previous estimate
         pod_rate = st.pod_rate if obs.rebalancing else estimate_pod_rate(obs, st.pod_rate)
-        cpu_needed = needed_capacity(cfg, input_rate, backlog, utilisation=1.0)
+        cpu_needed = needed_capacity(cfg, obs.input_rate, backlog, utilisation=1.0)
         rec = recommend(cfg, needed, est.rate, hottest, pod_rate, cpu_needed)
         warnings = list(rec.warnings)
         if est.source == "default":
@@ -560,7 +559,6 @@ class AutoscalePolicy:
             "backlog": backlog,
             "backlog_threshold": round(threshold, 1),
             "input_rate": round(obs.input_rate, 3),
-            "input_rate_used": round(input_rate, 3),
             "processing_rate": round(obs.processing_rate, 3),
             "busy_lanes": obs.busy_lanes,
             "lane_rate": round(est.rate, 3),
