@@ -15,6 +15,8 @@ process (call :func:`reload_config` to re-read):
   or until the file named by ``MULTILANE_TEST_HANG_RELEASE_FILE`` exists, if that is set).
 - ``MULTILANE_TEST_FLAKY`` / ``MULTILANE_TEST_FLAKY_ATTEMPTS`` (default 1): records with these keys
   raise :class:`FlakyRecordError` on attempts ``<= FLAKY_ATTEMPTS`` and succeed afterwards.
+- ``MULTILANE_TEST_SLOW_KEYS`` / ``MULTILANE_TEST_SLOW_MS``: records with these keys take
+  ``SLOW_MS`` instead of ``SLEEP_MS``.
 
 A key in these lists is its UTF-8 text, or ``hex:`` followed by its hex bytes.
 
@@ -225,10 +227,14 @@ class ProcessorConfig:
     hang_release_file: str | None = None
     flaky: frozenset[bytes] = frozenset()
     flaky_attempts: int = 1  # >= 0
+    slow: frozenset[bytes] = frozenset()  # keys whose records take slow_s instead of sleep_s
+    slow_s: float = 0.0  # >= 0
 
     def __post_init__(self) -> None:
         if self.sleep_s < 0:
             raise ValueError(f"sleep must be >= 0, got {self.sleep_s}")
+        if self.slow_s < 0:
+            raise ValueError(f"slow-key time must be >= 0, got {self.slow_s}")
         if self.flaky_attempts < 0:
             raise ValueError(f"flaky attempts must be >= 0, got {self.flaky_attempts}")
 
@@ -238,6 +244,7 @@ class ProcessorConfig:
         try:
             sleep_ms = float(e.get("MULTILANE_TEST_SLEEP_MS", "0") or 0)
             flaky_attempts = int(e.get("MULTILANE_TEST_FLAKY_ATTEMPTS", "1") or 1)
+            slow_ms = float(e.get("MULTILANE_TEST_SLOW_MS", "0") or 0)
         except ValueError as exc:
             raise ValueError(f"bad number in MULTILANE_TEST_* environment: {exc}") from exc
         return cls(
@@ -248,6 +255,8 @@ class ProcessorConfig:
             hang_release_file=e.get("MULTILANE_TEST_HANG_RELEASE_FILE") or None,
             flaky=_parse_keys(e.get("MULTILANE_TEST_FLAKY")),
             flaky_attempts=flaky_attempts,
+            slow=_parse_keys(e.get("MULTILANE_TEST_SLOW_KEYS")),
+            slow_s=slow_ms / 1000.0,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -262,6 +271,8 @@ class ProcessorConfig:
             "MULTILANE_TEST_HANG_KEY": keys(self.hang),
             "MULTILANE_TEST_FLAKY": keys(self.flaky),
             "MULTILANE_TEST_FLAKY_ATTEMPTS": str(self.flaky_attempts),
+            "MULTILANE_TEST_SLOW_KEYS": keys(self.slow),
+            "MULTILANE_TEST_SLOW_MS": repr(self.slow_s * 1000.0),
         }
         if self.log_path:
             env["MULTILANE_TEST_LOG"] = self.log_path
@@ -334,6 +345,10 @@ def _pre_work(cfg: ProcessorConfig, sink: EventSink, ctx: Context) -> bool:
     return False
 
 
+def _work_s(cfg: ProcessorConfig, ctx: Context) -> float:
+    return cfg.slow_s if ctx.key is not None and ctx.key in cfg.slow else cfg.sleep_s
+
+
 def _released(cfg: ProcessorConfig) -> bool:
     return cfg.hang_release_file is not None and os.path.exists(cfg.hang_release_file)
 
@@ -342,8 +357,9 @@ def _run_sync(cfg: ProcessorConfig, sink: EventSink, ctx: Context) -> None:
     if _pre_work(cfg, sink, ctx):
         while not _released(cfg):
             time.sleep(0.05)
-    if cfg.sleep_s:
-        time.sleep(cfg.sleep_s)
+    work_s = _work_s(cfg, ctx)
+    if work_s:
+        time.sleep(work_s)
     sink.emit("end", ctx)
 
 
@@ -353,8 +369,9 @@ async def _run_async(cfg: ProcessorConfig, sink: EventSink, ctx: Context) -> Non
         if hang:
             while not _released(cfg):  # noqa: ASYNC110 - the release is a file from another process
                 await asyncio.sleep(0.05)
-        if cfg.sleep_s:
-            await asyncio.sleep(cfg.sleep_s)
+        work_s = _work_s(cfg, ctx)
+        if work_s:
+            await asyncio.sleep(work_s)
     except asyncio.CancelledError:
         # the engine abandoned this attempt (e.g. on a revoke): it stops running here
         sink.emit("cancel", ctx)

@@ -143,6 +143,8 @@ def test_config_env_round_trip_and_errors() -> None:
         sleep_s=0.0125,
         poison=frozenset({b"a", b"\x00"}),
         hang=frozenset({b"h"}),
+        slow=frozenset({b"s"}),
+        slow_s=1.5,
         flaky=frozenset({b"f"}),
         flaky_attempts=3,
         hang_release_file="/r",
@@ -252,3 +254,16 @@ def test_async_cancellation_is_logged(env_log: Path, monkeypatch: pytest.MonkeyP
 
     asyncio.run(main())
     assert [(e.kind, e.offset) for e in read_event_log(env_log)] == [("start", 4), ("cancel", 4)]
+
+
+def test_slow_keys_take_longer(env_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MULTILANE_TEST_SLOW_KEYS", "slow")
+    monkeypatch.setenv("MULTILANE_TEST_SLOW_MS", "300")
+    tp.reload_config()
+    t0 = time.monotonic()
+    tp.logging_sync(*ctx(1, b"fast"))
+    fast = time.monotonic() - t0
+    tp.logging_sync(*ctx(2, b"slow"))
+    slow = time.monotonic() - t0 - fast
+    assert fast < 0.25
+    assert slow >= 0.3
