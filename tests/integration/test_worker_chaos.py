@@ -362,19 +362,39 @@ def test_control_requests_need_the_token(
     assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
 
 
-# -- rebalance with a sync processor ------------------------------------------------------------------
+# -- rebalance while records of a key are running ------------------------------------------------
+
+
+def _produce_keyed(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> list[ProducedRecord]:
+    """Produce one record per (partition, key); return them from the delivery reports."""
+    from confluent_kafka import Producer
+
+    out: list[ProducedRecord] = []
+
+    def report(err: object, msg: object) -> None:
+        assert err is None, err
+        out.append(ProducedRecord(topic, msg.partition(), msg.offset(), msg.key()))  # type: ignore[attr-defined]
+
+    p = Producer({"bootstrap.servers": bootstrap, "on_delivery": report})
+    for partition, key in items:
+        p.produce(topic, value=b"slow-record", key=key, partition=partition)
+    assert p.flush(30) == 0
+    return out
 
 
 @pytest.mark.parametrize("processor", ["logging_sync", "logging_async"])
 def test_rebalance_mid_record_keeps_keys_exclusive(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], processor: str
 ) -> None:
-    """A second standalone worker joins while the first is in the middle of slow records: the
-    cooperative rebalance moves a partition. The new owner must not start a key while the old owner is
-    still running a record of that key -- an async attempt can be cancelled (logged as ``cancel``), but a
-    sync one keeps running in its thread until it returns."""
+    """A second standalone worker joins while the first runs a 15 s record on each partition; the
+    cooperative rebalance (several seconds on the embedded broker) moves one partition. The new owner
+    must not start the slow key while the old owner still runs it. An async attempt can be cancelled
+    at the revoke (logged as ``cancel``); a sync attempt keeps running in its thread, so the revoke
+    has to wait for it (or the handoff overlaps)."""
     broker.create_topic(topic_name, 2)
-    res = produce_records(broker.bootstrap, topic_name, 400, keys=8, seed=4)
+    slow = _produce_keyed(broker.bootstrap, topic_name, [(0, b"slow-0"), (1, b"slow-1")])
+    rest = produce_records(broker.bootstrap, topic_name, 200, keys=8, seed=4)
+    produced = slow + rest.records
     log = str(tmp_path / "events.log")
     spec = WorkerSpec(
         broker.bootstrap,
@@ -383,18 +403,30 @@ def test_rebalance_mid_record_keeps_keys_exclusive(
         processor=f"multilane.testing.processors:{processor}",
         factor=2,
         event_log=log,
-        env={"MULTILANE_TEST_SLEEP_MS": "150"},
+        env={
+            "MULTILANE_TEST_SLEEP_MS": "5",
+            "MULTILANE_TEST_SLOW_KEYS": "slow-0,slow-1",
+            "MULTILANE_TEST_SLOW_MS": "15000",
+        },
     )
     w1 = _start(workers, spec, tmp_path / "w1")
     follower = EventLogFollower(log)
-    wait_until(lambda: follower.ended_count() >= 20, 60, 0.1, "20 records processed by the first worker")
-    w2 = _start(workers, spec, tmp_path / "w2")
-    _wait_all_ended(follower, res.records, [w1, w2])
+
+    def both_slow_running() -> bool:
+        follower.poll()
+        return {e.key for e in follower.events if e.kind == "start"} >= {b"slow-0", b"slow-1"}
+
+    wait_until(both_slow_running, 60, 0.05, "both slow records running in the first worker")
+    # the second worker runs the slow keys fast: only the first worker's attempts are long
+    w2 = _start(
+        workers, WorkerSpec(**{**spec.__dict__, "env": {"MULTILANE_TEST_SLEEP_MS": "5"}}), tmp_path / "w2"
+    )
+    _wait_all_ended(follower, produced, [w1, w2])
     events = read_event_log(log)
     assert {e.pid for e in events if e.kind == "start"} == {w1.pid, w2.pid}, "the partitions never moved"
     assert w1.terminate(60) == 0
     assert w2.terminate(60) == 0
-    assert_all(check_delivery(res.records, read_event_log(log), mode="key"))
+    assert_all(check_delivery(produced, read_event_log(log), mode="key"))
 
 
 # -- soak variants (slow) ---------------------------------------------------------------------------
