@@ -126,7 +126,9 @@ class EngineConfig:
             "queued.min.messages": max(1000, min(100_000, self.max_in_flight)),
             "fetch.max.bytes": fetch_max,
             "max.partition.fetch.bytes": min(fetch_max, 1 << 20),
-            "receive.message.max.bytes": fetch_max + 65536,
+            # receive.message.max.bytes stays at librdkafka's default (100 MB): brokers return at least
+            # one whole record batch even when it is larger than the fetch sizes, and a response
+            # above this limit fails the connection (measured on the embedded broker).
             "fetch.wait.max.ms": 100,
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1000,
