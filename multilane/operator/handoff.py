@@ -87,6 +87,8 @@ class HandoffControl(WorkerControl, Protocol):
 
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None: ...
 
+    async def resume(self, base_url: str) -> bool: ...
+
 
 class HandoffControlClient(WorkerControlClient):
     """:class:`WorkerControlClient` plus ``/v1/learn`` and ``/v1/drop`` (HTTP I/O)."""
@@ -194,6 +196,8 @@ class HandoffExecutor:
         self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
         self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
         self.completed: list[HandoffRecord] = []  # every move completed by this executor
+        # Called before each action is carried out (fault injection in tests; None in production).
+        self.on_action: Callable[[Action], Awaitable[None]] | None = None
 
     # -- step ------------------------------------------------------------------------------------------
 
@@ -313,6 +317,7 @@ class HandoffExecutor:
                 result.blocked = f"{w}: {exc}"
                 log.warning("placing %s on %s: %s", ps, w, exc)
                 continue
+            await self._unpause(by_name[w])
             result.events.append(("Normal", "Placed", f"{', '.join(ps)} -> {w} (no live owner)"))
         return assignment
 
@@ -364,6 +369,8 @@ class HandoffExecutor:
         result: HandoffStep,
     ) -> AssignmentState:
         for a in actions:
+            if self.on_action is not None:
+                await self.on_action(a)
             if a.kind is ActionKind.LEARN:
                 self._learn_started.setdefault(a.partition, time.monotonic())
                 try:
@@ -410,6 +417,17 @@ class HandoffExecutor:
                     )
                 )
         return assignment
+
+    async def _unpause(self, worker: WorkerInfo) -> None:
+        """Work around the engine keeping a partition paused when it gets back one it released before
+        (librdkafka keeps a partition's pause across ``incremental_unassign``/``incremental_assign``):
+        ``/v1/resume`` resumes every active partition not held by back-pressure. The operator never
+        pauses workers through ``/v1/pause``, so this changes nothing else. Remove once the engine
+        resumes partitions it assigns."""
+        try:
+            await self.control.resume(worker.control_url)
+        except WorkerUnreachableError as exc:
+            log.warning("resume on %s: %s", worker.name, exc)
 
     async def _release(
         self,
@@ -477,6 +495,7 @@ class HandoffExecutor:
             result.blocked = f"{a.worker}: {exc}"
             log.warning("promotion of %s on %s: %s", a.partition, a.worker, exc)
             return assignment
+        await self._unpause(target)
         self._pause_end[a.partition] = time.monotonic()
         for key in [k for k in self._released if k[1] == a.partition]:
             del self._released[key]

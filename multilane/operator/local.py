@@ -13,7 +13,9 @@
   released it or is dead.
 - :class:`WorkerStatusSource` is the metric source: lag and high watermarks per partition and the
   processing rate from the workers' own ``/v1/status`` (lag from fetch responses, which is exact on
-  brokers that under-report end offsets through the admin API).
+  brokers that under-report end offsets through the admin API), combined with the admin API's end
+  and committed offsets (a partition paused by back-pressure fetches nothing, so its fetch-based
+  high watermark stops moving): per partition the larger of the two.
 - :class:`LocalControlPlane` runs the same ``ConsumerController.tick`` as the Kubernetes handlers,
   plus the ``HandoffExecutor`` for restore-before-handoff, every ``tick_s``; status (assignment,
   rollout, decisions, policy state) is persisted in ``ROOT/status.json`` after every change, so a
@@ -51,6 +53,7 @@ from multilane.operator.handoff import (
     HandoffRecord,
     HandoffStep,
 )
+from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.planner import format_partition
 from multilane.operator.platform import WorkerInfo
 from multilane.operator.policy import PolicyState
@@ -429,6 +432,12 @@ class LocalWorkerControl:
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
         await self._client(base_url).drop(base_url, partitions)
 
+    async def resume(self, base_url: str) -> bool:
+        return await self._client(base_url).resume(base_url)
+
+    async def pause(self, base_url: str) -> bool:
+        return await self._client(base_url).pause(base_url)
+
     async def close(self) -> None:
         for c in self._clients.values():
             await c.close()
@@ -447,11 +456,13 @@ class WorkerStatusSource:
         platform: LocalPlatform,
         control: LocalWorkerControl,
         ref: ConsumerRef,
+        admin: KafkaAdminClient | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.platform = platform
         self.control = control
         self.ref = ref
+        self.admin = admin
         self.clock = clock
         self._lag: dict[str, int] = {}
         self._hwm: dict[str, int] = {}
@@ -485,6 +496,19 @@ class WorkerStatusSource:
                     self._lag[key] = int(p["lag"])
                 if p.get("high_watermark") is not None and int(p["high_watermark"]) >= 0:
                     self._hwm[key] = max(self._hwm.get(key, 0), int(p["high_watermark"]))
+        lag = {p: self._lag.get(p, 0) for p in ctx.partitions}
+        if self.admin is not None:
+            counts: dict[str, int] = {}
+            for p in ctx.partitions:
+                topic, _, index = p.rpartition("/")
+                counts[topic] = max(counts.get(topic, 0), int(index) + 1)
+            try:
+                for o in await self.admin.offsets(ctx.group, counts):
+                    self._hwm[o.partition] = max(self._hwm.get(o.partition, 0), o.high)
+                    if o.partition in lag:
+                        lag[o.partition] = max(lag[o.partition], o.lag)
+            except KafkaUnavailableError as exc:
+                log.info("admin offsets unavailable: %s", exc)
         now = self.clock()
         ends = sum(self._hwm.get(p, 0) for p in ctx.partitions)
         input_rate: float | None = None
@@ -494,7 +518,7 @@ class WorkerStatusSource:
         if input_rate is not None and not math.isfinite(input_rate):
             input_rate = None
         return MetricSample(
-            lag={p: self._lag.get(p, 0) for p in ctx.partitions},
+            lag=lag,
             input_rate=input_rate,
             processing_rate=rate if input_rate is not None else None,
             time=now,
@@ -564,7 +588,8 @@ class LocalControlPlane:
         self.ref = ConsumerRef(name=name, namespace="local", uid="local")
         self.platform = LocalPlatform(self.root / "workers", template, name=name, lease_s=lease_s)
         self.control = LocalWorkerControl(self.platform)
-        self.source = WorkerStatusSource(self.platform, self.control, self.ref)
+        self.admin = KafkaAdminClient({"bootstrap.servers": template.bootstrap_servers})
+        self.source = WorkerStatusSource(self.platform, self.control, self.ref, self.admin)
         self.controller = ConsumerController(
             _HandoffView(self.platform), self.control, release_deadline_s=handoff.release_deadline_s
         )
@@ -715,4 +740,5 @@ class LocalControlPlane:
 
     async def close(self, stop_workers: bool = True) -> None:
         await self.control.close()
+        self.admin.close()
         await self.platform.close(stop_workers=stop_workers)

@@ -1,0 +1,356 @@
+"""``multilane demo``: autoscaling with restore-before-handoff on one machine. Does I/O (starts a broker
+and worker processes, produces load, writes ``--out``).
+
+What it runs (steps 1-7, numbered as in :func:`_demo`):
+
+1. The embedded broker (or ``--bootstrap-servers``), a topic with ``--partitions`` partitions.
+2. The local control plane (:class:`multilane.operator.local.LocalControlPlane`): the operator's
+   ``ConsumerController`` and ``HandoffExecutor`` over worker subprocesses, starting with ONE worker
+   running :func:`multilane.demo_processors.stateful_io` (per-key counter in ``ctx.state`` + ~10 ms of
+   async I/O) at factor 1.
+3. The load generator: a lull, a burst, a long lull (delivery reports give the exact produced set).
+4. Every tick: the control plane decides (factor and replicas), moves partitions with
+   restore-before-handoff, scales back down; the live table (or plain lines when stdout is not a TTY)
+   shows lag, rates, replicas, factor and each partition's phase and owner.
+5. Drain: wait until every partition's committed offset reached the end of what was produced.
+6. Stop the workers (drain + final commit) and judge: delivery checkers on the processing log
+   (at-least-once, per-key order, no concurrent work on a key), state restored from the changelog
+   equals the per-key counts of the produced set.
+7. Summary (produced, processed, replayed, lost, each handoff's pause) and a PNG plot in ``--out``.
+
+Exit code: 0 when nothing was lost and every check passed, 1 otherwise, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+log = logging.getLogger("multilane.demo")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--duration", type=float, default=120.0, help="seconds of load (lull, burst, lull); default 120")
+    a("--bootstrap-servers", default=None, help="use this broker instead of starting the embedded one")
+    a("--out", default="multilane-demo-out", help="directory for the plot, summary and logs")
+    a("--partitions", type=int, default=4)
+    a("--keys", type=int, default=5000, help="distinct keys (uniform)")
+    a("--base-rate", type=float, default=200.0, help="records/s outside the burst")
+    a("--burst-rate", type=float, default=2500.0, help="records/s during the burst")
+    a("--sleep-ms", type=float, default=10.0, help="simulated I/O per record")
+    a("--max-replicas", type=int, default=3)
+    a("--max-factor", type=int, default=32)
+    a("--plain", action="store_true", help="plain progress lines even on a TTY")
+    a("--log-level", default="WARNING", help="log level of the control plane (stderr)")
+
+
+def _profile(duration: float, base: float, burst: float) -> tuple[Any, list[tuple[float, str]]]:
+    from multilane.worker.loadgen import RateProfile, RateStep
+
+    warm, peak = 0.15 * duration, 0.35 * duration
+    steps = (RateStep(base, warm), RateStep(burst, peak), RateStep(base, duration - warm - peak))
+    marks = [(warm, "lull"), (warm + peak, "burst"), (duration, "lull"), (float("inf"), "drain")]
+    return RateProfile(steps), marks
+
+
+def _load_name(marks: list[tuple[float, str]], t: float) -> str:
+    for end, name in marks:
+        if t < end:
+            return name
+    return "drain"
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.duration < 20 or args.partitions < 1 or args.max_replicas < 1 or args.max_factor < 1:
+        print("multilane demo: need --duration >= 20 and positive sizes", file=sys.stderr)
+        return 2
+    args.out_path = Path(args.out).absolute()
+    args.out_path.mkdir(parents=True, exist_ok=True)
+    try:
+        return asyncio.run(_demo(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from multilane.demo_check import judge, read_counts
+    from multilane.demo_processors import SLEEP_ENV
+    from multilane.demo_report import HandoffPause, Timeline, plot, processing_gap, summary_lines
+    from multilane.operator.handoff import HandoffConfig
+    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate, WorkerStatusSource
+    from multilane.operator.sources import MetricsUnavailableError, QueryContext
+    from multilane.operator.validation import validate_spec
+    from multilane.testing.broker import EmbeddedBroker
+    from multilane.testing.processors import read_event_log
+    from multilane.worker.loadgen import LoadResult, produce_paced
+
+    out: Path = args.out_path
+    run_id = uuid.uuid4().hex[:6]
+    events_log = out / f"events-{run_id}.log"
+    tty = sys.stdout.isatty() and not args.plain
+    broker = None
+    # 1. broker and topic
+    if args.bootstrap_servers:
+        bootstrap = args.bootstrap_servers
+    else:
+        broker = EmbeddedBroker(log_path=str(out / "broker.log")).start()
+        bootstrap = broker.bootstrap
+    topic, group = f"demo-{run_id}", f"demo-{run_id}"
+    try:
+        _create_topic(bootstrap, topic, args.partitions)
+        partitions = [f"{topic}/{i}" for i in range(args.partitions)]
+        # 2. control plane
+        spec, problems = validate_spec(
+            {
+                "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": group},
+                "workload": {"image": "local", "processor": "multilane.demo_processors:stateful_io"},
+                "scaling": {
+                    "minReplicas": 1,
+                    "maxReplicas": args.max_replicas,
+                    "minFactor": 1,
+                    "maxFactor": args.max_factor,
+                    "targetCatchUpSeconds": 10,
+                    "targetUtilisation": 0.7,
+                    "scaleDownDelaySeconds": max(10.0, args.duration * 0.15),
+                    "stabilisationSeconds": 4,
+                    "intervalSeconds": 2,
+                    "maxPartitionsMovedAtOnce": 1,
+                },
+            }
+        )
+        if spec is None:
+            print(f"multilane demo: {problems}", file=sys.stderr)
+            return 2
+        template = LocalWorkerTemplate(
+            bootstrap,
+            group,
+            "multilane.demo_processors:stateful_io",
+            factor=1,
+            drain_timeout_s=10.0,
+            env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(args.sleep_ms)},
+        )
+        cp = LocalControlPlane(
+            out / f"control-plane-{run_id}",
+            spec,
+            template,
+            partitions,
+            HandoffConfig(acceptable_recovery_lag=2000, learner_timeout_s=30.0, release_deadline_s=10.0),
+            name="demo",
+        )
+        sampler = WorkerStatusSource(cp.platform, cp.control, cp.ref, cp.admin)
+        ctx = QueryContext("local", "demo", group, partitions)
+        timeline = Timeline()
+        await cp.start()
+        print(
+            f"multilane demo: broker {bootstrap}, topic {topic} ({args.partitions} partitions), "
+            f"1 worker at factor 1; {args.duration:.0f}s of load; output in {out}",
+            flush=True,
+        )
+        # 3. load
+        profile, marks = _profile(args.duration, args.base_rate, args.burst_rate)
+        stop_load = threading.Event()
+        load: dict[str, LoadResult] = {}
+
+        def produce() -> None:
+            load["result"] = produce_paced(
+                bootstrap, topic, profile, keys=args.keys, zipf_s=0.0, seed=1, should_stop=stop_load.is_set
+            )
+
+        producer = threading.Thread(target=produce, name="demo-loadgen", daemon=True)
+        t0 = time.monotonic()
+        wall0 = time.time()
+        producer.start()
+        # 4.-5. control loop, display, drain
+        peak = {"replicas": 1, "factor": 1}
+        live = _Display(tty)
+        drain_deadline: float | None = None
+        last_sample = 0.0
+        try:
+            while True:
+                now = time.monotonic() - t0
+                try:
+                    report = await cp.tick()
+                except Exception:
+                    log.exception("control-plane tick failed")
+                    await asyncio.sleep(0.5)
+                    continue
+                for _kind, reason, message in report.events:
+                    if reason != "ScalingDecision" or "scale:" in message:
+                        timeline.events.append((now, reason, message))
+                        live.event(now, reason, message)
+                for record in report.handoffs:
+                    timeline.handoffs.append(HandoffPause(record, now, None))
+                if now - last_sample >= 1.0:
+                    last_sample = now
+                    try:
+                        m = await sampler.sample(ctx)
+                    except MetricsUnavailableError:
+                        m = None
+                    sample = _sample(now, m, cp.status, report, partitions, _load_name(marks, now))
+                    timeline.samples.append(sample)
+                    peak["replicas"] = max(peak["replicas"], sample.replicas)
+                    peak["factor"] = max(peak["factor"], sample.factor)
+                    live.show(sample, timeline, int(profile.due(min(now, profile.duration_s))))
+                if not producer.is_alive():
+                    if drain_deadline is None:
+                        drain_deadline = time.monotonic() + 90.0
+                        live.event(now, "Drain", "load finished; waiting until everything is committed")
+                    drained = _drained(sampler.last_statuses, load.get("result"))
+                    if drained or time.monotonic() > drain_deadline:
+                        break
+                await asyncio.sleep(0.25)
+        finally:
+            live.stop()
+            stop_load.set()
+            producer.join(60)
+            # 6. stop workers cleanly, then judge
+            await cp.close()
+        elapsed = time.monotonic() - t0
+        result = load.get("result")
+        produced = result.records if result is not None else []
+        events = read_event_log(events_log) if events_log.exists() else []
+        counts, _committed = await asyncio.to_thread(
+            read_counts, bootstrap, group, topic, range(args.partitions)
+        )
+        verdict = judge(produced, events, counts)
+        ends: dict[str, list[float]] = {}
+        for e in events:
+            if e.kind == "end":
+                ends.setdefault(f"{e.topic}/{e.partition}", []).append(e.time)
+        for i, hp in enumerate(timeline.handoffs):
+            done = wall0 + hp.at
+            gap = processing_gap(ends, hp.record.partition, done - hp.record.pause_s - 0.5, done + 0.5)
+            timeline.handoffs[i] = HandoffPause(hp.record, hp.at, gap)
+        # 7. summary and plot
+        png = None
+        if timeline.samples:
+            png = plot(
+                timeline, out / "demo.png", f"multilane demo: {args.partitions} partitions, stateful IO-bound"
+            )
+        lines = summary_lines(verdict, timeline, elapsed, png, peak)
+        print("\n".join(lines), flush=True)
+        (out / "summary.txt").write_text("\n".join(lines) + "\n")
+        (out / "timeline.json").write_text(
+            json.dumps(
+                {
+                    "samples": [asdict(s) for s in timeline.samples],
+                    "events": timeline.events,
+                    "handoffs": [
+                        {**asdict(h.record), "at": h.at, "processing_gap_s": h.processing_gap_s}
+                        for h in timeline.handoffs
+                    ],
+                },
+                indent=1,
+            )
+        )
+        return 0 if verdict.ok else 1
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic].result(15)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if t is not None and t.error is None and len(t.partitions) == partitions:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"topic {topic} did not appear")
+
+
+def _sample(now: float, m: Any, status: dict[str, Any], report: Any, partitions: list[str], load: str) -> Any:
+    from multilane.demo_report import DemoSample
+
+    members = {
+        p: w["worker"] for w in (status.get("assignment") or {}).get("members") or [] for p in w["partitions"]
+    }
+    phases = {p: "active" if p in members else "unassigned" for p in partitions}
+    owners = dict(members)
+    for mv in (status.get("rollout") or {}).get("moves") or []:
+        if mv["phase"] in ("learning", "releasing", "promoting", "pending"):
+            phases[mv["partition"]] = mv["phase"]
+            owners[mv["partition"]] = f"{mv.get('source') or '-'} -> {mv['target']}"
+    alive = sum(1 for w in report.workers if w.alive)
+    return DemoSample(
+        t=now,
+        lag=0 if m is None else m.total_lag,
+        input_rate=0.0 if m is None or m.input_rate is None else m.input_rate,
+        processing_rate=0.0 if m is None or m.processing_rate is None else m.processing_rate,
+        replicas=alive,
+        factor=int(status.get("factor") or 1),
+        phases=phases,
+        owners=owners,
+        load=load,
+    )
+
+
+def _drained(statuses: dict[str, dict[str, Any]], result: Any) -> bool:
+    """Every partition's committed offset reached the end of what was produced to it."""
+    if result is None:
+        return True
+    ends: dict[tuple[str, int], int] = {}
+    for r in result.records:
+        ends[(r.topic, r.partition)] = max(ends.get((r.topic, r.partition), 0), r.offset + 1)
+    committed: dict[tuple[str, int], int] = {}
+    for st in statuses.values():
+        for p in st.get("partitions") or []:
+            if p.get("committed") is not None:
+                committed[(str(p["topic"]), int(p["partition"]))] = int(p["committed"])
+    return all(committed.get(tp, -1) >= end for tp, end in ends.items())
+
+
+class _Display:
+    """Live rich table on a TTY; plain periodic lines otherwise (CI logs)."""
+
+    def __init__(self, tty: bool, every_s: float = 5.0) -> None:
+        self.tty = tty
+        self.every_s = every_s
+        self._last = -1e9
+        self._live: Any = None
+        if tty:
+            from rich.live import Live
+
+            self._live = Live(refresh_per_second=4, transient=False)
+            self._live.start()
+
+    def show(self, sample: Any, timeline: Any, produced: int) -> None:
+        from multilane.demo_report import live_view, plain_line
+
+        if self._live is not None:
+            self._live.update(live_view(sample, timeline, produced))
+        elif sample.t - self._last >= self.every_s:
+            self._last = sample.t
+            print(plain_line(sample), flush=True)
+
+    def event(self, t: float, reason: str, message: str) -> None:
+        if self._live is None:
+            print(f"t={t:5.0f}s event {reason}: {message}", flush=True)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            with contextlib.suppress(Exception):
+                self._live.stop()
+            self._live = None

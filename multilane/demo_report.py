@@ -1,0 +1,206 @@
+"""What the demo shows: the timeline it samples, the live table (rich), plain progress lines for logs,
+the summary and the PNG plot. Pure apart from :func:`plot` (writes a PNG) and the rich rendering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from multilane.operator.handoff import HandoffRecord
+
+__all__ = ["DemoSample", "HandoffPause", "Timeline", "live_view", "plain_line", "plot", "summary_lines"]
+
+
+@dataclass(frozen=True)
+class DemoSample:
+    """One look at the system. ``t``: seconds since the demo started."""
+
+    t: float
+    lag: int
+    input_rate: float
+    processing_rate: float
+    replicas: int  # alive workers
+    factor: int
+    phases: Mapping[str, str]  # partition -> active | learning | releasing | promoting | pending
+    owners: Mapping[str, str]  # partition -> owner (or "A -> B" during a move)
+    load: str  # which step of the load profile runs
+
+
+@dataclass(frozen=True)
+class HandoffPause:
+    """A completed move with its pause measured two ways: by the control plane (release call to end of
+    the promotion call) and from the processing log (longest gap between completions of the partition
+    around the handoff)."""
+
+    record: HandoffRecord
+    at: float  # seconds since start, when the move completed
+    processing_gap_s: float | None
+
+
+@dataclass
+class Timeline:
+    samples: list[DemoSample] = field(default_factory=list)
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, reason, message)
+    handoffs: list[HandoffPause] = field(default_factory=list)
+
+
+_PHASE_STYLE = {
+    "active": "green",
+    "learning": "yellow",
+    "releasing": "magenta",
+    "promoting": "cyan",
+    "pending": "dim",
+}
+
+
+def live_view(s: DemoSample, timeline: Timeline, produced: int) -> Group:
+    """The live terminal view: headline figures, one row per partition, the latest events."""
+    head = Table.grid(padding=(0, 3))
+    for _ in range(7):
+        head.add_column()
+    head.add_row(
+        f"t={s.t:5.0f}s",
+        f"load: {s.load}",
+        f"lag: {s.lag:,}",
+        f"in: {s.input_rate:,.0f} rec/s",
+        f"processed: {s.processing_rate:,.0f} rec/s",
+        f"replicas: {s.replicas}",
+        f"factor: {s.factor}",
+    )
+    parts = Table(title=f"partitions (produced so far ~{produced:,})", expand=False)
+    parts.add_column("partition")
+    parts.add_column("phase")
+    parts.add_column("owner")
+    for p in sorted(s.phases, key=lambda x: (x.rpartition("/")[0], int(x.rpartition("/")[2]))):
+        phase = s.phases[p]
+        parts.add_row(p, Text(phase, style=_PHASE_STYLE.get(phase, "")), s.owners.get(p, "-"))
+    events = Table(title="events", show_header=False, expand=False)
+    events.add_column("t", justify="right")
+    events.add_column("event")
+    for t, reason, message in timeline.events[-8:]:
+        events.add_row(f"{t:.0f}s", f"{reason}: {message}"[:140])
+    return Group(head, parts, events)
+
+
+def plain_line(s: DemoSample) -> str:
+    """One progress line for logs (stdout is not a TTY)."""
+    moving = {p: ph for p, ph in s.phases.items() if ph != "active"}
+    moves = " ".join(f"{p}:{ph}({s.owners.get(p, '-')})" for p, ph in sorted(moving.items()))
+    return (
+        f"t={s.t:5.0f}s load={s.load:<6} lag={s.lag:>7,} in={s.input_rate:>6,.0f}/s "
+        f"processed={s.processing_rate:>6,.0f}/s replicas={s.replicas} factor={s.factor}"
+        + (f" moving: {moves}" if moves else "")
+    )
+
+
+def summary_lines(
+    verdict: Any, timeline: Timeline, elapsed_s: float, png: Path | None, peak: Mapping[str, int]
+) -> list[str]:
+    """The end-of-run summary (``verdict``: :class:`multilane.demo_check.Verdict`)."""
+    out = [
+        "",
+        "=== multilane demo: summary ===",
+        f"duration            {elapsed_s:.0f} s",
+        f"produced            {verdict.produced:,}",
+        f"processed           {verdict.processed:,}",
+        f"replayed            {verdict.replayed:,}   (at-least-once: processed again after a handoff)",
+        f"lost                {verdict.lost:,}",
+        f"peak replicas       {peak.get('replicas', 0)}   peak factor {peak.get('factor', 0)}",
+    ]
+    for c in verdict.checks:
+        out.append(f"check {c.name:<14}{'ok' if c.ok else 'FAILED'}  {c.counts}")
+        out.extend(f"    {v}" for v in c.violations[:3])
+    if verdict.state_ok is not None:
+        out.append(f"state vs produced   {'ok' if verdict.state_ok else 'MISMATCH'}  {verdict.state_detail}")
+    out.append(f"handoffs            {len(timeline.handoffs)}")
+    for h in timeline.handoffs:
+        r = h.record
+        gap = "n/a" if h.processing_gap_s is None else f"{h.processing_gap_s:.2f}s"
+        out.append(
+            f"  t={h.at:4.0f}s {r.partition:<12} {r.source or '-'} -> {r.target}  warm-up {r.learn_s:.2f}s  "
+            f"pause {r.pause_s:.2f}s (control plane), longest gap in processing {gap}"
+            + ("  [eager fallback]" if r.eager else "")
+        )
+    if timeline.handoffs:
+        worst = max(h.record.pause_s for h in timeline.handoffs)
+        out.append(f"longest handoff pause {worst:.2f}s")
+    if png is not None:
+        out.append(f"plot                {png}")
+    out.append("result              " + ("OK" if verdict.ok else "FAILED"))
+    return out
+
+
+def plot(timeline: Timeline, path: Path, title: str) -> Path:
+    """Lag, rates, replicas and factor over time, handoffs marked; writes a PNG (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = timeline.samples
+    t = [s.t for s in samples]
+    fig, axes = plt.subplots(3, 1, figsize=(11, 8.5), sharex=True, constrained_layout=True)
+    ax_lag, ax_rate, ax_size = axes
+    ax_lag.plot(t, [s.lag for s in samples], color="tab:red", label="lag (records)")
+    ax_lag.set_ylabel("lag (records)")
+    ax_lag.set_title(title)
+    ax_rate.plot(t, [s.input_rate for s in samples], color="tab:blue", label="input rate")
+    ax_rate.plot(t, [s.processing_rate for s in samples], color="tab:green", label="processing rate")
+    ax_rate.set_ylabel("records/s")
+    ax_size.step(t, [s.replicas for s in samples], where="post", color="tab:purple", label="replicas (alive)")
+    ax_size.set_ylabel("replicas")
+    ax_f = ax_size.twinx()
+    ax_f.step(
+        t, [s.factor for s in samples], where="post", color="tab:orange", label="factor (lanes/partition)"
+    )
+    ax_f.set_ylabel("factor")
+    ax_size.set_xlabel("seconds since start")
+    for h in timeline.handoffs:
+        for ax in axes:
+            ax.axvline(h.at, color="grey", alpha=0.35, linewidth=1)
+    moving = [s.t for s in samples if any(ph != "active" for ph in s.phases.values())]
+    for x in moving:
+        ax_lag.axvspan(x - 0.5, x + 0.5, color="gold", alpha=0.15, linewidth=0)
+    for ax in (ax_lag, ax_rate):
+        ax.legend(loc="upper right")
+        ax.grid(alpha=0.3)
+    lines = ax_size.get_legend_handles_labels()
+    lines_f = ax_f.get_legend_handles_labels()
+    ax_size.legend(lines[0] + lines_f[0], lines[1] + lines_f[1], loc="upper right")
+    ax_size.grid(alpha=0.3)
+    ax_size.set_ylim(0, max([s.replicas for s in samples] + [1]) + 1)
+    ax_f.set_ylim(0, max([s.factor for s in samples] + [1]) * 1.2 + 1)
+    ax_lag.text(
+        0.01,
+        0.95,
+        "shaded: partitions moving (learning / releasing / promoting); grey lines: handoffs done",
+        transform=ax_lag.transAxes,
+        fontsize=8,
+        va="top",
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def processing_gap(
+    ends_by_partition: Mapping[str, Sequence[float]], partition: str, start: float, end: float
+) -> float | None:
+    """Longest gap between consecutive completions of ``partition`` that overlaps [start, end]."""
+    times = ends_by_partition.get(partition) or []
+    best: float | None = None
+    prev: float | None = None
+    for x in times:
+        if prev is not None and x >= start and prev <= end:
+            gap = x - prev
+            best = gap if best is None else max(best, gap)
+        prev = x
+    return best
