@@ -31,6 +31,7 @@ import base64
 import json
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -432,6 +433,7 @@ class OperatorHandlers:
         if spec is None:
             return
         async with self._lock(ref.uid):
+            started = time.monotonic()
             try:
                 await self._tick(ref, fresh, spec, status)
             except KubeError as exc:
@@ -440,6 +442,8 @@ class OperatorHandlers:
             except Exception:
                 self.metrics.errors.labels("internal").inc()
                 log.exception("%s/%s: control loop failed; retrying next tick", ref.namespace, ref.name)
+            finally:
+                log.debug("%s/%s: pass took %.2fs", ref.namespace, ref.name, time.monotonic() - started)
 
     async def _tick(
         self, ref: ch.ConsumerRef, body: Mapping[str, Any], spec: ConsumerSpec, status: dict[str, Any]

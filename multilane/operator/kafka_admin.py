@@ -8,6 +8,7 @@ into a condition instead of crashing.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,15 @@ class KafkaAdminClient:
         self._consumer_group = ""
         self._lock = threading.Lock()  # librdkafka handles are thread-safe; creation is guarded
 
+    def _client_defaults(self) -> dict[str, Any]:
+        # librdkafka's log lines go to Python logging (not stderr), and an unreachable cluster is
+        # retried at most every 10 s rather than every 50 ms.
+        return {
+            "socket.timeout.ms": int(self.timeout_s * 1000),
+            "reconnect.backoff.max.ms": 10_000,
+            "logger": logging.getLogger("multilane.operator.kafka"),
+        }
+
     def close(self) -> None:
         with self._lock:
             if self._consumer is not None:
@@ -64,7 +74,7 @@ class KafkaAdminClient:
 
         with self._lock:
             if self._admin is None:
-                self._admin = AdminClient({**self.config, "socket.timeout.ms": int(self.timeout_s * 1000)})
+                self._admin = AdminClient({**self.config, **self._client_defaults()})
             admin = self._admin
         try:
             metadata = admin.list_topics(timeout=self.timeout_s)
@@ -89,7 +99,7 @@ class KafkaAdminClient:
                 if self._consumer is not None:
                     self._consumer.close()
                 self._consumer = Consumer(
-                    {**self.config, "group.id": group, "enable.auto.commit": False, "socket.timeout.ms": 5000}
+                    {**self.config, **self._client_defaults(), "group.id": group, "enable.auto.commit": False}
                 )
                 self._consumer_group = group
             consumer = self._consumer

@@ -28,6 +28,10 @@ NS = "team-a"
 TOKEN = "t" * 40
 
 
+# Access logs of the in-test HTTP servers cost CPU on a loaded machine and say nothing new.
+logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
 @pytest_asyncio.fixture
 async def api() -> AsyncIterator[tuple[ApiServerEmulator, str]]:
     """The emulated API server with the ParallelConsumer CRD and the builtin resources used."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -102,9 +103,10 @@ class WorkerFleet:
                     namespace=namespace,
                     name=name,
                     holder=name,
-                    lease_duration_s=6.0,
-                    stop_margin_s=2.0,
-                    renew_interval_s=0.5,
+                    lease_duration_s=15.0,
+                    stop_margin_s=5.0,
+                    renew_interval_s=2.0,
+                    request_timeout_s=5.0,
                 ),
                 on_lost=lost,
             )
@@ -202,7 +204,7 @@ class WorkerFleet:
 
 
 class StatefulSetControllerDouble:
-    """Pods for the StatefulSets in ``namespace`` (every ``period_s``), with a fleet worker each."""
+    """Pods for the StatefulSets in ``namespace`` (every second), with a fleet worker each."""
 
     def __init__(self, kube: KubeClient, fleet: WorkerFleet, api_url: str, namespace: str) -> None:
         self.kube = kube
@@ -240,7 +242,7 @@ class StatefulSetControllerDouble:
         while True:
             with contextlib.suppress(Exception):
                 await self.sync_once()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -286,6 +288,8 @@ async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1,
         if asyncio.iscoroutine(last):
             last = await last
         if last:
+            if os.environ.get("MULTILANE_TEST_TIMING"):
+                print(f"[{time.monotonic() - deadline + timeout:6.1f}s] {what}", flush=True)
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}: last={last!r}")

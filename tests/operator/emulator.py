@@ -20,6 +20,8 @@ Emulated here (kmock 0.8 lacks them; see /work/shared/FACTS.md):
 - garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
   object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively).
 
+The request log (``kmock.requests``) keeps only the requests in flight (see ``_handle``).
+
 Not emulated: controllers (no pods appear for a StatefulSet; tests create them), label-selector
 filtering on the server (the operator filters on its side too), watch ``resourceVersion``
 bookmarks, RBAC/authentication, admission webhooks.
@@ -87,6 +89,8 @@ def default_and_prune(obj: Any, schema: Mapping[str, Any], *, root: bool = False
 @attrs.define(kw_only=True)
 class ApiServerEmulator(kmock.KubernetesEmulator):
     _schemas: dict[kmock.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _validators: dict[kmock.resource, Any] = attrs.field(factory=dict, init=False)
+    _inflight: list[kmock.Request] = attrs.field(factory=list, init=False)
     _scale_paths: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
     _status_subresource: set[kmock.resource] = attrs.field(factory=set, init=False)
 
@@ -116,6 +120,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 subresources=subresources,
             )
             self._schemas[res] = version["schema"]["openAPIV3Schema"]
+            plain = _strip_x(self._schemas[res])
+            plain.get("properties", {}).pop("metadata", None)
+            self._validators[res] = jsonschema.Draft7Validator(plain)
             if "status" in subresources:
                 self._status_subresource.add(res)
             scale = (version.get("subresources") or {}).get("scale")
@@ -150,9 +157,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if schema is None:
             return obj
         obj = default_and_prune(obj, schema, root=True)
-        try:
-            jsonschema.validate({k: v for k, v in obj.items() if k != "metadata"}, _strip_x(schema))
-        except jsonschema.ValidationError as exc:
+        errors = list(self._validators[res].iter_errors({k: v for k, v in obj.items() if k != "metadata"}))
+        if errors:
+            exc = errors[0]
             path = ".".join(str(p) for p in exc.absolute_path)
             raise kmock.KubernetesError(
                 status=422, reason="Invalid", message=f"{path}: {exc.message}"
@@ -163,6 +170,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         """A changed copy of the request, put in the original's place in the request log (kmock's
         reaction filters find requests by identity there)."""
         evolved = attrs.evolve(original, **changes)
+        self._inflight.append(evolved)  # removed with the original's handling (same request)
         for i in range(len(self._requests) - 1, -1, -1):
             if self._requests[i] is original:
                 self._requests[i] = evolved
@@ -187,6 +195,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # ---- request handling ------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # kmock matches a request to its reactions by identity against the whole request log: keep
+        # only the requests in flight, or every request costs O(requests so far).
+        self._inflight.append(request)
+        self._requests[:] = [r for r in self._requests if any(r is f for f in self._inflight)]
+        try:
+            return await self._dispatch(request)
+        finally:
+            done = [f for f in self._inflight if f is request or f._raw_request is request._raw_request]
+            self._inflight[:] = [f for f in self._inflight if not any(f is d for d in done)]
+
+    async def _dispatch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
         if res is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
             return await self._create(request)
@@ -282,7 +301,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         diff = self._merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
         response = await super()._handle(evolved)
-        await self._collect_garbage()  # a finalizer removal may have completed a deletion
+        key = (res, request.namespace, request.name)
+        if key in self.objects and self.objects[key].deleted:
+            await self._collect_garbage()  # a finalizer removal completed a deletion
         return response
 
     @staticmethod
