@@ -48,7 +48,7 @@ class EngineConfig:
     consume_batch: int = 2000  # max records per consume() call
     sync_batch: int = 64  # max records per thread-pool submission (sync processors)
     max_threads: int = 256  # thread pool size bound for sync processors
-    yield_every: int = 64  # a lane runner yields to the loop after this many records in a row
+    yield_every: int = 128  # a lane runner yields to the loop after this many records in a row
     drain_timeout_s: float = 30.0  # shutdown: how long in-flight records may take to finish
     progress_topic: str | None = None  # None: "multilane-progress.<group>"
     # Raise the garbage collector's generation-0 threshold to this (0 = leave it): the engine makes

@@ -83,8 +83,19 @@ class OffsetTracker:
 
     def complete_many(self, offsets: Iterable[int]) -> None:
         """Mark several offsets finished (bulk form of :meth:`complete`)."""
+        window = self._window
+        if not window:
+            for o in offsets:
+                self.complete(o)
+            return
+        lo = window[0]
+        hi = window[-1]
+        add = self._done.add
         for o in offsets:
-            self.complete(o)
+            if lo <= o <= hi:
+                add(o)
+            else:
+                self.complete(o)
 
     def reset(self, position: int) -> None:
         """Forget everything and restart at ``position`` (after a seek)."""
