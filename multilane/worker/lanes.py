@@ -106,19 +106,23 @@ class Lane:
     """
 
     def __init__(self, index: int, key_range: KeyRange, host: LaneHost, env: LaneEnv,
-                 concurrency: int, blocking: bool) -> None:
+                 concurrency: int, blocking: bool, block_all: bool = False) -> None:
         self.index = index
         self.key_range = key_range
         self.host = host
         self.env = env
         self.blocking = blocking
+        # partition mode: a failed record parks *every* later record (one ordering unit), not only
+        # those of its key hash
+        self.block_all = block_all
         self.queue: deque[Work] = deque()
         self.running = 0
         self.holding = False  # True while the group re-routes: runners take nothing
         self.closed = False
         self.concurrency = concurrency
         self.slots: list[RunSlot] = []
-        self.blocked: dict[int, _Parked] = {}  # key hash -> parked key (blocking lanes only)
+        # block key (key hash, or 0 when block_all) -> parked unit (blocking lanes only)
+        self.blocked: dict[int, _Parked] = {}
         self._timers: dict[Work, asyncio.TimerHandle] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._tasks: list[asyncio.Task[None]] = []
@@ -189,8 +193,10 @@ class Lane:
 
     def retry_later(self, work: Work, delay: float) -> None:
         """Run ``work`` again after ``delay`` s; a blocking lane parks its key meanwhile."""
-        if self.blocking and work.key_hash not in self.blocked:
-            self.blocked[work.key_hash] = _Parked(work)
+        if self.blocking:
+            bk = 0 if self.block_all else work.key_hash
+            if bk not in self.blocked:
+                self.blocked[bk] = _Parked(work)
         loop = asyncio.get_running_loop()
         self._timers[work] = loop.call_later(delay, self._retry_due, work)
 
@@ -206,9 +212,10 @@ class Lane:
         """``work`` finished for good (success or dead letter): release its parked key."""
         blocked = self.blocked
         if blocked:
-            p = blocked.get(work.key_hash)
+            bk = 0 if self.block_all else work.key_hash
+            p = blocked.get(bk)
             if p is not None and p.head is work:
-                del blocked[work.key_hash]
+                del blocked[bk]
                 if p.waiting:
                     self.queue.extendleft(reversed(p.waiting))
                     if not self.holding:
@@ -216,7 +223,7 @@ class Lane:
 
     def _parks(self, work: Work) -> bool:
         """True when ``work`` must wait behind a failed record of its key (and was parked)."""
-        p = self.blocked.get(work.key_hash)
+        p = self.blocked.get(0 if self.block_all else work.key_hash)
         if p is None or p.head is work:
             return False
         p.waiting.append(work)
@@ -396,7 +403,7 @@ class LaneGroup:
         if self.mode is OrderingMode.KEY:
             return [Lane(i, r, self.host, self.env, 1, True) for i, r in enumerate(layout.ranges)]
         if self.mode is OrderingMode.PARTITION:
-            return [Lane(0, FULL_RANGE, self.host, self.env, 1, True)]
+            return [Lane(0, FULL_RANGE, self.host, self.env, 1, True, block_all=True)]
         return [Lane(0, FULL_RANGE, self.host, self.env, self.factor, False)]
 
     def start(self) -> None:
