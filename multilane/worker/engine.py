@@ -392,8 +392,8 @@ class Engine:
         3. Let the state hooks restore (``open_partition``; blocking, on a worker thread).
         4. Create the runtimes, start their lanes, and ``incremental_assign`` at the committed offsets.
         """
-        # 1. committed offsets
-        committed = self._committed(tps)
+        # 1. committed offsets (a short-lived client on a worker thread: the loop keeps processing)
+        committed = await self._run_io(self._committed_blocking, tps)
         # 2. progress
         progress = await asyncio.gather(*(self._run_io(self._load_progress, tp, committed[tp])
                                           for tp in tps))
@@ -420,10 +420,23 @@ class Engine:
         if self.user_paused:
             rt.user_paused = True
 
-    def _committed(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets and metadata of ``tps`` (blocking consumer call on the loop thread)."""
+    def _committed_blocking(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
+        """Committed offsets via a separate client of the same group (blocking; worker thread)."""
+        cfg = self.config
+        client = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group,
+                           "enable.auto.commit": False, **_client_security(cfg.consumer_overrides)})
+        try:
+            return self._committed(tps, client)
+        finally:
+            client.close()
+
+    def _committed(self, tps: list[TopicPartitionId],
+                   client: Any = None) -> dict[TopicPartitionId, _Committed]:
+        """Committed offsets and metadata of ``tps`` (blocking; by default the engine's consumer,
+        which may only be used on the loop thread)."""
         out: dict[TopicPartitionId, _Committed] = {}
-        result = self._consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=15)
+        consumer = client if client is not None else self._consumer
+        result = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=15)
         for tp in result:
             off = tp.offset if tp.offset >= 0 else None
             out[(tp.topic, tp.partition)] = (off, getattr(tp, "metadata", None))

@@ -10,6 +10,7 @@ produced again after a pause, for as long as it takes (the broker may be unreach
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import traceback
@@ -85,6 +86,8 @@ class DeadLetterPublisher:
         self._ensure_topic = ensure_topic
         self._retry_delay_s = retry_delay_s
         self._known_topics: set[str] = set()
+        # topics being created -> dead letters waiting for them (loop thread only)
+        self._creating: dict[str, list[tuple[Record, list[tuple[str, bytes]], Callable[[], None]]]] = {}
         self._closed = False
         self.pending = 0  # dead letters produced and not yet acknowledged
 
@@ -119,13 +122,15 @@ class DeadLetterPublisher:
             self.pending -= 1
             return
         if topic not in self._known_topics and self._ensure_topic is not None:
-            try:
-                self._ensure_topic(topic)
-                self._known_topics.add(topic)
-            except Exception as exc:  # broker down: try again later
-                log.warning("cannot create dead-letter topic %s yet: %s", topic, exc)
-                self._later(topic, record, headers, on_done)
-                return
+            # Create the topic on a worker thread (admin calls block); produce once it exists.
+            waiting = self._creating.get(topic)
+            if waiting is None:
+                waiting = self._creating[topic] = []
+                loop = asyncio.get_running_loop()
+                fut = loop.run_in_executor(None, self._ensure_topic, topic)
+                fut.add_done_callback(functools.partial(self._created, topic))
+            waiting.append((record, headers, on_done))
+            return
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
@@ -144,6 +149,19 @@ class DeadLetterPublisher:
         except Exception as exc:
             log.warning("dead letter produce failed (%s); retrying", exc)
             self._later(topic, record, headers, on_done)
+
+    def _created(self, topic: str, fut: asyncio.Future[None]) -> None:
+        waiting = self._creating.pop(topic, [])
+        exc = fut.exception() if not fut.cancelled() else None
+        if fut.cancelled() or exc is not None:
+            log.warning("cannot create dead-letter topic %s yet (%s); retrying", topic, exc)
+        else:
+            self._known_topics.add(topic)
+        for record, headers, on_done in waiting:
+            if exc is None and not fut.cancelled():
+                self._produce(topic, record, headers, on_done)
+            else:
+                self._later(topic, record, headers, on_done)
 
     def _later(
         self, topic: str, record: Record, headers: list[tuple[str, bytes]], on_done: Callable[[], None]
