@@ -153,7 +153,7 @@ def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
             f"{s['lag_seconds']:,.0f}",
             f"{s['pod_seconds']:,.0f}",
             f"{s['scaling_actions']:.1f}",
-            f"{s['drained']:.0%}",
+            "-" if s["drained"] is None else f"{s['drained']:.0%}",
         )
     console.print(table)
     console.print(f"runs written to {out / 'runs.parquet'}")

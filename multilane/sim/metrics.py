@@ -21,7 +21,8 @@ class RunMetrics:
     time_to_drain_s: float | None
     """From the trace's event to the lag back under the drain threshold; None if it never drained
     (or the trace has no event)."""
-    drained: bool
+    drained: bool | None
+    """Whether the lag drained after the event; None when the trace has no event."""
     scaling_actions: int
     """Decisions that changed replicas or factor."""
     partition_moves: int
@@ -37,11 +38,11 @@ class RunMetrics:
 
 def time_to_drain(
     time_s: np.ndarray, lag: np.ndarray, input_rate: np.ndarray, event_time_s: float | None
-) -> tuple[float | None, bool]:
+) -> tuple[float | None, bool | None]:
     """Seconds from ``event_time_s`` until the lag, having risen above the threshold, falls back under
-    it (0 when it never rose); (None, False) when it never falls back or there is no event."""
+    it (0 when it never rose); (None, False) when it never falls back; (None, None) without event."""
     if event_time_s is None:
-        return None, False
+        return None, None
     threshold = np.maximum(100.0, input_rate * DRAIN_THRESHOLD_S)
     after = time_s >= event_time_s
     above = after & (lag > threshold)

@@ -108,7 +108,9 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lag_seconds": sum(r["lag_seconds"] for r in rs) / n,
                 "pod_seconds": sum(r["pod_seconds"] for r in rs) / n,
                 "scaling_actions": sum(r["scaling_actions"] for r in rs) / n,
-                "drained": sum(1 for r in rs if r["drained"]) / n,
+                "drained": (
+                    None if all(r["drained"] is None for r in rs) else sum(1 for r in rs if r["drained"]) / n
+                ),
             }
         )
     out.sort(key=lambda r: (r["trace"], r["lag_seconds"]))

@@ -17,6 +17,7 @@ from multilane.sim.engine import SimResult, make_policy, simulate
 from multilane.sim.model import Cluster, ScalingMode, SimConfig, balanced_assignment
 from multilane.sim.policies import KedaHpaConfig, KedaHpaPolicy, MultilanePolicy
 from multilane.sim.report import comparison_rows, verdicts
+from multilane.sim.sweep import run_case, summarise, sweep_grid
 from multilane.sim.traces import Trace, bursts_trace, make_trace, parse_csv_trace, step_trace
 
 SIM = SimConfig()
@@ -229,3 +230,17 @@ def test_cli_csv_trace_and_bad_arguments(tmp_path: Path, capsys: pytest.CaptureF
     assert "load" in out and "multilane" in out
     assert main(["simulate", "--trace", "nope"]) == 2
     assert main(["simulate", "--set", "bogus=1"]) == 2
+
+
+def test_sweep_grid_and_local_cases() -> None:
+    variants = [("multilane", {}), ("keda-hpa", {"lag_threshold": 100.0})]
+    cases = sweep_grid(["step", "diurnal"], [1], 300, variants=variants, sim_overrides=[{}, {"noise": False}])
+    assert len(cases) == 2 * 2 * 1 * 2
+    rows = [run_case(c) for c in cases]
+    assert {r["policy"] for r in rows} == {"multilane", "keda-hpa"}
+    assert all(r["produced"] == pytest.approx(r["processed"] + r["final_lag"]) for r in rows)
+    summary = summarise(rows)
+    assert len(summary) == 8
+    assert all(s["drained"] is None for s in summary if s["trace"] == "diurnal")
+    with pytest.raises(ValueError, match="unknown policy"):
+        run_case({**cases[0], "policy": "nope"})
