@@ -218,8 +218,8 @@ def body(args: argparse.Namespace, report: Report) -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report.note(
-        "Replay and tail are read with the same reader and decoded by the state store's codec; "
-        "the embedded broker never delivers tombstones (their deletes come from the D envelopes)."
+        "Replay and tail are read with the same reader (confluent-kafka, assign) and decoded by the state "
+        "store's codec; records = changelog records including the tombstones that follow deletes."
     )
 
 

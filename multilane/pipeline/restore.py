@@ -78,8 +78,7 @@ def restore_from_snapshot_and_tail(
     # 3.
     t1 = time.perf_counter()
     tail_from = part.changelog_offset if part is not None else 0
-    replayer = ChangelogReplayer(committed_offset, initial=None)
-    replayer.state = state
+    replayer = ChangelogReplayer(committed_offset, initial=state)
     cfg = consumer_config(bootstrap, kafka_config)
     changelog_reader = ChangelogRangeReader(cfg, idle_timeout_s=idle_timeout_s)
     replayer.apply_all(
