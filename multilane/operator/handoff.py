@@ -236,8 +236,12 @@ class HandoffExecutor:
         # 4. Plan a rollout when none runs.
         if rollout is None or rollout.finished:
             rollout = await self._plan(assignment, by_name, obs, partitions, receivers, replicas, result)
-        # 5. Advance the rollout.
+        # 5. Advance the rollout (moves toward workers no longer eligible are given up first).
         if rollout is not None:
+            kept = await self._drop_ineligible(rollout, receivers, by_name, result)
+            if kept != rollout:
+                rollout = kept
+                await self.persist(assignment, rollout)
             for _ in range(self.max_rounds):
                 before = rollout
                 rollout, actions = self.coordinator.step(rollout, obs, self.clock())
@@ -417,6 +421,39 @@ class HandoffExecutor:
                     )
                 )
         return assignment
+
+    async def _drop_ineligible(
+        self,
+        rollout: Rollout,
+        receivers: set[str],
+        by_name: Mapping[str, WorkerInfo],
+        result: HandoffStep,
+    ) -> Rollout:
+        """Abandon moves not yet released whose target may no longer receive partitions (the decided
+        replica count fell below it): the source keeps the partition; the target's learner is dropped.
+        Moves already released go on (the partition has no other owner)."""
+        moves = list(rollout.moves)
+        changed = False
+        for i, m in enumerate(moves):
+            if m.phase in (MovePhase.PENDING, MovePhase.LEARNING) and m.target not in receivers:
+                moves[i] = m.advance(MovePhase.ABANDONED, self.clock())
+                changed = True
+                result.events.append(
+                    (
+                        "Normal",
+                        "HandoffCancelled",
+                        f"{m.partition}: {m.target} is leaving; {m.source} keeps it",
+                    )
+                )
+                target = by_name.get(m.target)
+                if m.phase is MovePhase.LEARNING and target is not None and target.alive:
+                    try:
+                        await self.control.drop(target.control_url, [m.partition])
+                    except WorkerUnreachableError as exc:
+                        log.info("drop %s on %s: %s", m.partition, m.target, exc)
+        if not changed:
+            return rollout
+        return replace(rollout, moves=tuple(moves))
 
     async def _unpause(self, worker: WorkerInfo) -> None:
         """Work around the engine keeping a partition paused when it gets back one it released before

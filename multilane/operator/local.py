@@ -633,9 +633,7 @@ class LocalControlPlane:
         an empty assignment do not create a smaller one), then make sure the decided replica count
         runs (at least ``min_replicas``)."""
         await asyncio.to_thread(self._ensure_progress_topic)
-        replicas = int(
-            (self.status.get("lastDecision") or {}).get("replicas") or self.platform.replicas or 0
-        )
+        replicas = int((self.status.get("lastDecision") or {}).get("replicas") or self.platform.replicas or 0)
         await self.platform.ensure_workers(self.ref, max(replicas, self.spec.min_replicas))
 
     async def tick(self) -> TickReport:

@@ -179,8 +179,9 @@ async def start_one_worker(h: Harness) -> LocalControlPlane:
     return cp
 
 
-def scale(cp: LocalControlPlane, replicas: int) -> None:
-    cp.spec = dataclasses.replace(cp.spec, replicas=replicas)
+def scale(cp: LocalControlPlane, h: Harness, replicas: int) -> None:
+    """Change the (pinned) replica count, as editing the resource's spec would."""
+    h.spec = cp.spec = dataclasses.replace(cp.spec, replicas=replicas)
 
 
 def balanced(cp: LocalControlPlane, workers: int) -> bool:
@@ -195,14 +196,14 @@ async def test_scale_up_and_down_under_load_with_state(harness: Harness) -> None
     h.start_load(200, 18)
     await asyncio.sleep(2)
     # Scale-up: the new worker learns each partition before the old owner releases it.
-    scale(cp, 2)
+    scale(cp, h, 2)
     await tick_until(cp, lambda: balanced(cp, 2), 60, "2 workers with 2 partitions each")
     up = list(cp.executor.completed)
     assert len(up) == 2 and {r.target for r in up} == {"w-1"}
     assert not any(r.eager for r in up), up  # caught up before the release: no eager fallback
     assert all(r.pause_s < 10 for r in up), up
     # Scale-down: the staying worker learns the leaving one's partitions, then w-1 is removed.
-    scale(cp, 1)
+    scale(cp, h, 1)
     await tick_until(
         cp,
         lambda: set(owners(cp).values()) == {"w-0"} and "w-1" not in cp.platform.workers(),
@@ -263,7 +264,7 @@ async def test_kill_worker_during_handoff_step(
     cp.executor.on_action = hook
     h.start_load(200, 15)
     await asyncio.sleep(2)
-    scale(cp, 2)
+    scale(cp, h, 2)
     await tick_until(cp, lambda: bool(killed), 60, f"a kill during {step}")
     # The platform restarts the killed worker; the rollout re-plans and completes.
     await tick_until(cp, lambda: balanced(cp, 2), 90, f"balanced after a kill during {step}")
@@ -284,7 +285,7 @@ async def test_control_plane_crash_mid_rollout_resumes_from_status(harness: Harn
             raise CrashError(f"control plane dies before {a}")
 
     cp.executor.on_action = crash
-    scale(cp, 2)
+    scale(cp, h, 2)
     with pytest.raises(CrashError):
         await tick_until(cp, lambda: False, 60, "crash")
     persisted = cp.status_path.read_text()
