@@ -38,16 +38,21 @@ log = logging.getLogger(__name__)
 FULL_RANGE = KeyRange(0, HASH_SPACE)
 
 
-class Work:
-    """One record on its way through a lane."""
+@dataclass(slots=True, eq=False)
+class Work(Record):
+    """One record on its way through a lane: the :class:`Record` the processor receives, with the
+    engine's bookkeeping attached (one object per record instead of two; processors see a Record).
 
-    __slots__ = ("attempt", "key_hash", "nbytes", "record")
+    Compared by identity (``eq=False``): the engine keys dicts by work items.
+    """
 
-    def __init__(self, record: Record, key_hash: int, nbytes: int) -> None:
-        self.record = record
-        self.key_hash = key_hash  # routing hash: key_hash(key), or of the offset for null keys
-        self.nbytes = nbytes  # what it counts against the byte bound
-        self.attempt = 1  # 1-based number of the next attempt
+    key_hash: int = 0  # routing hash: key_hash(key), or of the offset for null keys
+    nbytes: int = 0  # what it counts against the byte bound
+    attempt: int = 1  # 1-based number of the next attempt
+
+    # identity semantics (Record's dataclass __eq__ would make it unhashable)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
 
 class RunSlot:
@@ -248,17 +253,17 @@ class Lane:
 
     def incomplete_offsets(self) -> list[int]:
         """Offsets of every record of this lane that is not finished (for diagnostics)."""
-        out = [w.record.offset for w in self.queue]
+        out = [w.offset for w in self.queue]
         for p in self.blocked.values():
-            out.extend(w.record.offset for w in p.waiting)
-        out.extend(w.record.offset for w in self._timers)
-        out.extend(s.work.record.offset for s in self.slots if s.work is not None)
+            out.extend(w.offset for w in p.waiting)
+        out.extend(w.offset for w in self._timers)
+        out.extend(s.work.offset for s in self.slots if s.work is not None)
         return out
 
     # -- runners -------------------------------------------------------------------------------------
 
     def _ctx(self, work: Work, slot: RunSlot) -> tuple[Record, Context]:
-        rec = work.record
+        rec = work
         lane = self.index if self.concurrency == 1 else slot.index
         ctx = Context(rec.topic, rec.partition, rec.offset, rec.key, rec.headers, lane, work.attempt)
         view = self.env.view
@@ -292,7 +297,7 @@ class Lane:
             work = popleft()
             if blocked and self._parks(work):
                 continue
-            rec = work.record
+            rec = work
             ctx = Context(rec.topic, rec.partition, rec.offset, rec.key, rec.headers, lane_no, work.attempt)
             if view is not None:
                 ctx.state = view(rec.topic, rec.partition, rec.key, self.key_range, rec.offset,
@@ -478,14 +483,14 @@ class LaneGroup:
                 got, later = lane.drain_items()
                 items.extend(got)
                 pending.extend(later)
-            items.sort(key=lambda w: w.record.offset)
+            items.sort(key=lambda w: w.offset)
             # 4. new layout; route in offset order; re-park retries
             layout = KeyRangeMap.even(factor)
             lanes = self._make_lanes(layout)
             self.layout = layout
             self.starts = [r.start for r in layout.ranges]
             self.lanes = lanes
-            for work, delay in sorted(pending, key=lambda p: p[0].record.offset):
+            for work, delay in sorted(pending, key=lambda p: p[0].offset):
                 lanes[self.lane_index(work.key_hash)].retry_later(work, delay)
             for work in items:
                 self.route(work)

@@ -11,7 +11,7 @@ import logging
 from bisect import bisect_right
 from typing import Any
 
-from multilane.api import OrderingMode, Record
+from multilane.api import OrderingMode
 from multilane.worker.flow import FlowController, FlowCounters
 from multilane.worker.keyranges import key_hash
 from multilane.worker.lanes import Lane, LaneEnv, LaneGroup, Work
@@ -172,8 +172,8 @@ class PartitionRuntime:
             pos = offset + 1
             if inflight is not None:
                 inflight[offset] = kh
-            work = Work(Record(topic, partition, offset, key, value, m.headers() or [],
-                               m.timestamp()[1]), kh, nbytes)
+            work = Work(topic, partition, offset, key, value, m.headers() or [], m.timestamp()[1],
+                        kh, nbytes)
             if single is not None:
                 single.push(work)
             else:
@@ -206,7 +206,7 @@ class PartitionRuntime:
     # -- outcomes (called by lanes, on the loop thread) -----------------------------------------------
 
     def _finish(self, work: Work) -> None:
-        offset = work.record.offset
+        offset = work.offset
         self.tracker.complete(offset)
         if self._track_inflight:
             self.inflight.pop(offset, None)
@@ -232,7 +232,7 @@ class PartitionRuntime:
             durations.clear()
             return
         nbytes = 0
-        offsets = [w.record.offset for w in works]
+        offsets = [w.offset for w in works]
         for w in works:
             nbytes += w.nbytes
         self.tracker.complete_many(offsets)
@@ -256,17 +256,17 @@ class PartitionRuntime:
             self.retried += 1
             delay = self._retry.delay_s(attempt)
             log.info("retrying %s/%d@%d (attempt %d failed: %r) in %.3fs",
-                     self.topic, self.partition, work.record.offset, attempt, exc, delay)
+                     self.topic, self.partition, work.offset, attempt, exc, delay)
             work.attempt = attempt + 1
             lane.retry_later(work, delay)
             return
         # Retries exhausted: dead-letter it; the key moves on now, the offset completes on delivery.
-        self.dlq_pending[work.record.offset] = work
+        self.dlq_pending[work.offset] = work
         lane.key_done(work)
-        self._dlq.publish(work.record, exc, attempt, lambda: self._dead_lettered(work))
+        self._dlq.publish(work, exc, attempt, lambda: self._dead_lettered(work))
 
     def _dead_lettered(self, work: Work) -> None:
-        self.dlq_pending.pop(work.record.offset, None)
+        self.dlq_pending.pop(work.offset, None)
         if self.closed:
             return
         self.dead_lettered += 1

@@ -39,7 +39,7 @@ class StallWatchdog:
             n += 1
             if slot.warned is not work:
                 slot.warned = work
-                rec = work.record
+                rec = work
                 log.warning(
                     "stalled record: %s/%d@%d has been running for %.1fs (attempt %d, threshold %.1fs)",
                     rec.topic, rec.partition, rec.offset, age, work.attempt, self.threshold_s,
