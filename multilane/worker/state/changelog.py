@@ -148,6 +148,7 @@ class ChangelogWriter:
         self._produced: dict[tuple[str, int], int] = {}
         self._acked: dict[tuple[str, int], int] = {}
         self._produced_total = 0
+        self._closed = False
         self._buffer_full_timeout_s = buffer_full_timeout_s
 
     def _on_delivery(self, err: KafkaError | None, msg: object) -> None:
@@ -155,8 +156,9 @@ class ChangelogWriter:
         with self._lock:
             self._acked[tp] = self._acked.get(tp, 0) + 1
             if err is not None:
-                self._failures.setdefault(tp, str(err))
-                log.error("changelog record for %s[%d] lost: %s", tp[0], tp[1], err)
+                if tp not in self._failures:  # the first loss decides; later ones only repeat it
+                    self._failures[tp] = str(err)
+                    log.error("changelog record for %s[%d] lost: %s", tp[0], tp[1], err)
             else:
                 end = msg.offset() + 1  # type: ignore[attr-defined]
                 if end > self._ends.get(tp, 0):
@@ -242,5 +244,14 @@ class ChangelogWriter:
             for d in (self._ends, self._failures, self._produced, self._acked):
                 d.pop((topic, partition), None)
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        self._producer.flush(timeout_s)
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush (up to ``timeout_s``), drop what is still queued (its records are not committed, so
+        they are processed again) and destroy the producer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._producer.flush(timeout_s):
+            log.warning("closing the changelog producer with %d records undelivered", len(self._producer))
+            self._producer.purge()
+            self._producer.poll(0)
+        self._producer.close()
