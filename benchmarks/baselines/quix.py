@@ -44,7 +44,7 @@ def _imports_ok(python: Path) -> bool:
     return probe.returncode == 0
 
 
-_checked: Path | None = None  # the interpreter already known to import quixstreams (this process)
+MARKER = VENV_DIR / f".multilane-quixstreams-{QUIX_VERSION}-ok"  # written once the venv imports quixstreams
 
 
 def ensure_quix_venv() -> Path:
@@ -52,10 +52,11 @@ def ensure_quix_venv() -> Path:
 
     Raises :class:`QuixUnavailableError` with pip's last output lines when the install fails.
     """
-    global _checked
     python = _venv_python()
-    if _checked == python or _imports_ok(python):
-        _checked = python
+    if python.exists() and MARKER.exists():  # checked on an earlier run: skip the slow import probe
+        return python
+    if _imports_ok(python):
+        MARKER.touch()
         return python
     log(f"creating {VENV_DIR} with quixstreams=={QUIX_VERSION} (first use)")
     steps = [
@@ -77,7 +78,7 @@ def ensure_quix_venv() -> Path:
             raise QuixUnavailableError(f"{' '.join(step[:3])} failed: {tail}")
     if not _imports_ok(python):
         raise QuixUnavailableError(f"quixstreams=={QUIX_VERSION} does not import in {VENV_DIR}")
-    _checked = python
+    MARKER.touch()
     return python
 
 
