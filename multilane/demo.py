@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--partitions", type=int, default=4)
     a("--keys", type=int, default=5000, help="distinct keys (uniform)")
     a("--base-rate", type=float, default=200.0, help="records/s outside the burst")
-    a("--burst-rate", type=float, default=2500.0, help="records/s during the burst")
+    a("--burst-rate", type=float, default=3000.0, help="records/s during the burst")
     a("--sleep-ms", type=float, default=10.0, help="simulated I/O per record")
     a("--max-replicas", type=int, default=3)
     a("--max-factor", type=int, default=32)
@@ -60,9 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _profile(duration: float, base: float, burst: float) -> tuple[Any, list[tuple[float, str]]]:
     from multilane.worker.loadgen import RateProfile, RateStep
 
-    warm, peak = 0.15 * duration, 0.35 * duration
+    warm, peak = 0.1 * duration, 0.3 * duration
     steps = (RateStep(base, warm), RateStep(burst, peak), RateStep(base, duration - warm - peak))
     marks = [(warm, "lull"), (warm + peak, "burst"), (duration, "lull"), (float("inf"), "drain")]
+    # the lull is long: the autoscaler scales down only once the backlog is gone and the
+    # scale-down delay passed
     return RateProfile(steps), marks
 
 
@@ -182,6 +184,7 @@ async def _demo(args: argparse.Namespace) -> int:
         peak = {"replicas": 1, "factor": 1}
         live = _Display(tty)
         drain_deadline: float | None = None
+        drained_at: float | None = None
         last_sample = 0.0
         try:
             while True:
@@ -213,8 +216,14 @@ async def _demo(args: argparse.Namespace) -> int:
                     if drain_deadline is None:
                         drain_deadline = time.monotonic() + 90.0
                         live.event(now, "Drain", "load finished; waiting until everything is committed")
-                    drained = _drained(sampler.last_statuses, load.get("result"))
-                    if drained or time.monotonic() > drain_deadline:
+                    if drained_at is None and _drained(sampler.last_statuses, load.get("result")):
+                        drained_at = time.monotonic()
+                        live.event(now, "Drained", "everything committed; waiting for the scale-down")
+                    # after the drain, give the autoscaler up to 45 s to scale back down
+                    scaled_down = cp.platform.replicas <= 1 and not cp.status.get("rollout")
+                    if drained_at is not None and (scaled_down or time.monotonic() - drained_at > 45):
+                        break
+                    if time.monotonic() > drain_deadline + 45:
                         break
                 await asyncio.sleep(0.25)
         finally:

@@ -579,6 +579,7 @@ class LocalControlPlane:
         name: str = "local",
         tick_s: float = 0.5,
         lease_s: float = 6.0,
+        restore_before_handoff: bool = True,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -590,10 +591,16 @@ class LocalControlPlane:
         self.control = LocalWorkerControl(self.platform)
         self.admin = KafkaAdminClient({"bootstrap.servers": template.bootstrap_servers})
         self.source = WorkerStatusSource(self.platform, self.control, self.ref, self.admin)
+        # restore_before_handoff=False: the controller's eager release-then-grant moves (the new owner
+        # restores after it took the partition over); used by the handoff benchmark as the baseline.
         self.controller = ConsumerController(
-            _HandoffView(self.platform), self.control, release_deadline_s=handoff.release_deadline_s
+            _HandoffView(self.platform) if restore_before_handoff else self.platform,
+            self.control,
+            release_deadline_s=handoff.release_deadline_s,
         )
-        self.executor = HandoffExecutor(self.control, self._persist_handoff, handoff)
+        self.executor: HandoffExecutor | None = None
+        if restore_before_handoff:
+            self.executor = HandoffExecutor(self.control, self._persist_handoff, handoff)
         self.status: dict[str, Any] = {}
         self.policy_state = PolicyState()
         self.events: list[tuple[float, str, str, str]] = []
@@ -660,9 +667,27 @@ class LocalControlPlane:
             self.policy_state = result.policy_state
         events = [(e.type, e.reason, e.message) for e in result.events]
         # 2.
+        step: HandoffStep | None = None
+        handoffs: list[HandoffRecord] = []
+        workers = await self.platform.list_workers(self.ref)
+        if self.executor is not None:
+            step = await self._handoff_step(workers)
+            events += step.events
+            handoffs = step.handoffs
+        # 3.
+        self.save()
+        now = time.time()
+        for e in events:
+            self.events.append((now, *e))
+            log.info("%s %s: %s", e[0], e[1], e[2])
+        return TickReport(self.status, events, handoffs, step, workers)
+
+    async def _handoff_step(self, workers: list[WorkerInfo]) -> HandoffStep:
+        assert self.executor is not None
         replicas = int((self.status.get("lastDecision") or {}).get("replicas") or self.platform.replicas)
         replicas = max(self.spec.min_replicas, min(self.spec.max_replicas, replicas))
-        workers = await self.platform.list_workers(self.ref)
+        if self.spec.replicas is not None:
+            replicas = self.spec.replicas
         eligible = {w.name for w in workers if w.ordinal < replicas}
         rollout_status = self.status.get("rollout")
         rollout = Rollout.from_dict(rollout_status) if rollout_status else None
@@ -674,20 +699,13 @@ class LocalControlPlane:
             eligible,
             replicas,
         )
-        events += step.events
         if step.remove_to is not None and await self.platform.current_workers(self.ref) > step.remove_to:
             await self.platform.ensure_workers(self.ref, step.remove_to)
         self.status["assignment"] = step.assignment.to_status()
         self.status["rollout"] = step.rollout.to_dict() if step.rollout is not None else None
         if step.rollout is not None or step.blocked:
             self._rebalancing_condition(step)
-        # 3.
-        self.save()
-        now = time.time()
-        for e in events:
-            self.events.append((now, *e))
-            log.info("%s %s: %s", e[0], e[1], e[2])
-        return TickReport(self.status, events, step.handoffs, step, workers)
+        return step
 
     def _ensure_progress_topic(self) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic

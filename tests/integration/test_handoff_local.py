@@ -13,11 +13,14 @@ and before a promotion, then resume from the persisted status with a new control
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
+import signal
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +59,25 @@ class Harness:
     handoff: HandoffConfig
     produced: list[ProducedRecord] = dataclasses.field(default_factory=list)
     load_thread: threading.Thread | None = None
+    planes: list[LocalControlPlane] = dataclasses.field(default_factory=list)
 
     @property
     def partitions(self) -> list[str]:
         return [f"{self.topic}/{i}" for i in range(PARTITIONS)]
 
     def control_plane(self) -> LocalControlPlane:
-        return LocalControlPlane(
+        cp = LocalControlPlane(
             self.root, self.spec, self.template, self.partitions, self.handoff, name="w", tick_s=0.3
         )
+        self.planes.append(cp)
+        return cp
+
+    def kill_workers(self) -> None:
+        """Teardown: SIGKILL every worker any control plane of this test started (by PID)."""
+        for cp in self.planes:
+            for pid in cp.platform.workers().values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def start_load(self, rate: float, seconds: float) -> None:
         def produce() -> None:
@@ -141,7 +154,7 @@ def assert_ok(h: Harness) -> None:
 
 
 @pytest.fixture
-def harness(broker: EmbeddedBroker, topic_name: str, tmp_path: Path) -> Harness:
+def harness(broker: EmbeddedBroker, topic_name: str, tmp_path: Path) -> Iterator[Harness]:
     broker.create_topic(topic_name, PARTITIONS)
     group = f"g-{uuid.uuid4().hex[:8]}"
     spec, problems = validate_spec(
@@ -169,7 +182,9 @@ def harness(broker: EmbeddedBroker, topic_name: str, tmp_path: Path) -> Harness:
         env={"MULTILANE_TEST_LOG": str(events), SLEEP_ENV: "2"},
     )
     handoff = HandoffConfig(acceptable_recovery_lag=500, learner_timeout_s=20.0, release_deadline_s=10.0)
-    return Harness(broker, topic_name, group, tmp_path / "cp", events, spec, template, handoff)
+    h = Harness(broker, topic_name, group, tmp_path / "cp", events, spec, template, handoff)
+    yield h
+    h.kill_workers()
 
 
 async def start_one_worker(h: Harness) -> LocalControlPlane:

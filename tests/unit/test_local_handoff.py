@@ -1,0 +1,253 @@
+"""HandoffExecutor against in-memory workers (no processes, no broker): the restore-before-handoff
+order of calls, exclusive ownership at every call, persistence before calls, resume after a crash,
+the learner-timeout fallback, and the pure helpers of the local control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from multilane.operator.assignment import AssignmentState
+from multilane.operator.handoff import HandoffConfig, HandoffExecutor, observe_worker
+from multilane.operator.local import write_json_atomic
+from multilane.operator.platform import WorkerInfo
+from multilane.operator.rollout import Rollout
+from multilane.operator.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
+
+P = [f"t/{i}" for i in range(4)]
+
+
+class FakeWorkers:
+    """Engine semantics enough for the executor: whole-assignment pushes fenced by generation, learners
+    that catch up after ``learn_ticks`` status reads. Records every call; checks that no partition is
+    ever active on two workers."""
+
+    def __init__(self, names: Iterable[str], learn_ticks: int = 1) -> None:
+        self.active: dict[str, set[str]] = {n: set() for n in names}
+        self.learning: dict[str, dict[str, int]] = {n: {} for n in names}
+        self.generation: dict[str, int] = dict.fromkeys(self.active, 0)
+        self.dead: set[str] = set()
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+        self.learn_ticks = learn_ticks
+
+    @staticmethod
+    def name(url: str) -> str:
+        return url.removeprefix("fake://")
+
+    def _check(self, w: str) -> None:
+        if w in self.dead:
+            raise WorkerUnreachableError(f"{w} is dead")
+
+    async def status(self, base_url: str) -> dict[str, Any]:
+        w = self.name(base_url)
+        self._check(w)
+        learners = []
+        for p, left in list(self.learning[w].items()):
+            self.learning[w][p] = max(0, left - 1)
+            t, i = p.split("/")
+            learners.append(
+                {"topic": t, "partition": int(i), "phase": "learning", "restore_lag": left * 1000}
+            )
+        parts = [
+            {"topic": p.split("/")[0], "partition": int(p.split("/")[1]), "phase": "active"}
+            for p in self.active[w]
+        ]
+        return {"generation": self.generation[w], "factor": 1, "partitions": parts, "learners": learners}
+
+    async def assign(
+        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+    ) -> list[ReleasedPartition]:
+        w = self.name(base_url)
+        self._check(w)
+        if generation < self.generation[w]:
+            raise WorkerFencedError(f"{w}: {generation} < {self.generation[w]}")
+        self.generation[w] = generation
+        want = set(partitions)
+        released = [ReleasedPartition(p, 100) for p in sorted(self.active[w] - want)]
+        for p in want - self.active[w]:
+            others = [o for o, ps in self.active.items() if o != w and o not in self.dead and p in ps]
+            assert not others, f"{p} granted to {w} while active on {others}"
+            self.learning[w].pop(p, None)
+        self.active[w] = want
+        self.calls.append(("assign", w, tuple(sorted(want))))
+        return released
+
+    async def set_factor(self, base_url: str, factor: int) -> int:
+        return factor
+
+    async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
+        w = self.name(base_url)
+        self._check(w)
+        for p in partitions:
+            self.learning[w].setdefault(p, self.learn_ticks)
+            self.calls.append(("learn", w, (p,)))
+
+    async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
+        for p in partitions:
+            self.learning[self.name(base_url)].pop(p, None)
+
+    async def resume(self, base_url: str) -> bool:
+        return False
+
+
+def infos(fake: FakeWorkers, names: Iterable[str]) -> list[WorkerInfo]:
+    return [WorkerInfo(n, int(n.split("-")[1]), n not in fake.dead, f"fake://{n}") for n in sorted(names)]
+
+
+class Store:
+    """The persisted status; ``log`` keeps what was persisted before each worker call."""
+
+    def __init__(self) -> None:
+        self.assignment = AssignmentState()
+        self.rollout: Rollout | None = None
+        self.writes = 0
+
+    async def persist(self, a: AssignmentState, r: Rollout | None) -> None:
+        self.assignment, self.rollout = a, r
+        self.writes += 1
+
+
+async def run_until_settled(
+    ex: HandoffExecutor, store: Store, fake: FakeWorkers, names: list[str], replicas: int, steps: int = 20
+) -> None:
+    for _ in range(steps):
+        eligible = {n for n in names if int(n.split("-")[1]) < replicas}
+        res = await ex.step(store.assignment, store.rollout, infos(fake, names), P, eligible, replicas)
+        store.assignment, store.rollout = res.assignment, res.rollout
+        if res.rollout is None and all(
+            len(store.assignment.members.get(n, ())) == len(P) // len(eligible) for n in eligible
+        ):
+            return
+    raise AssertionError(f"not settled: {store.assignment} {store.rollout}")
+
+
+def test_observe_worker_maps_status() -> None:
+    o = observe_worker(
+        "w-0",
+        True,
+        {
+            "partitions": [
+                {"topic": "t", "partition": 0, "phase": "active"},
+                {"topic": "t", "partition": 1, "phase": "releasing"},
+            ],
+            "learners": [
+                {"topic": "t", "partition": 2, "phase": "learning", "restore_lag": 5},
+                {"topic": "t", "partition": 3, "phase": "restoring", "restore_lag": None},
+                {"topic": "t", "partition": 0, "phase": "active", "restore_lag": 0},
+            ],
+        },
+    )
+    assert o.active == frozenset({"t/0"})
+    assert dict(o.learner_lag) == {"t/2": 5, "t/3": None}
+    assert not observe_worker("w-1", False, None).alive
+
+
+def test_scale_up_learns_before_release_and_grants_after() -> None:
+    async def main() -> None:
+        fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=2), Store()
+        ex = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        await run_until_settled(ex, store, fake, ["w-0"], 1)
+        assert fake.active["w-0"] == set(P)
+        fake.calls.clear()
+        await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
+        moved = sorted(fake.active["w-1"])
+        assert len(moved) == 2 and not fake.active["w-0"] & fake.active["w-1"]
+        for p in moved:
+            kinds = [(k, w) for k, w, ps in fake.calls if p in ps or (k == "assign" and w == "w-0")]
+            learn = kinds.index(("learn", "w-1"))
+            release = next(
+                i for i, c in enumerate(fake.calls) if c[0] == "assign" and c[1] == "w-0" and p not in c[2]
+            )
+            grant = next(
+                i for i, c in enumerate(fake.calls) if c[0] == "assign" and c[1] == "w-1" and p in c[2]
+            )
+            assert learn < release < grant, fake.calls
+        assert [r.eager for r in ex.completed] == [False, False]
+        assert store.assignment.generation >= 3  # placement + one per release
+
+    asyncio.run(main())
+
+
+def test_learner_timeout_falls_back_to_eager_handoff() -> None:
+    async def main() -> None:
+        fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=10_000), Store()
+        clock = [0.0]
+        ex = HandoffExecutor(
+            fake,
+            store.persist,
+            HandoffConfig(acceptable_recovery_lag=0, learner_timeout_s=5),
+            clock=lambda: clock[0],
+        )
+        await run_until_settled(ex, store, fake, ["w-0"], 1)
+        for _ in range(40):
+            clock[0] += 1.0
+            res = await ex.step(
+                store.assignment, store.rollout, infos(fake, ["w-0", "w-1"]), P, {"w-0", "w-1"}, 2
+            )
+            store.assignment, store.rollout = res.assignment, res.rollout
+            if res.rollout is None and len(fake.active["w-1"]) == 2:
+                break
+        assert len(fake.active["w-1"]) == 2
+        assert [r.eager for r in ex.completed] == [True, True]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("crash_after_calls", [1, 2, 3, 4])
+def test_crash_anywhere_then_resume_from_persisted_status(crash_after_calls: int) -> None:
+    """A new executor, given only what was persisted, finishes the rollout; ownership stays exclusive."""
+
+    class CrashError(Exception):
+        pass
+
+    async def main() -> None:
+        fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=1), Store()
+        ex = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        await run_until_settled(ex, store, fake, ["w-0"], 1)
+        n = [0]
+        original = fake.assign
+
+        async def crashing_assign(*args: Any) -> list[ReleasedPartition]:
+            out = await original(*args)
+            n[0] += 1
+            if n[0] == crash_after_calls:
+                raise CrashError  # the operator dies right after the worker acted, before recording it
+            return out
+
+        fake.assign = crashing_assign  # type: ignore[method-assign,assignment]
+        with pytest.raises(CrashError):
+            await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
+        fake.assign = original  # type: ignore[method-assign,assignment]
+        # a fresh executor: nothing in memory, only the persisted status
+        resumed = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        await run_until_settled(resumed, store, fake, ["w-0", "w-1"], 2)
+        assert fake.active["w-0"] | fake.active["w-1"] == set(P)
+        assert not fake.active["w-0"] & fake.active["w-1"]
+
+    asyncio.run(main())
+
+
+def test_source_death_promotes_target_without_release() -> None:
+    async def main() -> None:
+        fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=3), Store()
+        ex = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
+        fake.dead.add("w-0")  # known dead: its partitions are placed on w-1 at once
+        res = await ex.step(store.assignment, store.rollout, infos(fake, ["w-0", "w-1"]), P, {"w-1"}, 1)
+        assert fake.active["w-1"] == set(P)
+        assert res.assignment.members["w-1"] == tuple(P)
+
+    asyncio.run(main())
+
+
+def test_write_json_atomic(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert not list(tmp_path.glob("*.tmp"))
