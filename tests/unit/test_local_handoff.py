@@ -222,7 +222,7 @@ def test_crash_anywhere_then_resume_from_persisted_status(crash_after_calls: int
         fake.assign = crashing_assign  # type: ignore[method-assign,assignment]
         with pytest.raises(CrashError):
             await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
-        fake.assign = original  # type: ignore[method-assign,assignment]
+        fake.assign = original  # type: ignore[method-assign]
         # a fresh executor: nothing in memory, only the persisted status
         resumed = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
         await run_until_settled(resumed, store, fake, ["w-0", "w-1"], 2)
