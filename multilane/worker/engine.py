@@ -114,6 +114,9 @@ class Engine:
         self._released_total = 0  # processed counts of released partitions (for processed_total)
         self._last_rate_sample: tuple[float, int] = (time.monotonic(), 0)
         self._fetch_errors: dict[int, float] = {}
+        # True when partitions of more than one topic may be assigned (fetch runs compare topics).
+        # Invariant: once True, stays True.
+        self._multi_topic = len(set(config.topics) | {t for t, _ in config.assign}) != 1
 
     # ------------------------------------------------------------------------------------------------
     # lifecycle
@@ -414,6 +417,9 @@ class Engine:
         log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
 
     def _activate(self, rt: PartitionRuntime) -> None:
+        topics = self.config.topics
+        if any(t != rt.topic for t, _ in self._parts) or (topics and rt.topic not in topics):
+            self._multi_topic = True  # never reset: stale messages of another topic may still arrive
         self._parts[(rt.topic, rt.partition)] = rt
         rt.lanes.start()
         rt.phase = Phase.ACTIVE
@@ -625,7 +631,7 @@ class Engine:
                     # back-pressure: everything from the refused record on is fetched again later.
                     i += 1
                     continue
-                j, refused = part.accept_run(msgs, i)
+                j, refused = part.accept_run(msgs, i, self._multi_topic)
                 if refused:
                     # back-pressure: stop fetching it and go back to the record that did not fit
                     self._pause_for_flow(part, msgs[j].offset())

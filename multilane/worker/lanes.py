@@ -185,6 +185,12 @@ class Lane:
             if not f.done():
                 f.set_result(None)
 
+    def wake(self) -> None:
+        """Wake as many idle runners as there are queued records (after appending to ``queue``
+        directly, as the fetch path does in bulk)."""
+        if self._waiters and not self.holding:
+            self._wake_n(len(self.queue))
+
     def _wake_n(self, n: int) -> None:
         for _ in range(min(n, len(self._waiters))):
             self._wake_one()

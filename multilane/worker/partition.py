@@ -103,12 +103,13 @@ class PartitionRuntime:
 
     # -- fetch side ----------------------------------------------------------------------------------
 
-    def accept_run(self, msgs: list[Any], i: int) -> tuple[int, bool]:
+    def accept_run(self, msgs: list[Any], i: int, check_topic: bool = True) -> tuple[int, bool]:
         """Take the run of messages of this partition starting at ``msgs[i]`` (steps 1-4).
 
         Returns ``(j, refused)``: ``msgs[i:j]`` were handled; when ``refused``, ``msgs[j]`` (of this
         partition) did not fit the in-flight bounds and nothing from ``j`` on was taken; otherwise
-        ``msgs[j]`` (if any) belongs to another partition or is an error event.
+        ``msgs[j]`` (if any) belongs to another partition or is an error event. ``check_topic=False``
+        (the consumer reads one topic only) skips comparing topic names.
 
         1. Take the flow budget once for the run (records and bytes this partition may still take).
         2. Per message: skip re-deliveries, hash the key (cached), skip what restored progress says is
@@ -133,7 +134,7 @@ class PartitionRuntime:
         inflight = self.inflight if self._track_inflight else None
         group = self.lanes
         lanes = group.lanes
-        single = lanes[0] if len(lanes) == 1 else None
+        single = lanes[0].queue.append if len(lanes) == 1 else None
         starts = group.starts
         n = len(msgs)
         j = i
@@ -141,7 +142,7 @@ class PartitionRuntime:
         # 2. per message
         while j < n:
             m = msgs[j]
-            if m.error() is not None or m.partition() != partition or m.topic() != topic:
+            if m.error() is not None or m.partition() != partition or (check_topic and m.topic() != topic):
                 break
             offset: int = m.offset()
             if offset < pos:
@@ -175,10 +176,13 @@ class PartitionRuntime:
             work = Work(topic, partition, offset, key, value, m.headers() or [], m.timestamp()[1],
                         kh, nbytes)
             if single is not None:
-                single.push(work)
+                single(work)
             else:
-                lanes[bisect_right(starts, kh) - 1].push(work)
+                lanes[bisect_right(starts, kh) - 1].queue.append(work)
             j += 1
+        if taken:
+            for lane in lanes:  # runners were idle? wake them now (they run once we yield)
+                lane.wake()
         # 3. tracker
         if offsets:
             tracker.add_many(offsets)
