@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=int, default=3600, help="simulated seconds (default 3600)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument(
-        "--policies", default="multilane,keda-hpa,flink-style", help="comma-separated policy names"
+        "--policies",
+        default="multilane,keda-hpa,flink-style",
+        help="comma-separated policy names: multilane, keda-hpa, flink-style, static (never scales)",
     )
     parser.add_argument("--out", type=Path, default=None, help="directory for PNG plots (and sweep output)")
     parser.add_argument(

@@ -13,7 +13,13 @@ import numpy as np
 from multilane.operator.policy import Observation, PolicyConfig
 from multilane.sim.metrics import RunMetrics, compute_metrics
 from multilane.sim.model import Cluster, SimConfig
-from multilane.sim.policies import FlinkStylePolicy, KedaHpaPolicy, MultilanePolicy, ScalingPolicy
+from multilane.sim.policies import (
+    FlinkStylePolicy,
+    KedaHpaPolicy,
+    MultilanePolicy,
+    ScalingPolicy,
+    StaticPolicy,
+)
 from multilane.sim.traces import Trace
 
 __all__ = ["POLICY_NAMES", "SimResult", "default_policies", "make_policy", "simulate"]
@@ -48,6 +54,7 @@ class SimResult:
 
 
 POLICY_NAMES = ("multilane", "keda-hpa", "flink-style")
+"""The policies compared by default; ``static`` (never scales) is also available by name."""
 
 
 def make_policy(name: str, sim: SimConfig, overrides: dict[str, Any] | None = None) -> ScalingPolicy:
@@ -68,6 +75,8 @@ def make_policy(name: str, sim: SimConfig, overrides: dict[str, Any] | None = No
         return MultilanePolicy(replace(cfg, **o))
     if name == "keda-hpa":
         return KedaHpaPolicy(sim.partitions, replace(KedaHpaConfig(), **o))
+    if name == "static":
+        return StaticPolicy(**o)
     if name == "flink-style":
         return FlinkStylePolicy(sim.partitions, replace(FlinkStyleConfig(), **o))
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")

@@ -26,6 +26,7 @@ __all__ = [
     "KedaHpaPolicy",
     "MultilanePolicy",
     "ScalingPolicy",
+    "StaticPolicy",
 ]
 
 
@@ -63,6 +64,22 @@ class MultilanePolicy:
 
     def decide(self, obs: Observation, state: PolicyState) -> tuple[Decision, PolicyState]:
         return self._policy.decide(obs, state)
+
+
+@dataclass
+class StaticPolicy:
+    """Never scales: multilane's mechanism at its initial size, to separate the policy's contribution
+    from the mechanism's."""
+
+    interval_s: float = 15.0
+    name: str = "static"
+    mode: ScalingMode = ScalingMode.MULTILANE
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, obs: Observation, state: None) -> tuple[Decision, None]:
+        return Decision(obs.replicas, obs.factor, "static: never scales", {}, False, []), state
 
 
 @dataclass(frozen=True)

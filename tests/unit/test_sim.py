@@ -244,3 +244,9 @@ def test_sweep_grid_and_local_cases() -> None:
     assert all(s["drained"] is None for s in summary if s["trace"] == "diurnal")
     with pytest.raises(ValueError, match="unknown policy"):
         run_case({**cases[0], "policy": "nope"})
+
+
+def test_static_policy_never_scales() -> None:
+    r = simulate(make_trace("surge", 900, SIM.partitions, 1), make_policy("static", SIM), SIM, 1)
+    assert r.metrics.scaling_actions == 0
+    assert (r.factor == SIM.initial_factor).all() and (r.replicas == SIM.initial_replicas).all()
