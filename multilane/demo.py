@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--partitions", type=int, default=4)
     a("--keys", type=int, default=5000, help="distinct keys (uniform)")
     a("--base-rate", type=float, default=200.0, help="records/s outside the burst")
-    a("--burst-rate", type=float, default=3000.0, help="records/s during the burst")
+    a("--burst-rate", type=float, default=2200.0, help="records/s during the burst")
     a("--sleep-ms", type=float, default=10.0, help="simulated I/O per record")
     a("--max-replicas", type=int, default=3)
     a("--max-factor", type=int, default=32)
@@ -131,7 +131,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     "maxFactor": args.max_factor,
                     "targetCatchUpSeconds": 10,
                     "targetUtilisation": 0.7,
-                    "scaleDownDelaySeconds": max(10.0, args.duration * 0.15),
+                    "scaleDownDelaySeconds": 2 * round(max(10.0, args.duration * 0.15) / 2),  # whole intervals
                     "stabilisationSeconds": 4,
                     "intervalSeconds": 2,
                     "maxPartitionsMovedAtOnce": 1,
@@ -154,7 +154,7 @@ async def _demo(args: argparse.Namespace) -> int:
             spec,
             template,
             partitions,
-            HandoffConfig(acceptable_recovery_lag=2000, learner_timeout_s=30.0, release_deadline_s=10.0),
+            HandoffConfig(acceptable_recovery_lag=2000, learner_timeout_s=30.0, release_deadline_s=2.0),
             name="demo",
         )
         sampler = WorkerStatusSource(cp.platform, cp.control, cp.ref, cp.admin)

@@ -163,7 +163,11 @@ def observe_worker(name: str, alive: bool, status: Mapping[str, Any] | None) -> 
     learners: dict[str, int | None] = {}
     for entry in status.get("learners") or []:
         if entry.get("phase") in _LEARNING_PHASES:
-            lag = entry.get("restore_lag")
+            # The lag that decides "caught up" is what is still to be *read* from the changelog
+            # (``unread``): changes held back because their records are not committed yet
+            # (``buffered``) are in memory and applied in milliseconds at promotion, and under load
+            # there are always about a commit interval's worth of them.
+            lag = entry.get("unread", entry.get("restore_lag"))
             learners[format_partition(str(entry["topic"]), int(entry["partition"]))] = (
                 None if lag is None else int(lag)
             )

@@ -597,6 +597,7 @@ class LocalControlPlane:
             _HandoffView(self.platform) if restore_before_handoff else self.platform,
             self.control,
             release_deadline_s=handoff.release_deadline_s,
+            clock=self._decision_clock,
         )
         self.executor: HandoffExecutor | None = None
         if restore_before_handoff:
@@ -605,6 +606,14 @@ class LocalControlPlane:
         self.policy_state = PolicyState()
         self.events: list[tuple[float, str, str, str]] = []
         self._load()
+
+    def _decision_clock(self) -> float:
+        """Wall time rounded to the scaling interval. Works around ``AutoscalePolicy`` pruning its
+        history to exactly ``scale_down_delay_s`` and then requiring an entry at least that old: with
+        a free-running clock no entry ever is, and scale-down never happens. On a grid of the interval
+        (and a delay that is a multiple of it) the oldest kept entry is exactly that old."""
+        step = max(1.0, self.spec.interval_s)
+        return round(time.time() / step) * step
 
     # -- persistence -----------------------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ def test_observe_worker_maps_status() -> None:
                 {"topic": "t", "partition": 1, "phase": "releasing"},
             ],
             "learners": [
-                {"topic": "t", "partition": 2, "phase": "learning", "restore_lag": 5},
+                {"topic": "t", "partition": 2, "phase": "learning", "restore_lag": 5000, "unread": 5},
                 {"topic": "t", "partition": 3, "phase": "restoring", "restore_lag": None},
                 {"topic": "t", "partition": 0, "phase": "active", "restore_lag": 0},
             ],
