@@ -131,7 +131,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     "maxFactor": args.max_factor,
                     "targetCatchUpSeconds": 10,
                     "targetUtilisation": 0.7,
-                    "scaleDownDelaySeconds": 2 * round(max(10.0, args.duration * 0.15) / 2),  # whole intervals
+                    "scaleDownDelaySeconds": 2 * round(max(10.0, args.duration * 0.15) / 2),  # whole ticks
                     "stabilisationSeconds": 4,
                     "intervalSeconds": 2,
                     "maxPartitionsMovedAtOnce": 1,
