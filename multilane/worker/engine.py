@@ -31,12 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from multilane.api import Processor, is_async_processor
+from multilane.worker.admin import ensure_topic, max_partition_count, security_config
 from multilane.worker.commits import CommitCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
+from multilane.worker.fetch import ErrorLog, FetchLoop
 from multilane.worker.flow import FlowController
 from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram, WorkerMetrics
@@ -113,7 +114,8 @@ class Engine:
         self.processing_rate = 0.0
         self._released_total = 0  # processed counts of released partitions (for processed_total)
         self._last_rate_sample: tuple[float, int] = (time.monotonic(), 0)
-        self._fetch_errors: dict[int, float] = {}
+        self._errors = ErrorLog()
+        self._fetch: FetchLoop | None = None
         # True when partitions of more than one topic may be assigned (fetch runs compare topics).
         # Invariant: once True, stays True.
         self._multi_topic = len(set(config.topics) | {t for t, _ in config.assign}) != 1
@@ -146,11 +148,13 @@ class Engine:
         self._producer = Producer(cfg.producer_config())
         conf: dict[str, Any] = dict(cfg.consumer_config())
         conf["on_commit"] = self._on_commit
-        conf["error_cb"] = self._on_client_error
+        conf["error_cb"] = self._errors.client_error
         self._consumer = Consumer(conf)
+        self._fetch = FetchLoop(self._consumer, self._parts, self._flow, cfg.consume_batch, self._errors,
+                                self._multi_topic)
         self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic)
         self._store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name,
-                                    self._producer, _client_security(cfg.consumer_overrides))
+                                    self._producer, security_config(cfg.consumer_overrides))
         self._commits = CommitCycle(self._consumer, self._store, self.hooks)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
@@ -166,7 +170,7 @@ class Engine:
         # 4. loops
         loop = self._loop
         self._tasks = [
-            loop.create_task(self._fetch_loop(), name="multilane-fetch"),
+            loop.create_task(self._fetcher().run(), name="multilane-fetch"),
             loop.create_task(self._housekeeping_loop(), name="multilane-housekeeping"),
             loop.create_task(self._producer_loop(), name="multilane-producer"),
         ]
@@ -190,6 +194,11 @@ class Engine:
     def _require_started(self) -> None:
         if self._consumer is None or self._stopped:
             raise EngineError("the engine is not running")
+
+    def _fetcher(self) -> FetchLoop:
+        if self._fetch is None:
+            raise EngineError("the engine has not started")
+        return self._fetch
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to stop (safe from signal handlers on the loop)."""
@@ -220,7 +229,7 @@ class Engine:
             return
         self._stopped = True
         # 1. stop fetching
-        self._pause_fetch(list(self._parts.values()))
+        self._fetcher().pause_fetch(list(self._parts.values()))
         # 2. drain and commit
         try:
             async with self._control_lock:
@@ -230,6 +239,8 @@ class Engine:
             log.exception("error while releasing partitions at shutdown")
         # 3. loops and producer
         self._stopping = True
+        if self._fetch is not None:
+            self._fetch.stopping = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -313,7 +324,8 @@ class Engine:
         parts = list(self._parts.values())
         for p in parts:
             p.user_paused = True
-        self._pause_fetch(parts)
+        if self._fetch is not None:
+            self._fetch.pause_fetch(parts)
         return True
 
     def resume(self) -> bool:
@@ -322,7 +334,7 @@ class Engine:
         for p in self._parts.values():
             p.user_paused = False
             if not p.flow_counters.paused and p.phase == Phase.ACTIVE:
-                self._resume_fetch(p)
+                self._fetcher().resume_fetch(p)
         return False
 
     @property
@@ -420,6 +432,8 @@ class Engine:
         topics = self.config.topics
         if any(t != rt.topic for t, _ in self._parts) or (topics and rt.topic not in topics):
             self._multi_topic = True  # never reset: stale messages of another topic may still arrive
+            if self._fetch is not None:
+                self._fetch.multi_topic = True
         self._parts[(rt.topic, rt.partition)] = rt
         rt.lanes.start()
         rt.phase = Phase.ACTIVE
@@ -430,7 +444,7 @@ class Engine:
         """Committed offsets via a separate client of the same group (blocking; worker thread)."""
         cfg = self.config
         client = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group,
-                           "enable.auto.commit": False, **_client_security(cfg.consumer_overrides)})
+                           "enable.auto.commit": False, **security_config(cfg.consumer_overrides)})
         try:
             return self._committed(tps, client)
         finally:
@@ -488,7 +502,7 @@ class Engine:
         # 1. stop fetching
         for p in parts:
             p.phase = Phase.RELEASING
-        self._pause_fetch(parts)
+        self._fetcher().pause_fetch(parts)
         # 2. drain
         deadline = time.monotonic() + max(0.0, deadline_s)
         while any(p.in_flight for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
@@ -596,114 +610,6 @@ class Engine:
     # loops
     # ------------------------------------------------------------------------------------------------
 
-    async def _fetch_loop(self) -> None:
-        consumer = self._consumer
-        parts = self._parts
-        flow = self._flow
-        batch_max = self.config.consume_batch
-        active = Phase.ACTIVE
-        while not self._stopping:
-            for rt in parts.values():
-                if rt.done_buf:
-                    rt.flush()
-            room = flow.room()
-            try:
-                msgs = consumer.consume(num_messages=min(batch_max, room) if room else 1, timeout=0)
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("consume failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            if not msgs:
-                self._resume_drained()
-                await asyncio.sleep(0.001 if room else 0.002)
-                continue
-            i = 0
-            n = len(msgs)
-            while i < n:
-                m = msgs[i]
-                if m.error() is not None:
-                    self._on_fetch_error(m)
-                    i += 1
-                    continue
-                part = parts.get((m.topic(), m.partition()))
-                if part is None or part.phase != active or part.flow_counters.paused:
-                    # Not ours (any more): a new owner starts at the committed offset. Or paused by
-                    # back-pressure: everything from the refused record on is fetched again later.
-                    i += 1
-                    continue
-                j, refused = part.accept_run(msgs, i, self._multi_topic)
-                if refused:
-                    # back-pressure: stop fetching it and go back to the record that did not fit
-                    self._pause_for_flow(part, msgs[j].offset())
-                i = max(j, i + 1) if not refused else j
-            self._resume_drained()
-            await asyncio.sleep(0)
-
-    def _pause_for_flow(self, part: PartitionRuntime, offset: int) -> None:
-        fc = part.flow_counters
-        fc.paused = True
-        fc.pauses += 1
-        # No seek here: the tracker's position is ``offset`` (the refused record), and resuming seeks
-        # there. (Measured: a seek while paused delays the first fetch after resume by ~1 s; resume
-        # followed by a seek fetches within milliseconds.)
-        try:
-            self._consumer.pause([TopicPartition(part.topic, part.partition)])
-        except KafkaException as exc:
-            log.warning("pause of %s/%d@%d failed: %s", part.topic, part.partition, offset, exc)
-
-    def _resume_drained(self) -> None:
-        flow = self._flow
-        for part in self._parts.values():
-            fc = part.flow_counters
-            if fc.paused and flow.can_resume(fc) and part.phase == Phase.ACTIVE:
-                fc.paused = False
-                if not part.user_paused:
-                    self._resume_fetch(part)
-
-    def _resume_fetch(self, part: PartitionRuntime) -> None:
-        """Resume fetching, then seek to the tracker's position (the first offset not yet taken):
-        librdkafka would otherwise continue after the last message it returned, skipping records
-        that back-pressure refused."""
-        try:
-            self._consumer.resume([TopicPartition(part.topic, part.partition)])
-        except KafkaException as exc:
-            log.warning("resume of %s/%d failed: %s", part.topic, part.partition, exc)
-        pos = part.tracker.position
-        if pos is not None:
-            try:
-                self._consumer.seek(TopicPartition(part.topic, part.partition, pos))
-            except KafkaException as exc:
-                # Without the seek, refused records would be skipped: stop taking this partition's
-                # records until a seek succeeds.
-                log.warning("seek of %s/%d to %d failed (%s); retrying", part.topic, part.partition, pos, exc)
-                part.flow_counters.paused = True
-                self._consumer.pause([TopicPartition(part.topic, part.partition)])
-
-    def _pause_fetch(self, parts: list[PartitionRuntime]) -> None:
-        if not parts or self._consumer is None:
-            return
-        try:
-            self._consumer.pause([TopicPartition(p.topic, p.partition) for p in parts])
-        except KafkaException as exc:
-            log.warning("pause failed: %s", exc)
-
-    def _on_fetch_error(self, m: Any) -> None:
-        err = m.error()
-        code = err.code()
-        if code == KafkaError._PARTITION_EOF:
-            return
-        now = time.monotonic()
-        if now - self._fetch_errors.get(code, 0.0) > 10.0:
-            self._fetch_errors[code] = now
-            log.warning("fetch error on %s/%s: %s", m.topic(), m.partition(), err)
-
-    def _on_client_error(self, err: Any) -> None:
-        code = err.code() if hasattr(err, "code") else -1
-        now = time.monotonic()
-        if now - self._fetch_errors.get(code, 0.0) > 10.0:
-            self._fetch_errors[code] = now
-            log.warning("kafka client error: %s", err)
-
     def _on_commit(self, err: Any, tps: list[Any]) -> None:
         if self._commits is not None:
             self._commits.on_commit(err, tps, self._parts)
@@ -760,28 +666,14 @@ class Engine:
 
     def _ensure_progress_topic(self, topics: list[str]) -> None:
         assert self._store is not None
-        admin = AdminClient({"bootstrap.servers": self.config.bootstrap_servers,
-                             **_client_security(self.config.consumer_overrides)})
-        n = 1
-        for t in topics:
-            md = admin.list_topics(t, timeout=10).topics.get(t)
-            if md is not None and md.error is None:
-                n = max(n, len(md.partitions))
-        self._store.ensure_topic(n)
+        cfg = self.config
+        self._store.ensure_topic(max_partition_count(cfg.bootstrap_servers, topics,
+                                                     security_config(cfg.consumer_overrides)))
 
     def _ensure_topic(self, topic: str) -> None:
         """Create a dead-letter topic if it does not exist (blocking, short timeout)."""
-        admin = AdminClient({"bootstrap.servers": self.config.bootstrap_servers,
-                             **_client_security(self.config.consumer_overrides)})
-        md = admin.list_topics(topic, timeout=5).topics.get(topic)
-        if md is not None and md.error is None and md.partitions:
-            return
-        fut = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=-1)])[topic]
-        try:
-            fut.result(5)
-        except KafkaException as exc:
-            if "already exists" not in str(exc) and "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+        cfg = self.config
+        ensure_topic(cfg.bootstrap_servers, topic, security_config(cfg.consumer_overrides))
 
 
 def _normalise(partitions: Iterable[Any]) -> list[TopicPartitionId]:
@@ -800,9 +692,3 @@ def _normalise(partitions: Iterable[Any]) -> list[TopicPartitionId]:
         if (topic, part) not in out:
             out.append((topic, part))
     return out
-
-
-def _client_security(overrides: dict[str, str]) -> dict[str, str]:
-    keys = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.password",
-            "ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password")
-    return {k: v for k, v in overrides.items() if k in keys}
