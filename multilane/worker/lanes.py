@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import inspect
 import logging
 import time
 from collections import deque
@@ -143,7 +144,16 @@ class Lane:
         slot = RunSlot(len(self.slots))
         self.slots.append(slot)
         runner = self._run_async(slot) if self.env.is_async else self._run_sync(slot)
-        self._tasks.append(asyncio.get_running_loop().create_task(runner))
+        task = asyncio.get_running_loop().create_task(runner)
+        task.add_done_callback(self._runner_done)
+        self._tasks.append(task)
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self.closed:
+            return
+        exc = task.exception()
+        if exc is not None:  # a bug: say so loudly; the lane would otherwise stall silently
+            log.error("lane %d runner died: %r", self.index, exc, exc_info=exc)
 
     def set_concurrency(self, n: int) -> None:
         """Unordered mode: run ``n`` runners (extra ones exit after their current record)."""
@@ -313,6 +323,13 @@ class Lane:
             self.running += 1
             try:
                 await proc(rec, ctx)
+            except asyncio.CancelledError as exc:
+                self.running -= 1
+                slot.work = None
+                if self.closed:
+                    raise  # the lane is being stopped
+                # the processor's own cancellation (not ours): a failed attempt like any other
+                host.on_failure(work, exc, self)
             except Exception as exc:
                 self.running -= 1
                 slot.work = None
@@ -380,8 +397,14 @@ class Lane:
             slot.work = work
             t0 = slot.started = monotonic()
             try:
-                proc(rec, ctx)
-            except Exception as exc:
+                result = proc(rec, ctx)
+                if result is not None and inspect.isawaitable(result):
+                    close = getattr(result, "close", None)
+                    if close is not None:
+                        close()  # no "never awaited" warning
+                    raise TypeError("the processor returned an awaitable from a plain function: "
+                                    "declare it 'async def' so that the engine awaits it")
+            except BaseException as exc:  # even SystemExit from user code fails only this attempt
                 slot.work = None
                 return i, exc, durations
             durations.append(monotonic() - t0)
