@@ -243,8 +243,9 @@ class ScaleUpRecord:
 class PolicyState:
     """Everything :meth:`AutoscalePolicy.decide` remembers between calls; owned by the caller.
 
-    Invariant: ``history`` is sorted by time and holds only entries newer than
-    ``max(scale_down_delay_s, stabilisation_s)`` before the latest observation.
+    Invariant: ``history`` is sorted by time and holds the entries of the last
+    ``max(scale_down_delay_s, stabilisation_s)`` before the latest observation, plus the newest entry
+    older than that (so that whether the history covers the window is known on any clock).
     """
 
     history: list[tuple[float, int, int]] = field(default_factory=list)
@@ -318,6 +319,17 @@ MIN_LANE_RATE = 1e-6
 
 def _finite_nonneg(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x) and x >= 0
+
+
+def prune_history(
+    history: list[tuple[float, int, int]], now: float, horizon: float
+) -> list[tuple[float, int, int]]:
+    """Entries within ``horizon`` before ``now`` (none from the future), plus the newest one older
+    than that: on a free-running clock no entry lands exactly ``horizon`` ago, and without it the
+    history would never be seen to cover the window."""
+    kept = [h for h in history if now - horizon <= h[0] <= now]
+    older = [h for h in history if h[0] < now - horizon]
+    return ([older[-1]] if older else []) + kept
 
 
 def validate_observation(obs: Observation, config: PolicyConfig) -> list[str]:
@@ -594,8 +606,7 @@ class AutoscalePolicy:
                 inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
                 inputs["capped_by_bottleneck"] = f"{cap_r}x{cap_f}"
         # 4.
-        horizon = max(cfg.scale_down_delay_s, cfg.stabilisation_s)
-        st.history = [h for h in st.history if h[0] >= now - horizon and h[0] <= now]
+        st.history = prune_history(st.history, now, max(cfg.scale_down_delay_s, cfg.stabilisation_s))
         st.history.append((now, rec.replicas, rec.factor))
         # 5.
         new_r, new_f, reason = self._choose(obs, st, rec, has_backlog, lag_rising, draining, inputs)

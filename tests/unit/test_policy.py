@@ -202,6 +202,24 @@ def test_scale_down_waits_for_the_delay_and_goes_to_the_window_max() -> None:
     assert changes[1] - changes[0] >= CFG.scale_down_delay_s
 
 
+def test_scale_down_happens_on_a_free_running_clock() -> None:
+    # observations at irregular times (never on a grid of the interval): scale-down must still come
+    policy = AutoscalePolicy(CFG)
+    state = PolicyState()
+    size = (2, 8)
+    t = 0.37
+    first_down: float | None = None
+    while t < 900:
+        d, state = policy.decide(obs(t, lag=100, input_rate=1000, replicas=size[0], factor=size[1]), state)
+        if d.changed and first_down is None:
+            first_down = t
+        size = (d.replicas, d.factor)
+        t += 15.0 + 0.013 * (int(t) % 7)
+    assert first_down is not None, "never scaled down"
+    assert CFG.scale_down_delay_s <= first_down <= CFG.scale_down_delay_s + 2 * 16
+    assert size == (1, 2)
+
+
 def test_ineffective_scale_up_is_detected_and_further_scale_up_held() -> None:
     config = PolicyConfig(partitions=12, max_replicas=12, max_factor=256)
     policy = AutoscalePolicy(config)
