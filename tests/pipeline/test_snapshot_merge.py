@@ -65,7 +65,7 @@ def to_changes(records: list[tuple[bytes, str, int, bytes]]) -> list[Change]:
     ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(changelogs(), st.integers(1, 12), st.one_of(st.none(), st.integers(0, 32)), st.integers(0, 8))
 def test_snapshot_plus_tail_equals_full_replay(
     records: list[tuple[bytes, str, int, bytes]], max_records: int, bound: int | None, slack: int

@@ -36,8 +36,11 @@ Record = tuple[bytes, str, int, bytes]  # key, kind (P, D, T = lone tombstone), 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
     from multilane.pipeline.job import spark_session
 
+    existing = SparkSession.getActiveSession()  # another module's session: reuse it, leave it running
     # C1-only JIT and the serial GC start the JVM ~30% faster; fine for the small jobs of tests.
     fast_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     session = spark_session(
@@ -46,7 +49,8 @@ def spark() -> Iterator[Any]:
     try:
         yield session
     finally:
-        session.stop()
+        if existing is None:
+            session.stop()
 
 
 def oracle(records: list[Record], committed: int | None = None) -> dict[bytes, bytes]:
