@@ -132,9 +132,9 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
                 processing_rate=float(proc_hist[lo:i].sum() / span),
                 replicas=cluster.replicas,
                 factor=cluster.factor,
-                busy_lanes=float(busy_hist[lo:i].mean()) if i > lo else None,
+                busy_lanes=float(busy_hist[lo:i].mean()) if i > lo and sim.observe_busy_lanes else None,
                 input_rate_by_partition={q: float(arr_hist[lo:i, q].sum() / span) for q in range(p)},
-                cpu_utilisation=float(cpu_hist[lo:i].mean()) if i > lo else None,
+                cpu_utilisation=float(cpu_hist[lo:i].mean()) if i > lo and sim.observe_cpu else None,
                 ready_replicas=ready_now,
                 rebalancing=cluster.rebalancing(now),
             )

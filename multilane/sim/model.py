@@ -71,6 +71,10 @@ class SimConfig:
     """> 0: window of the rates the policies observe."""
     noise: bool = True
     """Poisson arrivals (seeded) instead of the exact mean rate."""
+    observe_busy_lanes: bool = True
+    """Policies see busy lanes (the workers' lane utilisation); false: ``busy_lanes=None``."""
+    observe_cpu: bool = True
+    """Policies see the pods' CPU utilisation; false: ``cpu_utilisation=None``."""
     initial_replicas: int = 1
     initial_factor: int = 1
     tick_s: float = 1.0
