@@ -5,9 +5,10 @@ worker as alive while the Lease's ``renewTime`` is younger than ``leaseDurationS
 older, the operator hands the worker's partitions to others without waiting for a release. So the
 worker must stop processing *before* that point if it cannot renew. Protocol of the keeper:
 
-1. Every ``renew_interval_s``: GET the Lease, set ``holderIdentity`` (this pod) and ``renewTime``
-   (now, MicroTime), PUT it back with the ``resourceVersion`` just read (optimistic concurrency: a
-   409 means it changed in between; it is retried at the next interval).
+1. Every ``renew_interval_s``: GET the Lease, set ``holderIdentity`` (this pod), ``renewTime``
+   (now, MicroTime) and ``leaseDurationSeconds`` (this keeper's duration), PUT it back with the
+   ``resourceVersion`` just read (optimistic concurrency: a 409 means it changed in between; it is
+   retried at the next interval).
 2. On success, remember the monotonic time of the renewal.
 3. When ``lease_duration - stop_margin`` seconds pass without a successful renewal, call
    ``on_lost()`` once: the worker stops processing (the engine wires this). The operator will treat
@@ -140,7 +141,9 @@ class LeaseKeeper:
                 spec["acquireTime"] = _micro_time(now)
             spec["holderIdentity"] = self.settings.holder
             spec["renewTime"] = _micro_time(now)
-            spec.setdefault("leaseDurationSeconds", int(self.settings.lease_duration_s))
+            # The holder states its own duration (as Kubernetes leader election does): the operator
+            # judges expiry with the duration written here.
+            spec["leaseDurationSeconds"] = max(1, int(self.settings.lease_duration_s))
             async with session.put(self._path.lstrip("/"), json=lease) as resp:
                 if resp.status != 200:
                     log.warning("lease %s: PUT answered %d", self.settings.name, resp.status)
