@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import tempfile
 import threading
 import time
@@ -43,6 +44,8 @@ MODES = ("restore-before-handoff", "eager")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="records/s per partition during the run")
     parser.add_argument("--sizes", default="", help="comma-separated key counts (default 10k,100k,1M)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to run")
+    parser.add_argument("--keep", default="", help="keep worker logs in this directory")
 
 
 def _seed(bootstrap: str, topic: str, group: str, moving: int, keys: int) -> None:
@@ -95,7 +98,7 @@ def _gap(events: list[Any], topic: str, partition: int, since: float) -> float |
         e.time for e in events if e.kind == "end" and e.topic == topic and e.partition == partition
     )
     best = None
-    for a, b in zip(times, times[1:], strict=False):
+    for a, b in itertools.pairwise(times):
         if b >= since:
             best = b - a if best is None else max(best, b - a)
     return best
@@ -200,6 +203,8 @@ async def _scenario(bootstrap: str, keys: int, mode: str, rate: float, workdir: 
         "control_plane_pause_s": None if record is None else record.pause_s,
         "warm_up_s": None if record is None else record.learn_s,
         "eager_fallback": None if record is None else record.eager,
+        "release_s": None if record is None else record.release_s,
+        "promote_s": None if record is None else record.promote_s,
     }
 
 
@@ -214,14 +219,18 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("mode"),
             Column("pause_s", "longest gap (s)", fmt=".2f"),
             Column("control_plane_pause_s", "release -> promoted (s)", fmt=".2f"),
+            Column("release_s", "release call (s)", fmt=".2f"),
+            Column("promote_s", "promotion call (s)", fmt=".2f"),
             Column("warm_up_s", "learner warm-up (s)", fmt=".2f"),
             Column("eager_fallback", "eager fallback"),
         ],
     )
     pauses: dict[tuple[str, int], float | None] = {}
-    with broker_session() as broker, tempfile.TemporaryDirectory(prefix="bench-handoff-") as tmp:
+    modes = [m for m in args.modes.split(",") if m in MODES]
+    with broker_session() as broker, tempfile.TemporaryDirectory(prefix="bench-handoff-") as scratch:
+        tmp = args.keep or scratch
         for keys in sizes:
-            for mode in MODES:
+            for mode in modes:
                 log(f"handoff: {keys:,} keys, {mode}")
                 try:
                     row = asyncio.run(_scenario(broker.bootstrap, keys, mode, args.rate, Path(tmp)))

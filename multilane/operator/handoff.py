@@ -129,6 +129,8 @@ class HandoffRecord:
     learn_s: float
     pause_s: float
     final_offset: int | None
+    release_s: float | None = None  # the release call (drain, final commit, store close on the source)
+    promote_s: float | None = None  # the promotion call (tail applied, partition opened on the target)
 
 
 @dataclass
@@ -199,6 +201,7 @@ class HandoffExecutor:
         self._release_started: dict[str, float] = {}  # partition -> monotonic time of the release
         self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
         self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
+        self._call_s: dict[tuple[str, str], float] = {}  # (kind, partition) -> duration of the call
         self.completed: list[HandoffRecord] = []  # every move completed by this executor
         # Called before each action is carried out (fault injection in tests; None in production).
         self.on_action: Callable[[Action], Awaitable[None]] | None = None
@@ -413,6 +416,8 @@ class HandoffExecutor:
                     round(started - learn_started, 3),
                     round(self._pause_end.pop(m.partition, time.monotonic()) - started, 3),
                     m.final_offset,
+                    self._call_s.pop(("release", m.partition), None),
+                    self._call_s.pop(("promote", m.partition), None),
                 )
                 self.completed.append(record)
                 result.handoffs.append(record)
@@ -489,6 +494,7 @@ class HandoffExecutor:
             assignment = AssignmentState(generation=assignment.generation + 1, members=members)
             await self.persist(assignment, rollout)
         self._release_started.setdefault(a.partition, time.monotonic())
+        t0 = time.monotonic()
         try:
             # 2. the source drains, commits and closes P
             released = await self.control.assign(
@@ -501,6 +507,7 @@ class HandoffExecutor:
             result.blocked = f"{a.worker}: {exc}"
             log.warning("release of %s on %s: %s", a.partition, a.worker, exc)
             return assignment
+        self._call_s[("release", a.partition)] = round(time.monotonic() - t0, 3)
         offsets = {r.partition: r.committed_offset for r in released}
         # 3. remembered for the next observation: the rollout promotes the target
         self._released[(a.worker, a.partition)] = offsets.get(a.partition)
@@ -524,6 +531,7 @@ class HandoffExecutor:
             # 1. intent: P belongs to the target (and no longer to a dead source)
             assignment = AssignmentState(generation=assignment.generation, members=members)
             await self.persist(assignment, rollout)
+        t0 = time.monotonic()
         try:
             # 2. opening a learning partition promotes it (tail applied, processing from the commit)
             await self.control.assign(
@@ -536,6 +544,7 @@ class HandoffExecutor:
             result.blocked = f"{a.worker}: {exc}"
             log.warning("promotion of %s on %s: %s", a.partition, a.worker, exc)
             return assignment
+        self._call_s[("promote", a.partition)] = round(time.monotonic() - t0, 3)
         await self._unpause(target)
         self._pause_end[a.partition] = time.monotonic()
         for key in [k for k in self._released if k[1] == a.partition]:
