@@ -26,6 +26,9 @@ longer, but the rollout never stalls. A target that dies is replaced by re-plann
 back to pending with the fallback target chosen by the caller (``retarget``), or is abandoned if the
 source still owns the partition.
 
+A LEARN is sent again while the target reports neither learning nor processing P (the first call
+was lost, or the target restarted); a RELEASE is sent again until the source's release is observed.
+
 Every action is idempotent on the worker side (learning a partition already learning, releasing one
 already released, promoting one already active are no-ops that answer the current state), because
 the operator may crash after sending an action and before persisting the new phase.
