@@ -154,8 +154,13 @@ class PrometheusSource:
         if self._client is None:
             self._client = self._client_factory(self.url)
         try:
-            result = self._client.custom_query(query=query, params={"timeout": f"{self.timeout_s}s"})
-        except Exception as exc:  # the client raises requests' and its own errors; all mean "unavailable"
+            result = self._client.custom_query(
+                query=query, params={"timeout": f"{int(self.timeout_s * 1000)}ms"}
+            )
+        except Exception as exc:  # the client raises requests' and its own errors
+            if "HTTP Status Code 400" in str(exc) or "HTTP Status Code 422" in str(exc):
+                # Prometheus refused the query itself (bad PromQL in lagQuery/rateQuery): not transient.
+                raise MetricsInvalidError(f"query rejected by {self.url}: {exc}") from exc
             raise MetricsUnavailableError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, list):
             raise MetricsInvalidError(f"unexpected answer type {type(result).__name__}")
