@@ -1,0 +1,127 @@
+"""Unit tests of the pure child-manifest builders (multilane.operator.children)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from multilane.operator import children as ch
+
+REF = ch.ConsumerRef(name="orders", namespace="team-a", uid="1234")
+SPEC: dict[str, Any] = {
+    "kafka": {
+        "bootstrapServers": "kafka:9092",
+        "topics": ["orders"],
+        "consumerGroup": "orders-processor",
+        "config": {"security.protocol": "SASL_SSL"},
+        "credentialsSecretRef": {"name": "kafka-creds"},
+    },
+    "workload": {
+        "image": "ghcr.io/example/app:1.0",
+        "processor": "app.handlers:process",
+        "ordering": "unordered",
+        "env": [{"name": "APP_MODE", "value": "fast"}],
+        "resources": {"requests": {"cpu": "500m"}},
+    },
+    "scaling": {"maxReplicas": 3, "minFactor": 2},
+}
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    manifests = [
+        *ch.children(REF, SPEC, 2),
+        ch.control_token_secret(REF, "x" * 40),
+        ch.lease_manifest(REF, "orders-0"),
+    ]
+    kinds = [m["kind"] for m in manifests]
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "PodDisruptionBudget",
+        "StatefulSet",
+        "Secret",
+        "Lease",
+    ]
+    for m in manifests:
+        meta = m["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["labels"][ch.CONSUMER_LABEL] == "orders"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "multilane.dev/v1alpha1",
+            "kind": "ParallelConsumer",
+            "name": "orders",
+            "uid": "1234",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    names = {m["kind"]: m["metadata"]["name"] for m in manifests}
+    assert names["Service"] == "orders-workers" and names["ServiceAccount"] == "orders-worker"
+    assert names["Secret"] == "orders-control-token" and names["StatefulSet"] == "orders"
+
+
+def test_worker_pod_is_locked_down_and_gets_credentials_by_reference_only() -> None:
+    sts = ch.stateful_set(REF, SPEC, 2)
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "orders-workers"
+    assert sts["spec"]["selector"] == {"matchLabels": {ch.CONSUMER_LABEL: "orders"}}
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "orders-worker"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert c["envFrom"] == [{"prefix": "MULTILANE_KAFKA_", "secretRef": {"name": "kafka-creds"}}]
+    assert {"name": "APP_MODE", "value": "fast"} in c["env"]
+    assert c["resources"] == {"requests": {"cpu": "500m"}}
+    args = c["args"]
+    for flag, value in [
+        ("--control-port", "8471"),
+        ("--metrics-port", "9464"),
+        ("--control-token-file", "/var/run/multilane/token"),
+        ("--ordering", "unordered"),
+        ("--factor", "2"),
+        ("--assign", ""),
+    ]:
+        assert args[args.index(flag) + 1] == value
+    assert "security.protocol=SASL_SSL" in args
+    token_volume = next(v for v in pod["volumes"] if v["name"] == "control-token")
+    assert token_volume["secret"]["secretName"] == "orders-control-token"
+    assert {"name": "control-token", "mountPath": "/var/run/multilane", "readOnly": True} in c["volumeMounts"]
+    assert {p["containerPort"] for p in c["ports"]} == {8471, 9464}
+    assert "volumeClaimTemplates" not in sts["spec"]
+
+
+def test_state_enabled_adds_a_volume_claim() -> None:
+    spec = {**SPEC, "state": {"enabled": True, "storage": {"size": "5Gi", "storageClassName": "fast"}}}
+    sts = ch.stateful_set(REF, spec, 1)
+    (pvc,) = sts["spec"]["volumeClaimTemplates"]
+    assert (
+        pvc["spec"]["resources"]["requests"]["storage"] == "5Gi" and pvc["spec"]["storageClassName"] == "fast"
+    )
+    assert "--state-dir" in sts["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_role_allows_only_get_update_of_the_workers_own_leases() -> None:
+    (rule,) = ch.role(REF, 3)["rules"]
+    assert rule == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["orders-0", "orders-1", "orders-2"],
+        "verbs": ["get", "update"],
+    }
+    binding = ch.role_binding(REF)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orders-worker", "namespace": "team-a"}]
+
+
+def test_service_is_headless_and_token_must_be_long() -> None:
+    svc = ch.service(REF)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    with pytest.raises(ValueError):
+        ch.control_token_secret(REF, "short")
