@@ -188,7 +188,9 @@ def body(args: argparse.Namespace, report: Report) -> None:
                     topics[n] = (topic, uri)
             finally:
                 spark.stop()
-            # 3. Restores, Spark stopped.
+            # 3. Restores, Spark stopped (pyarrow's Parquet reader imported first: not part of a restore).
+            import pyarrow.parquet  # noqa: F401
+
             for n, (topic, uri) in topics.items():
                 gc.collect()
                 log(f"restore from snapshot + tail ({n:,})")
