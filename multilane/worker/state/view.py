@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from multilane.api import StateView
 from multilane.worker.keyranges import KeyRange, key_hash
 from multilane.worker.state.errors import StateError, StateKeyError
 from multilane.worker.state.partition import ActivePartitionState
@@ -97,3 +98,7 @@ class KeyRangeStateView:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"state value is not JSON-serialisable: {exc}") from exc
         self.put(raw, key)
+
+
+def _conforms(view: KeyRangeStateView) -> StateView:  # mypy checks the view against the public API
+    return view
