@@ -12,6 +12,9 @@ Back-pressure protocol (per partition):
 2. Later messages of a paused partition that were already fetched are ignored.
 3. Once its usage fell below the low-water mark, the partition is resumed and the consumer seeks to
    the tracker's position, so the refused records are fetched again (never skipped).
+4. When the whole process is full, nothing is fetched (records are never taken only to be refused)
+   and, once it has been full for ``pause_after_s`` (default 0: at once), every partition is paused
+   (step 3 resumes them).
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ class FetchLoop:
         self._errors = errors
         self.multi_topic = multi_topic  # partitions of several topics may arrive (compare topics)
         self.stopping = False
+        self.full_poll_interval_s = 1.0  # how often to poll while the process-wide bound is full
+        # Pause every partition when the process stays full this long. 0: at once (the bound then
+        # also covers librdkafka's prefetch queue immediately; resuming at the low-water mark refetches
+        # within milliseconds, long before the queued half of the bound has drained).
+        self.pause_after_s = 0.0
 
     async def run(self) -> None:
         consumer = self._consumer
@@ -85,11 +93,31 @@ class FetchLoop:
         flow = self._flow
         batch_max = self._batch_max
         active = Phase.ACTIVE
+        monotonic = time.monotonic
+        last_poll = monotonic()
+        full_since: float | None = None
         while not self.stopping:
             for rt in parts.values():
                 if rt.done_buf:
                     rt.flush()
             room = flow.room()
+            if not room:
+                # 4. The process is full: wait for completions (librdkafka keeps its bounded prefetch
+                # queue, so work continues at once when room frees up); if it stays full, pause
+                # every partition, which also frees librdkafka's queue.
+                now = monotonic()
+                if full_since is None:
+                    full_since = now
+                if now - full_since >= self.pause_after_s:
+                    self.pause_all_for_flow()
+                # Still poll now and then: rebalance callbacks run inside consume(), and
+                # max.poll.interval.ms must be honoured.
+                if now - last_poll < self.full_poll_interval_s:
+                    await asyncio.sleep(0.001)
+                    continue
+            else:
+                full_since = None
+            last_poll = monotonic()
             try:
                 msgs = consumer.consume(num_messages=min(batch_max, room) if room else 1, timeout=0)
             except (KafkaException, RuntimeError) as exc:
@@ -134,6 +162,14 @@ class FetchLoop:
             self._consumer.pause([TopicPartition(part.topic, part.partition)])
         except KafkaException as exc:
             log.warning("pause of %s/%d@%d failed: %s", part.topic, part.partition, offset, exc)
+
+    def pause_all_for_flow(self) -> None:
+        """Pause every active partition not paused yet (the process-wide bound stayed full)."""
+        todo = [p for p in self._parts.values() if p.phase == Phase.ACTIVE and not p.flow_counters.paused]
+        for p in todo:
+            p.flow_counters.paused = True
+            p.flow_counters.pauses += 1
+        self.pause_fetch(todo)
 
     def resume_drained(self) -> None:
         flow = self._flow
