@@ -239,10 +239,12 @@ class ChangelogWriter:
             return self._ends.get((topic, partition), 0)
 
     def reset(self, topic: str, partition: int) -> None:
-        """Forget the partition's delivery state (when the partition is closed)."""
+        """Forget the partition's recorded loss (when the partition is closed; a reopened partition
+        restores from the changelog, so an old loss no longer matters). The produced/acknowledged
+        counters stay: acknowledgements of records still in flight at an unclean close must not
+        count for the records of the next session."""
         with self._lock:
-            for d in (self._ends, self._failures, self._produced, self._acked):
-                d.pop((topic, partition), None)
+            self._failures.pop((topic, partition), None)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush (up to ``timeout_s``), drop what is still queued (its records are not committed, so
