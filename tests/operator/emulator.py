@@ -17,6 +17,8 @@ Emulated here (kmock 0.8 lacks them; see /work/shared/FACTS.md):
   ``x-kubernetes-preserve-unknown-fields``), dropping of nulls in non-nullable fields, and
   ``jsonschema`` validation of the result -> 422 ``Invalid``. CEL rules (``x-kubernetes-validations``)
   are NOT evaluated;
+- list answers carry ``kind``/``apiVersion`` and core discovery says ``groupVersion: v1`` (kubectl
+  needs both);
 - garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
   object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively).
 
@@ -305,6 +307,24 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if key in self.objects and self.objects[key].deleted:
             await self._collect_garbage()  # a finalizer removal completed a deletion
         return response
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        """kmock's discovery, with the core group's ``groupVersion`` spelled ``v1`` (not ``/v1``)."""
+        payload = await super()._serve_version(request)
+        if isinstance(payload, dict) and str(payload.get("groupVersion", "")).startswith("/"):
+            payload["groupVersion"] = payload["groupVersion"][1:]
+        return payload
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """kmock's list, plus the ``kind``/``apiVersion`` a real list carries (kubectl needs them)."""
+        payload = await super()._serve_list(request)
+        if isinstance(payload, dict) and request.resource is not None:
+            res = request.resource
+            info = self.resources.get(res, None)
+            kind = (info.kind if info is not None and info.kind else "List") + "List"
+            payload["kind"] = kind
+            payload["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+        return payload
 
     @staticmethod
     def _apply_merge(target: Any, patch: Any) -> Any:
