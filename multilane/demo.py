@@ -48,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--out", default="multilane-demo-out", help="directory for the plot, summary and logs")
     a("--partitions", type=int, default=4)
     a("--keys", type=int, default=5000, help="distinct keys (uniform)")
-    a("--base-rate", type=float, default=200.0, help="records/s outside the burst")
-    a("--burst-rate", type=float, default=2200.0, help="records/s during the burst")
-    a("--sleep-ms", type=float, default=10.0, help="simulated I/O per record")
+    a("--base-rate", type=float, default=120.0, help="records/s outside the burst")
+    a("--burst-rate", type=float, default=1500.0, help="records/s during the burst")
+    a("--sleep-ms", type=float, default=50.0, help="simulated remote I/O per record (ms)")
     a("--max-replicas", type=int, default=3)
     a("--max-factor", type=int, default=32)
     a("--plain", action="store_true", help="plain progress lines even on a TTY")
@@ -127,7 +127,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 "scaling": {
                     "minReplicas": 1,
                     "maxReplicas": args.max_replicas,
-                    "minFactor": 1,
+                    "minFactor": 2,
                     "maxFactor": args.max_factor,
                     "targetCatchUpSeconds": 10,
                     "targetUtilisation": 0.7,
@@ -145,7 +145,7 @@ async def _demo(args: argparse.Namespace) -> int:
             bootstrap,
             group,
             "multilane.demo_processors:stateful_io",
-            factor=1,
+            factor=2,
             drain_timeout_s=10.0,
             env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(args.sleep_ms)},
         )
@@ -163,7 +163,7 @@ async def _demo(args: argparse.Namespace) -> int:
         await cp.start()
         print(
             f"multilane demo: broker {bootstrap}, topic {topic} ({args.partitions} partitions), "
-            f"1 worker at factor 1; {args.duration:.0f}s of load; output in {out}",
+            f"1 worker at factor 2; {args.duration:.0f}s of load; output in {out}",
             flush=True,
         )
         # 3. load

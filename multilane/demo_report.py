@@ -4,6 +4,7 @@ the summary and the PNG plot. Pure apart from :func:`plot` (writes a PNG) and th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,9 +166,12 @@ def plot(timeline: Timeline, path: Path, title: str) -> Path:
     for h in timeline.handoffs:
         for ax in axes:
             ax.axvline(h.at, color="grey", alpha=0.35, linewidth=1)
-    moving = [s.t for s in samples if any(ph != "active" for ph in s.phases.values())]
-    for x in moving:
-        ax_lag.axvspan(x - 0.5, x + 0.5, color="gold", alpha=0.15, linewidth=0)
+    for a, b in itertools.pairwise(samples):
+        if any(ph not in ("active", "unassigned") for ph in a.phases.values()):
+            for ax in axes:
+                ax.axvspan(a.t, b.t, color="gold", alpha=0.2, linewidth=0)
+        if a.load == "burst":
+            ax_rate.axvspan(a.t, b.t, color="tab:blue", alpha=0.05, linewidth=0)
     for ax in (ax_lag, ax_rate):
         ax.legend(loc="upper right")
         ax.grid(alpha=0.3)
@@ -176,11 +180,15 @@ def plot(timeline: Timeline, path: Path, title: str) -> Path:
     ax_size.legend(lines[0] + lines_f[0], lines[1] + lines_f[1], loc="upper right")
     ax_size.grid(alpha=0.3)
     ax_size.set_ylim(0, max([s.replicas for s in samples] + [1]) + 1)
+    from matplotlib.ticker import MaxNLocator
+
+    ax_size.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_f.set_ylim(0, max([s.factor for s in samples] + [1]) * 1.2 + 1)
     ax_lag.text(
         0.01,
         0.95,
-        "shaded: partitions moving (learning / releasing / promoting); grey lines: handoffs done",
+        "gold: partitions moving (learning / releasing / promoting); grey lines: handoffs done; "
+        "light blue: load burst",
         transform=ax_lag.transAxes,
         fontsize=8,
         va="top",
