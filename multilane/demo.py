@@ -178,13 +178,13 @@ async def _demo(args: argparse.Namespace) -> int:
 
         producer = threading.Thread(target=produce, name="demo-loadgen", daemon=True)
         t0 = time.monotonic()
-        wall0 = time.time()
         producer.start()
         # 4.-5. control loop, display, drain
         peak = {"replicas": 1, "factor": 1}
         live = _Display(tty)
         drain_deadline: float | None = None
         drained_at: float | None = None
+        settled_at: float | None = None
         last_sample = 0.0
         try:
             while True:
@@ -221,7 +221,11 @@ async def _demo(args: argparse.Namespace) -> int:
                         live.event(now, "Drained", "everything committed; waiting for the scale-down")
                     # after the drain, give the autoscaler up to 45 s to scale back down
                     scaled_down = cp.platform.replicas <= 1 and not cp.status.get("rollout")
-                    if drained_at is not None and (scaled_down or time.monotonic() - drained_at > 45):
+                    if scaled_down and settled_at is None:
+                        settled_at = time.monotonic()
+                    if settled_at is not None and time.monotonic() - settled_at > 4:
+                        break  # a few more samples show the replicas back at 1
+                    if drained_at is not None and time.monotonic() - drained_at > 45:
                         break
                     if time.monotonic() > drain_deadline + 45:
                         break
@@ -245,9 +249,11 @@ async def _demo(args: argparse.Namespace) -> int:
             if e.kind == "end":
                 ends.setdefault(f"{e.topic}/{e.partition}", []).append(e.time)
         for i, hp in enumerate(timeline.handoffs):
-            done = wall0 + hp.at
-            gap = processing_gap(ends, hp.record.partition, done - hp.record.pause_s - 0.5, done + 0.5)
-            timeline.handoffs[i] = HandoffPause(hp.record, hp.at, gap)
+            r = hp.record
+            gap = None
+            if r.released_at is not None and r.promoted_at is not None:
+                gap = processing_gap(ends, r.partition, r.released_at, r.promoted_at)
+            timeline.handoffs[i] = HandoffPause(r, hp.at, gap)
         # 7. summary and plot
         png = None
         if timeline.samples:

@@ -200,15 +200,14 @@ def plot(timeline: Timeline, path: Path, title: str) -> Path:
 
 
 def processing_gap(
-    ends_by_partition: Mapping[str, Sequence[float]], partition: str, start: float, end: float
+    ends_by_partition: Mapping[str, Sequence[float]], partition: str, released_at: float, promoted_at: float
 ) -> float | None:
-    """Longest gap between consecutive completions of ``partition`` that overlaps [start, end]."""
-    times = ends_by_partition.get(partition) or []
-    best: float | None = None
-    prev: float | None = None
-    for x in times:
-        if prev is not None and x >= start and prev <= end:
-            gap = x - prev
-            best = gap if best is None else max(best, gap)
-        prev = x
-    return best
+    """The partition's longest stretch without a completed record during the handoff: from the start
+    of the release to the first completion after the promotion returned (completions of the draining
+    source in between split it). None when nothing completed after the promotion."""
+    times = sorted(ends_by_partition.get(partition) or [])
+    after = [x for x in times if x >= promoted_at]
+    if not after:
+        return None
+    points = [released_at, *(x for x in times if released_at < x < after[0]), after[0]]
+    return max(b - a for a, b in itertools.pairwise(points))

@@ -131,6 +131,8 @@ class HandoffRecord:
     final_offset: int | None
     release_s: float | None = None  # the release call (drain, final commit, store close on the source)
     promote_s: float | None = None  # the promotion call (tail applied, partition opened on the target)
+    released_at: float | None = None  # wall time (epoch) the release call started
+    promoted_at: float | None = None  # wall time (epoch) the promotion call returned
 
 
 @dataclass
@@ -202,6 +204,7 @@ class HandoffExecutor:
         self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
         self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
         self._call_s: dict[tuple[str, str], float] = {}  # (kind, partition) -> duration of the call
+        self._wall: dict[tuple[str, str], float] = {}  # ("released"/"promoted", partition) -> epoch
         self.completed: list[HandoffRecord] = []  # every move completed by this executor
         # Called before each action is carried out (fault injection in tests; None in production).
         self.on_action: Callable[[Action], Awaitable[None]] | None = None
@@ -418,6 +421,8 @@ class HandoffExecutor:
                     m.final_offset,
                     self._call_s.pop(("release", m.partition), None),
                     self._call_s.pop(("promote", m.partition), None),
+                    self._wall.pop(("released", m.partition), None),
+                    self._wall.pop(("promoted", m.partition), None),
                 )
                 self.completed.append(record)
                 result.handoffs.append(record)
@@ -494,6 +499,7 @@ class HandoffExecutor:
             assignment = AssignmentState(generation=assignment.generation + 1, members=members)
             await self.persist(assignment, rollout)
         self._release_started.setdefault(a.partition, time.monotonic())
+        self._wall.setdefault(("released", a.partition), time.time())
         t0 = time.monotonic()
         try:
             # 2. the source drains, commits and closes P
@@ -545,6 +551,7 @@ class HandoffExecutor:
             log.warning("promotion of %s on %s: %s", a.partition, a.worker, exc)
             return assignment
         self._call_s[("promote", a.partition)] = round(time.monotonic() - t0, 3)
+        self._wall[("promoted", a.partition)] = time.time()
         await self._unpause(target)
         self._pause_end[a.partition] = time.monotonic()
         for key in [k for k in self._released if k[1] == a.partition]:
