@@ -28,7 +28,7 @@ import pytest
 
 from multilane.demo_check import judge, read_counts
 from multilane.demo_processors import SLEEP_ENV
-from multilane.operator.handoff import HandoffConfig
+from multilane.operator.handoff import HandoffConfig, HandoffExecutor
 from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
 from multilane.operator.rollout import Action, ActionKind
 from multilane.operator.validation import ConsumerSpec, validate_spec
@@ -96,6 +96,11 @@ class Harness:
 
     def load_done(self) -> bool:
         return self.load_thread is not None and not self.load_thread.is_alive()
+
+
+def executor(cp: LocalControlPlane) -> HandoffExecutor:
+    assert cp.executor is not None, "restore-before-handoff is on in these tests"
+    return cp.executor
 
 
 def owners(cp: LocalControlPlane) -> dict[str, str]:
@@ -213,7 +218,7 @@ async def test_scale_up_and_down_under_load_with_state(harness: Harness) -> None
     # Scale-up: the new worker learns each partition before the old owner releases it.
     scale(cp, h, 2)
     await tick_until(cp, lambda: balanced(cp, 2), 60, "2 workers with 2 partitions each")
-    up = list(cp.executor.completed)
+    up = list(executor(cp).completed)
     assert len(up) == 2 and {r.target for r in up} == {"w-1"}
     assert not any(r.eager for r in up), up  # caught up before the release: no eager fallback
     assert all(r.pause_s < 10 for r in up), up
@@ -225,7 +230,7 @@ async def test_scale_up_and_down_under_load_with_state(harness: Harness) -> None
         60,
         "w-1 handed everything back and was removed",
     )
-    down = cp.executor.completed[2:]
+    down = executor(cp).completed[2:]
     assert len(down) == 2 and {r.source for r in down} == {"w-1"}
     await finish(cp, h)
     assert_ok(h)
@@ -276,7 +281,7 @@ async def test_kill_worker_during_handoff_step(
     h = harness
     cp = await start_one_worker(h)
     hook, killed = _kill_hook(cp, h, kind, victim, delay)
-    cp.executor.on_action = hook
+    executor(cp).on_action = hook
     h.start_load(200, 15)
     await asyncio.sleep(2)
     scale(cp, h, 2)
@@ -299,7 +304,7 @@ async def test_control_plane_crash_mid_rollout_resumes_from_status(harness: Harn
         if a.kind is at:
             raise CrashError(f"control plane dies before {a}")
 
-    cp.executor.on_action = crash
+    executor(cp).on_action = crash
     scale(cp, h, 2)
     with pytest.raises(CrashError):
         await tick_until(cp, lambda: False, 60, "crash")
