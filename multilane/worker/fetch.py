@@ -139,7 +139,11 @@ class FetchLoop:
                 part = parts.get((m.topic(), m.partition()))
                 if part is None or part.phase != active or part.flow_counters.paused:
                     # 2. Not ours (any more): a new owner starts at the committed offset. Or paused by
-                    # back-pressure: everything from the refused record on is fetched again later.
+                    # back-pressure: everything from the refused record on is fetched again later,
+                    # from the tracker's position; a partition that has taken nothing yet (no
+                    # committed offset: position unknown) resumes from the first record dropped here.
+                    if part is not None and part.tracker.position is None:
+                        part.tracker.reset(m.offset())
                     i += 1
                     continue
                 # 1. offer the run
@@ -155,6 +159,10 @@ class FetchLoop:
         fc = part.flow_counters
         fc.paused = True
         fc.pauses += 1
+        if part.tracker.position is None:
+            # Nothing taken yet and no committed offset: without this, resume would not seek and
+            # librdkafka would continue after the refused record, skipping it.
+            part.tracker.reset(offset)
         # No seek here: the tracker's position is ``offset`` (the refused record), and resuming seeks
         # there. (Measured: a seek while paused delays the first fetch after resume by ~1 s; resume
         # followed by a seek fetches within milliseconds.)
