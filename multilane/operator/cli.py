@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from typing import Any
 
 from multilane.operator.handlers import HandlerSettings, OperatorHandlers, configure_kopf
 from multilane.operator.kube import KubeClient, KubeSettings
@@ -67,6 +68,14 @@ async def _main(args: argparse.Namespace) -> None:
         metrics.serve(args.metrics_port)
     async with KubeClient(KubeSettings.load()) as kube:
         registry = kopf.OperatorRegistry()
+
+        # An explicit registry has no default login handlers: log in like kopf's default does
+        # (the kubernetes client's in-cluster config, else the kubeconfig).
+        @kopf.on.login(registry=registry)
+        def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
+            return info
+
         OperatorHandlers(kube, settings=settings, metrics=metrics).register(registry)
         kopf_settings = kopf.OperatorSettings()
         configure_kopf(kopf_settings)
