@@ -23,6 +23,7 @@ it for other threads.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import logging
 import time
@@ -512,9 +513,17 @@ class Engine:
             if p.in_flight:
                 log.warning("releasing %s/%d with %d records unfinished after %.1fs; they will be "
                             "replayed by the next owner", p.topic, p.partition, p.in_flight, deadline_s)
-        # 3. stop lanes (keep the tracker: completed work is still committed)
+        # 3. stop lanes (keep the tracker: completed work is still committed); records running on
+        #    the thread pool cannot be cancelled: give them until the deadline (at least a moment)
+        #    to return, so that the next owner does not run a key while we still do
         for p in parts:
             p.close()
+        batches = [asyncio.wrap_future(f) for p in parts for f in p.lanes.batches_running()]
+        if batches:
+            _done, pending = await asyncio.wait(batches, timeout=max(1.0, deadline - time.monotonic()))
+            if pending:
+                log.warning("%d thread-pool batches still running after the release deadline",
+                            len(pending))
         # 4. final commit
         assert self._commits is not None
         try:
@@ -580,6 +589,13 @@ class Engine:
         for p in parts:
             p.phase = Phase.RELEASING
             p.close()
+        # Records running on the thread pool keep running while the loop is blocked here; wait for
+        # them (each batch stops after its current record) so the next owner never overlaps a key.
+        batches = [f for p in parts for f in p.lanes.batches_running()]
+        if batches:
+            _done, pending = concurrent.futures.wait(batches, timeout=self.config.drain_timeout_s)
+            if pending:
+                log.warning("%d thread-pool batches still running after revoke", len(pending))
         assert self._commits is not None
         try:
             self._commits.run_blocking(parts, self._producer)

@@ -137,12 +137,14 @@ class FetchLoop:
                     i += 1
                     continue
                 part = parts.get((m.topic(), m.partition()))
-                if part is None or part.phase != active or part.flow_counters.paused:
-                    # 2. Not ours (any more): a new owner starts at the committed offset. Or paused by
-                    # back-pressure: everything from the refused record on is fetched again later,
-                    # from the tracker's position; a partition that has taken nothing yet (no
-                    # committed offset: position unknown) resumes from the first record dropped here.
-                    if part is not None and part.tracker.position is None:
+                if part is None or part.phase != active:
+                    i += 1  # not ours (any more): a new owner starts at the committed offset
+                    continue
+                if part.flow_counters.paused:
+                    # 2. Paused by back-pressure: everything from the refused record on is fetched
+                    # again later, from the tracker's position; a partition that has taken nothing yet
+                    # (no committed offset: position unknown) resumes from the first record dropped here.
+                    if part.tracker.position is None:
                         part.tracker.reset(m.offset())
                     i += 1
                     continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import inspect
 import logging
 import time
@@ -133,6 +134,10 @@ class Lane:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._tasks: list[asyncio.Task[None]] = []
         self.processed = 0
+        # Thread-pool batches submitted and not yet awaited back. A closed lane's batch stops after its
+        # current record; callers that must not overlap a new owner wait for these (see
+        # LaneGroup.batches_running).
+        self.batches: set[concurrent.futures.Future[Any]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -369,11 +374,16 @@ class Lane:
             if not batch:
                 continue
             self.running += len(batch)
+            executor = env.executor
+            assert executor is not None
+            cfut = executor.submit(self._run_batch, batch, slot)
+            self.batches.add(cfut)
             try:
-                done, exc, durations = await loop.run_in_executor(env.executor, self._run_batch,
-                                                                  batch, slot)
+                done, exc, durations = await asyncio.wrap_future(cfut, loop=loop)
             finally:
                 self.running -= len(batch)
+                if cfut.done():  # when cancelled, the thread may still run: keep it visible
+                    self.batches.discard(cfut)
             host.on_success_many(batch[:done], durations)
             if self.blocked:
                 for i in range(done):
@@ -471,6 +481,11 @@ class LaneGroup:
         """Running records / concurrency (lane utilisation)."""
         cap = sum(lane.concurrency for lane in self.lanes)
         return self.running / cap if cap else 0.0
+
+    def batches_running(self) -> list[concurrent.futures.Future[Any]]:
+        """Thread-pool batches still running (sync processors); after close() each of them stops
+        once its current record returns."""
+        return [f for lane in self.lanes for f in lane.batches if not f.done()]
 
     def slots(self) -> list[tuple[Lane, RunSlot]]:
         return [(lane, s) for lane in self.lanes for s in lane.slots]
