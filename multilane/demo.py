@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--burst-rate", type=float, default=1500.0, help="records/s during the burst")
     a("--sleep-ms", type=float, default=50.0, help="simulated remote I/O per record (ms)")
     a("--max-replicas", type=int, default=3)
-    a("--max-in-flight", type=int, default=1000, help="records in flight per worker")
+    a("--max-in-flight", type=int, default=10_000, help="records in flight per worker")
     a("--max-factor", type=int, default=32)
     a("--plain", action="store_true", help="plain progress lines even on a TTY")
     a("--log-level", default="WARNING", help="log level of the control plane (stderr)")
@@ -148,8 +148,6 @@ async def _demo(args: argparse.Namespace) -> int:
             "multilane.demo_processors:stateful_io",
             factor=2,
             drain_timeout_s=10.0,
-            # A small in-flight window: with the default 10,000 one backlogged partition can hold the
-            # whole process budget while the others wait (see docs/demo.md, known limits).
             extra_args=("--max-in-flight", str(args.max_in_flight)),
             env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(args.sleep_ms)},
         )
