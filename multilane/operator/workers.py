@@ -39,7 +39,7 @@ class WorkerFencedError(WorkerError):
 @dataclass(frozen=True, slots=True)
 class ReleasedPartition:
     partition: str  # "topic/index"
-    committed_offset: int
+    committed_offset: int | None  # None: nothing was ever committed for it
 
 
 def _partitions_body(partitions: Iterable[str]) -> list[dict[str, Any]]:
@@ -52,13 +52,17 @@ def _partitions_body(partitions: Iterable[str]) -> list[dict[str, Any]]:
 
 def _released(items: Any) -> list[ReleasedPartition]:
     out = []
-    for item in items or []:
-        out.append(
-            ReleasedPartition(
-                partition=format_partition(str(item["topic"]), int(item["partition"])),
-                committed_offset=int(item["committed_offset"]),
+    try:
+        for item in items or []:
+            offset = item.get("committed_offset")
+            out.append(
+                ReleasedPartition(
+                    partition=format_partition(str(item["topic"]), int(item["partition"])),
+                    committed_offset=None if offset is None else int(offset),
+                )
             )
-        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise WorkerUnreachableError(f"malformed 'released' in answer: {items!r}") from exc
     return out
 
 

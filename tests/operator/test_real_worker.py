@@ -1,0 +1,136 @@
+"""The assignment protocol against real ``multilane worker`` processes (engine + control endpoint) on
+the embedded broker: the contract between the operator's client and the workers' HTTP server.
+
+Real: worker processes, their control endpoint, Kafka. Liveness is given directly (no Lease here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from confluent_kafka import Producer
+
+from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
+from multilane.operator.planner import AssignmentPlanner
+from multilane.operator.platform import WorkerInfo
+from multilane.operator.workers import WorkerControlClient, WorkerFencedError
+from multilane.testing.broker import EmbeddedBroker, free_port
+from tests.operator.doubles import wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
+
+TOKEN = "w" * 40
+
+
+@pytest_asyncio.fixture
+async def workers(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path
+) -> AsyncIterator[tuple[str, str, list[WorkerInfo]]]:
+    broker.create_topic(topic_name, partitions=4)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    procs: list[asyncio.subprocess.Process] = []
+    infos = []
+    for i in range(2):
+        port = free_port()
+        log = (tmp_path / f"worker-{i}.log").open("w")
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "multilane", "worker",
+                "--bootstrap-servers", broker.bootstrap, "--group", f"{topic_name}-g",
+                "--processor", "multilane.examples:noop", "--assign", "", "--worker-id", f"app-{i}",
+                "--control-port", str(port), "--control-token-file", str(token_file),
+                stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ},
+            )
+        )  # fmt: skip
+        infos.append(
+            WorkerInfo(name=f"app-{i}", ordinal=i, alive=True, control_url=f"http://127.0.0.1:{port}")
+        )
+    try:
+        yield broker.bootstrap, topic_name, infos
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                await asyncio.wait_for(p.wait(), 30)
+            except TimeoutError:
+                p.kill()
+                await p.wait()
+
+
+async def test_coordinator_assigns_releases_and_is_fenced_by_real_workers(
+    workers: tuple[str, str, list[WorkerInfo]],
+) -> None:
+    bootstrap, topic, infos = workers
+    client = WorkerControlClient(TOKEN, timeout_s=10)
+
+    async def up() -> bool:
+        try:
+            for w in infos:
+                await client.status(w.control_url)
+        except Exception:
+            return False
+        return True
+
+    try:
+        await wait_for(up, timeout=60, what="worker control endpoints")
+        parts = [f"{topic}/{i}" for i in range(4)]
+        states: list[dict[str, Any]] = []
+
+        async def persist(state: AssignmentState) -> None:
+            states.append(state.to_status())
+
+        coord = AssignmentCoordinator(
+            client, AssignmentPlanner(max_moves=None), persist, release_deadline_s=5
+        )
+        first = await coord.step(AssignmentState(), infos[:1], parts)
+        assert first.committed
+        status = await client.status(infos[0].control_url)
+        assert status["generation"] == first.state.generation
+        assert sorted(f"{p['topic']}/{p['partition']}" for p in status["partitions"]) == parts
+
+        # Records processed and committed by app-0: 3 per partition.
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for i in range(12):
+            producer.produce(topic, value=b"v", key=str(i).encode(), partition=i % 4)
+            producer.flush(10)
+
+        async def committed_all() -> bool:
+            s = await client.status(infos[0].control_url)
+            return all(p.get("committed") == 3 for p in s["partitions"])
+
+        await wait_for(committed_all, timeout=60, what="app-0 committed every record")
+
+        # A second worker: two partitions are released by app-0 (with their committed offsets) first.
+        second = await coord.step(first.state, infos, parts)
+        assert second.committed and second.moves == 2
+        released = [p for p in states if p.get("pending")][-1]["pending"]["released"]
+        moved = sorted(set(parts) - set(second.state.members["app-0"]))
+        assert sorted(r["partition"] for r in released) == moved
+        assert all(r["committedOffset"] == 3 for r in released)
+        have = {}
+        for w in infos:
+            s = await client.status(w.control_url)
+            assert s["generation"] == second.state.generation
+            have[w.name] = sorted(f"{p['topic']}/{p['partition']}" for p in s["partitions"])
+        assert sorted(have["app-0"] + have["app-1"]) == parts and len(have["app-1"]) == 2
+
+        # Fencing: a push with an older generation is refused.
+        with pytest.raises(WorkerFencedError):
+            await client.assign(infos[1].control_url, second.state.generation - 1, [], 1.0)
+        # The factor endpoint.
+        assert await client.set_factor(infos[0].control_url, 3) == 3
+        assert (await client.status(infos[0].control_url))["factor"] == 3
+    finally:
+        await client.close()
