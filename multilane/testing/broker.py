@@ -14,15 +14,19 @@ Apache Kafka; where a test relies on one of these behaviours it says so.
 2. Commit metadata is accepted but **not stored** (``committed()`` returns metadata ``None``).
    Lives with it: per-key-range progress above the committed offset is persisted in a progress topic,
    not only in commit metadata (see ``multilane.worker.progress``).
-3. Records whose value is null or empty are **never delivered** (their offsets are skipped).
-   Lives with it: the offset tracker tolerates gaps; state deletes are encoded as a non-empty tombstone
-   marker (see ``multilane.worker.state``); tests never produce empty values and expect to see them.
+3. FACTS.md says records whose value is null or empty are never delivered; measured here with
+   confluent-kafka and kafka-python (assign and subscribe, compressed or not) they ARE delivered, and
+   ``test_broker_facts`` pins that. The code does not depend on either: state deletes are written as a
+   non-empty marker followed by a null tombstone (see ``multilane.worker.state``), and the offset
+   tracker tolerates gaps.
 4. ``get_watermark_offsets`` / ``list_offsets(latest)`` under-report the end offset by up to one
    producer batch. Lives with it: lag is computed from the high watermark carried in fetch responses
    (librdkafka statistics), and tests count produced records from delivery reports.
 5. ``cleanup.policy=compact`` is accepted; compaction never runs. Lives with it: restore reads the
    whole changelog and keeps the newest value per key; nothing depends on compaction having run.
-6. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
+6. Fetch responses exceed ``fetch.max.bytes`` by about one producer batch. Lives with it: the engine
+   does not size ``receive.message.max.bytes`` tightly from ``fetch.max.bytes``.
+7. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
 """
 
 from __future__ import annotations
