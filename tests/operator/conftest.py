@@ -157,13 +157,14 @@ class OperatorRunner:
 async def operator_factory(
     api: tuple[ApiServerEmulator, str], fleet: WorkerFleet, source: StaticSource
 ) -> AsyncIterator[Callable[..., OperatorRunner]]:
-    """``operator_factory(**handler_kwargs)`` -> an :class:`OperatorRunner` (not started)."""
+    """``operator_factory(tick_s=, control_url=, **handler_kwargs)`` -> an :class:`OperatorRunner`
+    (not started); worker control URLs come from the fleet double unless ``control_url`` is given."""
     runners: list[OperatorRunner] = []
 
-    def make(tick_s: float = 0.5, **kwargs: Any) -> OperatorRunner:
+    def make(tick_s: float = 0.5, control_url: Any = None, **kwargs: Any) -> OperatorRunner:
         def handlers(kube: KubeClient) -> OperatorHandlers:
             options: dict[str, Any] = {
-                "platform": KubernetesPlatform(kube, control_url=fleet.control_url),
+                "platform": KubernetesPlatform(kube, control_url=control_url or fleet.control_url),
                 "settings": HandlerSettings(tick_s=tick_s, kafka_timeout_s=3.0, release_deadline_s=2.0),
                 "metrics": OperatorMetrics(),
                 "source_factory": lambda spec, config: source,

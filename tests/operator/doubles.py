@@ -8,6 +8,7 @@
   do for the operator's StatefulSet: creates pods ``NAME-0..N-1`` (labels from the pod template) and
   deletes pods above N, starting/stopping a fleet worker per pod.
 - :class:`StaticSource`: a ``MetricSource`` returning what the test sets (or raising).
+- :class:`RealWorkerFleet`: real ``multilane worker`` processes instead of the HTTP double.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -301,3 +304,87 @@ def partitions_of(assignment: dict[str, set[str]]) -> list[str]:
 
 def names(items: Iterable[dict[str, Any]]) -> set[str]:
     return {i["metadata"]["name"] for i in items}
+
+
+class RealWorkerFleet:
+    """Real ``multilane worker`` processes (engine + control endpoint) in place of the pods'
+    containers, on the embedded broker; the Lease of each is kept by a ``LeaseKeeper`` run by the
+    test on the worker's behalf (the worker wires its own keeper in the engine issue).
+    Same interface as :class:`WorkerFleet` for the StatefulSet double."""
+
+    def __init__(self, token: str, bootstrap: str, group: str, tmp: Any) -> None:
+        self.token = token
+        self.bootstrap = bootstrap
+        self.group = group
+        self.tmp = tmp
+        self.workers: dict[str, tuple[asyncio.subprocess.Process, int]] = {}
+        self.keepers: dict[str, LeaseKeeper] = {}
+        self.removed_with: dict[str, set[str]] = {}
+        self._control: Any = None
+
+    def control_url(self, _ref: object, pod: str) -> str:
+        return f"http://127.0.0.1:{self.workers[pod][1]}" if pod in self.workers else "http://127.0.0.1:1"
+
+    async def add(self, name: str, api_url: str | None = None, namespace: str = "default") -> None:
+        if name in self.workers:
+            return
+        token_file = self.tmp / "token"
+        token_file.write_text(self.token)
+        port = free_port()
+        log = (self.tmp / f"{name}.log").open("a")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "multilane", "worker",
+            "--bootstrap-servers", self.bootstrap, "--group", self.group,
+            "--processor", "multilane.examples:noop", "--assign", "", "--worker-id", name,
+            "--control-port", str(port), "--control-token-file", str(token_file),
+            stdout=log, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        self.workers[name] = (proc, port)
+        if api_url is not None:
+            keeper = LeaseKeeper(
+                LeaseSettings(
+                    api_url=api_url, namespace=namespace, name=name, holder=name,
+                    lease_duration_s=15.0, stop_margin_s=5.0, renew_interval_s=2.0, request_timeout_s=5.0,
+                ),
+                on_lost=lambda: None,
+            )  # fmt: skip
+            keeper.start()
+            self.keepers[name] = keeper
+
+    async def status(self, name: str) -> dict[str, Any]:
+        from multilane.operator.workers import WorkerControlClient
+
+        if self._control is None:
+            self._control = WorkerControlClient(self.token, timeout_s=5)
+        return await self._control.status(self.control_url(None, name))
+
+    async def remove(self, name: str) -> None:
+        keeper = self.keepers.pop(name, None)
+        if keeper is not None:
+            await keeper.stop()
+        entry = self.workers.pop(name, None)
+        if entry is None:
+            return
+        proc, port = entry
+        with contextlib.suppress(Exception):
+            from multilane.operator.workers import WorkerControlClient
+
+            client = WorkerControlClient(self.token, timeout_s=3)
+            try:
+                status = await client.status(f"http://127.0.0.1:{port}")
+                self.removed_with[name] = {f"{p['topic']}/{p['partition']}" for p in status["partitions"]}
+            finally:
+                await client.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    async def stop(self) -> None:
+        for name in list(self.workers):
+            await self.remove(name)
+        if self._control is not None:
+            await self._control.close()

@@ -1,7 +1,9 @@
-"""The assignment protocol against real ``multilane worker`` processes (engine + control endpoint) on
-the embedded broker: the contract between the operator's client and the workers' HTTP server.
+"""Against real ``multilane worker`` processes (engine + control endpoint) on the embedded broker.
 
-Real: worker processes, their control endpoint, Kafka. Liveness is given directly (no Lease here).
+1. The assignment protocol through the operator's client and the workers' HTTP server (liveness
+   given directly).
+2. End to end: the real kopf operator against the emulated API server; the StatefulSet double starts
+   a real worker process per pod; each worker's Lease is renewed by a LeaseKeeper the test runs for it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import pytest_asyncio
 from confluent_kafka import Producer
 
 from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
+from multilane.operator.kube import KubeClient
 from multilane.operator.planner import AssignmentPlanner
 from multilane.operator.platform import WorkerInfo
 from multilane.operator.workers import WorkerControlClient, WorkerFencedError
 from multilane.testing.broker import EmbeddedBroker, free_port
-from tests.operator.doubles import wait_for
+from tests.operator.conftest import CR_COLLECTION, NS, consumer_body, cr_path
+from tests.operator.conftest import TOKEN as CONTROL_TOKEN
+from tests.operator.doubles import RealWorkerFleet, StatefulSetControllerDouble, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
 
@@ -134,3 +139,63 @@ async def test_coordinator_assigns_releases_and_is_fenced_by_real_workers(
         assert (await client.status(infos[0].control_url))["factor"] == 3
     finally:
         await client.close()
+
+
+async def test_operator_drives_real_workers_end_to_end(
+    api: Any, kube: KubeClient, broker: EmbeddedBroker, topic: str, operator_factory: Any, tmp_path: Path
+) -> None:
+    """The real kopf operator, real worker processes (one per pod of the StatefulSet double), the
+    embedded broker: partitions assigned, records processed, a scale-down releases before removal."""
+    real = RealWorkerFleet(CONTROL_TOKEN, broker.bootstrap, "e2e-group", tmp_path)
+    sts = StatefulSetControllerDouble(kube, real, api[1], NS)  # type: ignore[arg-type]
+    sts.start()
+    try:
+        await operator_factory(control_url=real.control_url).start()
+        await kube.create(
+            CR_COLLECTION, consumer_body("e2e", broker.bootstrap, topic, replicas=2, maxReplicas=2)
+        )
+        parts = [f"{topic}/{i}" for i in range(4)]
+
+        async def owned() -> dict[str, list[str]] | None:
+            out = {}
+            for name in ("e2e-0", "e2e-1"):
+                if name not in real.workers:
+                    return None
+                try:
+                    s = await real.status(name)
+                except Exception:
+                    return None
+                out[name] = sorted(f"{p['topic']}/{p['partition']}" for p in s["partitions"])
+            return out if sorted(out["e2e-0"] + out["e2e-1"]) == parts else None
+
+        split = await wait_for(owned, timeout=90, what="real workers own every partition")
+        assert len(split["e2e-0"]) == 2 and len(split["e2e-1"]) == 2
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(20):
+            producer.produce(topic, value=b"v", key=str(i).encode(), partition=i % 4)
+            producer.flush(10)
+
+        async def processed() -> bool:
+            total = 0
+            for name in ("e2e-0", "e2e-1"):
+                total += sum(int(p.get("committed") or 0) for p in (await real.status(name))["partitions"])
+            return total == 20
+
+        await wait_for(processed, timeout=60, what="20 records committed by the real workers")
+
+        # Scale down through the spec: e2e-1 releases its partitions before its pod goes.
+        await kube.patch(cr_path("e2e"), {"spec": {"scaling": {"replicas": 1, "minReplicas": 1}}})
+        await wait_for(lambda: "e2e-1" not in real.workers, timeout=90, what="e2e-1 removed")
+        assert real.removed_with.get("e2e-1") == set()
+
+        async def all_on_zero() -> bool:
+            s = await real.status("e2e-0")
+            return sorted(f"{p['topic']}/{p['partition']}" for p in s["partitions"]) == parts
+
+        await wait_for(all_on_zero, timeout=60, what="every partition on e2e-0")
+        status = (await kube.get(cr_path("e2e")) or {}).get("status") or {}
+        assert status["assignment"].get("pending") is None and status["replicas"] == 1
+    finally:
+        await sts.stop()
+        await real.stop()
