@@ -194,8 +194,12 @@ async def test_operator_drives_real_workers_end_to_end(
             return sorted(f"{p['topic']}/{p['partition']}" for p in s["partitions"]) == parts
 
         await wait_for(all_on_zero, timeout=60, what="every partition on e2e-0")
-        status = (await kube.get(cr_path("e2e")) or {}).get("status") or {}
-        assert status["assignment"].get("pending") is None and status["replicas"] == 1
+        async def settled() -> dict[str, Any] | None:
+            status = (await kube.get(cr_path("e2e")) or {}).get("status") or {}
+            return status if status.get("replicas") == 1 else None
+
+        status = await wait_for(settled, timeout=30, what="status.replicas 1")
+        assert status["assignment"].get("pending") is None
     finally:
         await sts.stop()
         await real.stop()
