@@ -561,10 +561,12 @@ class Engine:
             # librdkafka then starts at the committed offset itself; without it no progress is used.
             log.warning("cannot read committed offsets of %s (%s); starting without progress", tps, exc)
             committed = {tp: (None, None) for tp in tps}
+        # progress reads in parallel on the I/O threads (this callback blocks the loop meanwhile)
+        futs = {tp: self._io_pool.submit(self._load_progress, tp, committed[tp]) for tp in tps}
         runtimes = []
         for tp in tps:
             off = committed[tp][0]
-            prog = self._load_progress(tp, committed[tp])
+            prog = futs[tp].result()
             if self.hooks is not None:
                 self.hooks.open_partition(tp[0], tp[1], off, prog)
             runtimes.append(self._new_runtime(tp[0], tp[1], off, prog))
