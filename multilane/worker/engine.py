@@ -1,15 +1,18 @@
 """The worker engine: one Kafka consumer feeding the lanes of every assigned partition. Does I/O.
 
-Everything runs on ONE asyncio event loop, and every consumer call happens on that loop's thread:
+Everything runs on ONE asyncio event loop, and every call on the engine's consumer happens on that
+loop's thread. The engine is split into modules, each readable on its own:
 
-- the *fetch loop* calls ``consumer.consume(num_messages=..., timeout=0)`` (librdkafka prefetches in
-  its own threads), hands each message to its :class:`PartitionRuntime` (which routes it to a lane),
-  applies back-pressure (pause + seek back when a record does not fit; resume below low water), and
-  sleeps a moment only when nothing came back;
-- lane runners (see ``lanes``) process records: ``async def`` processors on the loop, plain functions
-  on a thread pool in per-lane batches;
-- the *housekeeping loop* runs the commit cycle (``commits``), the stall watchdog, high-watermark lag
-  and rate bookkeeping; the *producer loop* polls the producer (dead letters, progress records).
+- ``fetch``: the *fetch loop* -- ``consumer.consume(num_messages=..., timeout=0)`` (librdkafka
+  prefetches in its own threads), runs of messages to their :class:`PartitionRuntime`, back-pressure
+  (pause, then resume + seek at the low-water mark);
+- ``partition``: one assigned partition -- offset tracker, lanes, flow counters, progress records;
+- ``lanes``: long-lived runner coroutines per lane (``async def`` processors awaited on the loop,
+  plain functions in per-lane batches on a thread pool), retry parking, factor changes;
+- ``flow``, ``retry``, ``commits``, ``watchdog``, ``progress_store``, ``admin``: bounds, retries and
+  dead letters, the commit cycle, stall detection, progress persistence, topic creation;
+- this module: lifecycle, the control API, adding and releasing partitions (both modes), and the
+  *housekeeping loop* (commit cycle, watchdog, lag, rate) and *producer loop* (delivery callbacks).
 
 Modes: operator mode (``assign()`` only; the assignment changes through :meth:`Engine.assign` /
 :meth:`Engine.release`, fenced by a generation number) and standalone mode (``subscribe()`` with the
