@@ -206,6 +206,63 @@ class SnapshotJob:
             read.unpersist()
         timings["merge_write"] = time.perf_counter() - t2
 
+        return self._publish(snapshot_id, created, extents, tails, tail_records, files, timings, t0)
+
+    def run_in_process(self, now: datetime | None = None) -> SnapshotResult:
+        """Steps 1-7 without Spark: the read and write task functions run one after the other in this
+        process (the same code the Spark tasks run, on one core). For small changelogs, tests and
+        benchmarks that need a real snapshot without a Spark session; needs only confluent-kafka and
+        pyarrow.
+        """
+        cfg = self.config
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        created = now or datetime.now(UTC)
+        # 1.
+        extents = self.plan_extents()
+        ranges = OffsetRangePlanner(cfg.max_records_per_task, min_ranges=1).plan(extents)
+        snapshot_id = SnapshotId.new(created)
+        timings["plan"] = time.perf_counter() - t0
+        # 2.
+        t1 = time.perf_counter()
+        read = list(read_ranges(self.kafka, cfg.idle_timeout_s, cfg.layout.to_list())(ranges))
+        # 3.
+        tails = {(e.topic, e.partition): e.end for e in extents}
+        tail_records: dict[tuple[str, int], int] = dict.fromkeys(tails, 0)
+        for item in read:
+            if item[0] == TAIL:
+                _tag, tp, tail, n = item
+                if tail is not None:
+                    tails[tp] = min(tails[tp], tail)
+                tail_records[tp] += n
+        # 4.
+        kept = [
+            (item[1], item[2])
+            for item in read
+            if item[0] == ROW and item[2].changelog_offset < tails[(item[1][0], item[1][1])]
+        ]
+        del read
+        kept.sort(key=lambda kc: kc[0])
+        timings["read"] = time.perf_counter() - t1
+        # 5.
+        t2 = time.perf_counter()
+        files = list(write_shards(cfg.uri, snapshot_id)(kept))
+        timings["merge_write"] = time.perf_counter() - t2
+        return self._publish(snapshot_id, created, extents, tails, tail_records, files, timings, t0)
+
+    def _publish(
+        self,
+        snapshot_id: str,
+        created: datetime,
+        extents: Sequence[PartitionExtent],
+        tails: Mapping[tuple[str, int], int],
+        tail_records: Mapping[tuple[str, int], int],
+        files: Sequence[Mapping[str, Any]],
+        timings: dict[str, float],
+        t0: float,
+    ) -> SnapshotResult:
+        """Steps 6-7 (driver): publish the manifest atomically, then retention and garbage."""
+        cfg = self.config
         manifest = self._manifest(snapshot_id, created, extents, tails, tail_records, files)
         pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
         if pause > 0:

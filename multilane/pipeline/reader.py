@@ -164,6 +164,22 @@ class SnapshotPartition:
         for batch in table.to_batches():
             yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
 
+    def iter_item_batches(self, max_rows: int = 10_000) -> Iterator[list[tuple[bytes, bytes]]]:
+        """``(key, value)`` lists of at most ``max_rows`` items, reading (and verifying) one file at a
+        time: memory stays at one file's table, not the partition's (a learner's bulk load).
+
+        A file that fails its check raises :class:`SnapshotCorruptError` when it is reached, so the
+        caller may already hold the earlier files' items: discard them on any error.
+        """
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        for f in self.entry.files:
+            table = self._read_file(f)
+            for batch in table.to_batches(max_chunksize=max_rows):
+                keys = batch.column(0).to_pylist()
+                values = batch.column(1).to_pylist()
+                yield list(zip(keys, values, strict=True))
+
 
 class SnapshotReader:
     """Lists and opens the published snapshots under ``uri`` (a local path or a pyarrow URI)."""
@@ -201,17 +217,33 @@ class SnapshotReader:
         return next(self.manifests(), None)
 
     def latest_covering(
-        self, topic: str, partition: int, *, committed_offset: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        *,
+        committed_offset: int | None = None,
+        changelog_topic: str | None = None,
+        require_bound: bool = False,
     ) -> SnapshotPartition | None:
         """The newest snapshot holding ``topic``'s ``partition``, or None.
 
         With ``committed_offset`` (the input partition's committed offset the restore will use), a
         snapshot bounded at a higher source offset is passed over: it may hold changes that this
-        restore must skip (the group's offsets were moved backwards since).
+        restore must skip (the group's offsets were moved backwards since). ``changelog_topic`` passes
+        over snapshots of another changelog (another group sharing the URI). ``require_bound`` passes
+        over snapshots taken without a source bound (``--source-bound none``): they may hold changes
+        of records that were never committed, which a worker's restore must not apply.
         """
         for m in self.manifests():
             entry = m.partition(topic, partition)
             if entry is None:
+                continue
+            if changelog_topic is not None and entry.changelog_topic != changelog_topic:
+                continue
+            if require_bound and entry.source_bound is None:
+                log.info(
+                    "snapshot %s of %s[%d] has no source bound; trying older", m.snapshot_id, topic, partition
+                )
                 continue
             if (
                 committed_offset is not None

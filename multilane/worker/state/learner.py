@@ -6,6 +6,12 @@ mid-flight), so the learner applies a change only once its input record is commi
 others back in a :class:`PendingChangeBuffer` (in changelog order, per key). It polls the committed
 offset every ``poll_interval_s`` and releases what became applicable.
 
+Start (the tail thread, when the store starts empty and a snapshot URI is configured):
+0. load the newest usable snapshot (source bound at or below the learner's committed offset) into the
+   store and tail the changelog from its ``changelog_offset``; no snapshot, or an unusable one: tail
+   from offset 0. If that offset is no longer in the changelog (topic recreated), wipe the store and
+   tail from 0. Stopping the learner during the load leaves it failed (promotion restores in full).
+
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
 1. stop the tail thread;
 2. check the learner's store can be used: the engine's committed offset has not moved behind the one
@@ -29,8 +35,10 @@ from multilane.worker.state.apply import ApplyFilter, ChangeApplier, DoneOracle,
 from multilane.worker.state.checkpoint import Checkpoint
 from multilane.worker.state.committed import CommittedOffsetReader
 from multilane.worker.state.errors import RestoreError, StateError
-from multilane.worker.state.reader import ChangelogReader
+from multilane.worker.state.metrics import SNAPSHOT_RESTORES
+from multilane.worker.state.reader import ChangelogOffsetError, ChangelogReader
 from multilane.worker.state.restore import ChangelogRestorer, RestoreStatus
+from multilane.worker.state.snapshot import SnapshotLoader, SnapshotStoppedError
 from multilane.worker.state.store import PartitionStore
 
 __all__ = ["PartitionLearner", "PromotionResult"]
@@ -70,7 +78,10 @@ class PartitionLearner:
         unverified: set[tuple[int, int]] | None = None,
         poll_interval_s: float = 0.5,
         stall_timeout_s: float = 60.0,
+        snapshots: SnapshotLoader | None = None,
     ) -> None:
+        """``snapshots``: load a snapshot first (step 0); only for a store that starts empty at
+        changelog offset 0."""
         self.topic = topic
         self.partition = partition
         self.store = store
@@ -85,6 +96,7 @@ class PartitionLearner:
         )
         self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
         self._poll_interval_s = poll_interval_s
+        self._snapshots = snapshots
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -100,13 +112,23 @@ class PartitionLearner:
 
     def _run(self) -> None:
         try:
+            # 0.
+            from_snapshot = self._load_snapshot()
             next_poll = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_poll:
                     self._refresh_committed()
                     next_poll = now + self._poll_interval_s
-                if self.restorer.step(0.05) and not self.caught_up.is_set():
+                try:
+                    eof = self.restorer.step(0.05)
+                except ChangelogOffsetError as exc:
+                    if not from_snapshot:
+                        raise
+                    from_snapshot = False
+                    self._restart_from_zero(exc)
+                    continue
+                if eof and not self.caught_up.is_set():
                     self.caught_up.set()
                     self.status.phase = "learning"
                     log.info(
@@ -115,11 +137,45 @@ class PartitionLearner:
                         self.partition,
                         self.reader.position,
                     )
+        except SnapshotStoppedError as exc:  # stopped during step 0: the store is partial
+            self.error = exc
+            self.status.phase = "failed"
+            self.status.error = str(exc)
+            log.info("learner %s[%d]: %s", self.topic, self.partition, exc)
         except BaseException as exc:  # reported through status and promote()
             self.error = exc
             self.status.phase = "failed"
             self.status.error = str(exc)
             log.exception("learner %s[%d] failed", self.topic, self.partition)
+
+    def _load_snapshot(self) -> bool:
+        """Step 0: load a snapshot into the (empty) store; True when the tail starts at its offset."""
+        if self._snapshots is None:
+            return False
+        load = self._snapshots.load(
+            self.topic,
+            self.partition,
+            self.applier.flt.committed_offset,
+            self.store,
+            self.status,
+            stop=self._stop,
+        )
+        if load is None:
+            return False
+        self.reader.seek(load.changelog_offset)
+        return True
+
+    def _restart_from_zero(self, exc: ChangelogOffsetError) -> None:
+        """Step 0's fallback: the snapshot's offset is not in the changelog; start over, empty, at 0."""
+        log.warning("%s (snapshot %s): learning from the changelog start", exc, self.status.snapshot_id)
+        SNAPSHOT_RESTORES.labels(self.topic, str(self.partition), "failed").inc()
+        self.store.wipe()
+        self.store.open()
+        self.applier = ChangeApplier(ApplyFilter(self.applier.flt.committed_offset), PendingChangeBuffer())
+        self.restorer.applier = self.applier
+        st = self.status
+        st.snapshot_id, st.snapshot_rows, st.snapshot_rows_loaded = None, 0, 0
+        self.reader.seek(0)
 
     def _refresh_committed(self) -> None:
         try:

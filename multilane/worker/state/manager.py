@@ -28,8 +28,9 @@ from multilane.worker.state.committed import CommittedOffsetReader
 from multilane.worker.state.errors import CheckpointError, StateDurabilityError, StatePhaseError
 from multilane.worker.state.learner import PartitionLearner
 from multilane.worker.state.partition import ActivePartitionState
-from multilane.worker.state.reader import ChangelogReader, OnCorrupt
+from multilane.worker.state.reader import ChangelogOffsetError, ChangelogReader, OnCorrupt
 from multilane.worker.state.restore import ChangelogRestorer, RestoreStatus
+from multilane.worker.state.snapshot import SnapshotLoader
 from multilane.worker.state.store import PartitionStore, partition_dir
 from multilane.worker.state.view import KeyRangeStateView
 
@@ -78,11 +79,20 @@ class StateManager:
         committed_poll_interval_s: float = 0.5,
         restore_stall_timeout_s: float = 60.0,
         flush_timeout_s: float = 60.0,
+        snapshot_uri: str | None = None,
     ) -> None:
+        """``snapshot_uri``: where the snapshot job publishes state snapshots (``docs/snapshots.md``);
+        full restores and learners then start from the newest usable snapshot plus the changelog tail.
+        Needs pyarrow (:class:`~multilane.worker.state.snapshot.SnapshotSupportError` otherwise)."""
         if on_corrupt not in ("fail", "skip"):
             raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
         if not group:
             raise ValueError("group must be non-empty")
+        # Before any client is created: a missing pyarrow fails here, leaking nothing.
+        self.snapshot_uri = snapshot_uri or None
+        self._snapshots: SnapshotLoader | None = (
+            SnapshotLoader(snapshot_uri, self.changelog_topic) if snapshot_uri else None
+        )
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.bootstrap_servers = bootstrap_servers
@@ -140,14 +150,19 @@ class StateManager:
     def open_partition(
         self, topic: str, partition: int, committed_offset: int | None, progress: DoneOracle | None
     ) -> None:
-        """Make the partition's store current and active (blocking; steps 1-5).
+        """Make the partition's store current and active (blocking; steps 1-6).
 
         1. A partition this worker is learning is promoted (fast path; see ``learner.py``).
         2. Otherwise make sure the changelog topic exists.
         3. Take the checkpoint: reuse the local store when ``checkpoint_usable``, else wipe it.
-        4. Read the changelog to its end from the checkpoint offset (or 0), applying the changes of
-           complete records (below ``committed_offset`` or done per ``progress``), skipping the rest.
-        5. Register the partition as active.
+        4. No usable checkpoint and a snapshot URI: load the newest usable snapshot into the empty
+           store (``snapshot.py``); the changelog is then read from its ``changelog_offset``. No
+           snapshot, or an unusable one (logged, counted, the store left empty): from offset 0.
+        5. Read the changelog to its end from the checkpoint offset, the snapshot's offset or 0,
+           applying the changes of complete records (below ``committed_offset`` or done per
+           ``progress``), skipping the rest. A snapshot offset the changelog no longer has (topic
+           recreated) wipes the store and replays from 0.
+        6. Register the partition as active.
 
         ``committed_offset`` None (or negative): the group never committed this partition, so no
         change is committed and only changes done per ``progress`` apply.
@@ -210,43 +225,84 @@ class StateManager:
         if start == 0:
             store.wipe()
         store.open()
-        # 4.
         status = RestoreStatus(topic, partition, committed_offset=committed_offset)
         with self._lock:
             self._status[tp] = status
-        reader = self._reader(topic, partition)
-        applier = ChangeApplier(flt, None, sources)
+        t0 = time.monotonic()
+        # 4.
+        from_snapshot = False
+        if start == 0 and self._snapshots is not None:
+            try:
+                load = self._snapshots.load(topic, partition, committed_offset, store, status)
+            except BaseException:
+                status.phase = "failed"
+                store.close()
+                raise
+            if load is not None:
+                start, from_snapshot = load.changelog_offset, True
+        # 5.
         log.info(
-            "restoring %s[%d] from changelog offset %d (committed offset %d)",
+            "restoring %s[%d] from changelog offset %d (committed offset %d%s)",
             topic,
             partition,
             start,
             committed_offset,
+            f", snapshot {status.snapshot_id}" if from_snapshot else "",
         )
-        t0 = time.monotonic()
+        try:
+            try:
+                position, applier = self._replay(topic, partition, store, flt, sources, start, status)
+            except ChangelogOffsetError as exc:
+                if not from_snapshot:
+                    raise
+                log.warning("%s (snapshot %s): replaying the whole changelog", exc, status.snapshot_id)
+                metrics.SNAPSHOT_RESTORES.labels(topic, str(partition), "failed").inc()
+                store.wipe()
+                store.open()
+                status.snapshot_id, status.snapshot_rows, status.snapshot_rows_loaded = None, 0, 0
+                start = 0
+                position, applier = self._replay(topic, partition, store, flt, sources, start, status)
+        except BaseException:
+            status.phase = "failed"
+            store.close()
+            raise
+        log.info(
+            "restored %s[%d] from changelog offset %d to %d in %.2fs (%d snapshot keys, %d applied, "
+            "%d skipped)",
+            topic,
+            partition,
+            start,
+            position,
+            time.monotonic() - t0,
+            status.snapshot_rows_loaded,
+            applier.applied,
+            applier.skipped,
+        )
+        # 6.
+        self._activate(tp, store, flt, position, applier.above_commit_sources)
+
+    def _replay(
+        self,
+        topic: str,
+        partition: int,
+        store: PartitionStore,
+        flt: ApplyFilter,
+        sources: set[tuple[int, int]],
+        start: int,
+        status: RestoreStatus,
+    ) -> tuple[int, ChangeApplier]:
+        """Read the changelog from ``start`` to its end into ``store`` (blocking; Kafka and RocksDB
+        I/O). Returns the end position and the applier (its counts and above-commit sources)."""
+        reader = self._reader(topic, partition)
+        applier = ChangeApplier(flt, None, set(sources))
         try:
             reader.seek(start)
             ChangelogRestorer(
                 reader, store, applier, status, stall_timeout_s=self._stall_timeout_s
             ).run_to_end()
-        except BaseException:
-            status.phase = "failed"
-            store.close()
-            raise
         finally:
             reader.close()
-        log.info(
-            "restored %s[%d] from changelog offset %d to %d in %.2fs (%d applied, %d skipped)",
-            topic,
-            partition,
-            start,
-            reader.position,
-            time.monotonic() - t0,
-            applier.applied,
-            applier.skipped,
-        )
-        # 5.
-        self._activate(tp, store, flt, reader.position, applier.above_commit_sources)
+        return reader.position, applier
 
     def _activate(
         self,
@@ -356,7 +412,9 @@ class StateManager:
         1. Make sure the changelog topic exists; read the input group's committed offset.
         2. Take the checkpoint: reuse the store when the committed offset has not moved behind it
            (sources not yet committed stay *unverified* until they commit or promotion checks them).
-        3. Otherwise wipe the store and start at changelog offset 0.
+        3. Otherwise wipe the store and start at changelog offset 0; with a snapshot URI the tail
+           thread first loads the newest usable snapshot (bounded at or below ``committed``) and
+           starts at its ``changelog_offset`` (``learner.py``, step 0 of the thread).
         4. Start the tail thread.
         """
         tp = (topic, partition)
@@ -393,6 +451,7 @@ class StateManager:
                 unverified=unverified,
                 poll_interval_s=self._poll_interval_s,
                 stall_timeout_s=self._stall_timeout_s,
+                snapshots=self._snapshots if start == 0 else None,
             )
             self._learners[tp] = learner
             self._status[tp] = status

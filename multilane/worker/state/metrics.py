@@ -18,6 +18,8 @@ __all__ = [
     "RESTORE_RECORDS_PER_SECOND",
     "RESTORE_RECORDS_REMAINING",
     "SLOW_PROMOTIONS",
+    "SNAPSHOT_RESTORES",
+    "SNAPSHOT_ROWS_LOADED",
 ]
 
 _LABELS = ("topic", "partition")
@@ -53,19 +55,41 @@ SLOW_PROMOTIONS = Counter(
     registry=None,
 )
 
+SNAPSHOT_RESTORES = Counter(
+    "multilane_state_snapshot_restores_total",
+    "Restores and learners that looked for a state snapshot, by outcome: loaded (the restore started "
+    "from it), none (no usable snapshot: full changelog replay), failed (unreadable or corrupt: full "
+    "changelog replay)",
+    (*_LABELS, "outcome"),
+    registry=None,
+)
+SNAPSHOT_ROWS_LOADED = Gauge(
+    "multilane_restore_snapshot_rows_loaded",
+    "Snapshot rows written into the local store by the running restore or learner",
+    _LABELS,
+    registry=None,
+)
+
 COLLECTORS: tuple[Collector, ...] = (
     RESTORE_RECORDS_REMAINING,
     RESTORE_RECORDS_PER_SECOND,
     LEARNER_BUFFERED,
     CORRUPT_RECORDS,
     SLOW_PROMOTIONS,
+    SNAPSHOT_RESTORES,
+    SNAPSHOT_ROWS_LOADED,
 )
 
 
 def forget(topic: str, partition: int) -> None:
     """Remove a partition's gauge series (after drop/close) so stale values do not linger."""
     labels = (topic, str(partition))
-    for gauge in (RESTORE_RECORDS_REMAINING, RESTORE_RECORDS_PER_SECOND, LEARNER_BUFFERED):
+    for gauge in (
+        RESTORE_RECORDS_REMAINING,
+        RESTORE_RECORDS_PER_SECOND,
+        LEARNER_BUFFERED,
+        SNAPSHOT_ROWS_LOADED,
+    ):
         try:
             gauge.remove(*labels)
         except KeyError:

@@ -36,11 +36,19 @@ class RestoreStatus:
     records_per_second: float = 0.0
     committed_offset: int = 0
     error: str | None = None
+    # Snapshot the restore started from (None: none, or the changelog from its start). Invariant:
+    # 0 <= snapshot_rows_loaded <= snapshot_rows.
+    snapshot_id: str | None = None
+    snapshot_rows: int = 0
+    snapshot_rows_loaded: int = 0
 
     @property
     def restore_lag(self) -> int | None:
-        """Changelog records not yet applied: unread ones plus held-back (buffered) ones."""
-        return None if self.unread is None else self.unread + self.buffered
+        """Changes not yet applied: unread changelog records, held-back (buffered) ones, and snapshot
+        rows not loaded yet (while a snapshot loads, ``unread`` estimates the tail from the manifest)."""
+        if self.unread is None:
+            return None
+        return self.unread + self.buffered + (self.snapshot_rows - self.snapshot_rows_loaded)
 
     @property
     def eta_seconds(self) -> float | None:
@@ -65,6 +73,9 @@ class RestoreStatus:
             "committed_offset": self.committed_offset,
             "records_read": self.records_read,
             "error": self.error,
+            "snapshot_id": self.snapshot_id,
+            "snapshot_rows": self.snapshot_rows,
+            "snapshot_rows_loaded": self.snapshot_rows_loaded,
         }
 
     def publish(self) -> None:
@@ -73,6 +84,7 @@ class RestoreStatus:
         metrics.RESTORE_RECORDS_REMAINING.labels(*labels).set(-1 if lag is None else lag)
         metrics.RESTORE_RECORDS_PER_SECOND.labels(*labels).set(self.records_per_second)
         metrics.LEARNER_BUFFERED.labels(*labels).set(self.buffered)
+        metrics.SNAPSHOT_ROWS_LOADED.labels(*labels).set(self.snapshot_rows_loaded)
 
 
 class ChangelogRestorer:
