@@ -130,7 +130,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     "maxReplicas": args.max_replicas,
                     "minFactor": 2,
                     "maxFactor": args.max_factor,
-                    "targetCatchUpSeconds": 10,
+                    "targetCatchUpSeconds": 5,
                     "targetUtilisation": 0.7,
                     "scaleDownDelaySeconds": 2 * round(max(10.0, args.duration * 0.15) / 2),  # whole ticks
                     "stabilisationSeconds": 4,

@@ -123,7 +123,7 @@ def summary_lines(
     out.append(f"handoffs            {len(timeline.handoffs)}")
     for h in timeline.handoffs:
         r = h.record
-        gap = "n/a" if h.processing_gap_s is None else f"{h.processing_gap_s:.2f}s"
+        gap = "n/a (no record after it)" if h.processing_gap_s is None else f"{h.processing_gap_s:.2f}s"
         out.append(
             f"  t={h.at:4.0f}s {r.partition:<12} {r.source or '-'} -> {r.target}  warm-up {r.learn_s:.2f}s  "
             f"pause {r.pause_s:.2f}s (control plane), longest gap in processing {gap}"
