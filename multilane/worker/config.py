@@ -51,9 +51,10 @@ class EngineConfig:
     yield_every: int = 128  # a lane runner yields to the loop after this many records in a row
     drain_timeout_s: float = 30.0  # shutdown: how long in-flight records may take to finish
     progress_topic: str | None = None  # None: "multilane-progress.<group>"
-    # Raise the garbage collector's generation-0 threshold to this (0 = leave it): the engine makes
-    # a few short-lived objects per record, and the default (700) makes the collector run every few
-    # hundred records, scanning everything in flight. Process-wide.
+    # Raise the garbage collector's generation-0 threshold to this and freeze the objects alive at
+    # start (0 = leave the collector alone): the engine makes a few short-lived objects per record,
+    # and the default (700) makes the collector run every few hundred records, scanning everything
+    # in flight. Process-wide.
     gc_threshold: int = 50_000
     consumer_overrides: dict[str, str] = field(default_factory=dict)
 

@@ -171,7 +171,10 @@ class Engine:
         else:
             self._consumer.subscribe(list(cfg.topics), on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)
-        # 4. loops
+        # 4. loops. Objects alive now (modules, clients, config) move to the collector's permanent
+        # generation: full collections then do not traverse them again and again.
+        if cfg.gc_threshold:
+            gc.freeze()
         loop = self._loop
         self._tasks = [
             loop.create_task(self._fetcher().run(), name="multilane-fetch"),
