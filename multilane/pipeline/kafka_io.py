@@ -15,6 +15,9 @@ from typing import Any
 
 from multilane.pipeline.changes import Change, ChangelogFormatError, decode_change
 
+RawRecord = tuple[bytes | None, bytes | None, int]
+"""An undecoded changelog record: ``(key, value, changelog offset)``."""
+
 __all__ = [
     "ChangelogExtentProber",
     "ChangelogRangeReader",
@@ -167,6 +170,31 @@ class ChangelogRangeReader:
         self.records = 0
 
     def read(self, topic: str, partition: int, start: int, end: int | None) -> Generator[Change, None, None]:
+        """The records of ``[start, end)``, decoded one by one (:class:`ChangelogFormatError` at the
+        first record that is not a changelog record)."""
+        batches = self.read_raw(topic, partition, start, end)
+        try:
+            for batch in batches:
+                for key, value, offset in batch:
+                    try:
+                        change = decode_change(key, value, offset)
+                    except ChangelogFormatError as exc:
+                        raise ChangelogFormatError(f"{topic}[{partition}]: {exc}") from exc
+                    yield change
+        finally:
+            batches.close()
+
+    def read_raw(
+        self, topic: str, partition: int, start: int, end: int | None
+    ) -> Generator[list[RawRecord], None, None]:
+        """The records of ``[start, end)`` undecoded, as lists of ``(key, value, offset)`` (one per
+        consumed batch; the Spark read task's fast path). Closing the generator closes the consumer.
+
+        1. ``assign`` at ``start``; consume batches of up to 10,000 records.
+        2. Stop at the first record at or beyond ``end``, or at an end-of-partition event at or beyond
+           it (``end=None``: at the first end-of-partition event; :attr:`end_reached` records where).
+        3. :class:`ChangelogReadError` when nothing arrives for ``idle_timeout_s`` before the end.
+        """
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
         if end is not None and start >= end:
@@ -174,12 +202,15 @@ class ChangelogRangeReader:
             return
         consumer = Consumer(self.config)
         try:
+            # 1.
             consumer.assign([TopicPartition(topic, partition, start)])
             last_progress = time.monotonic()
             position = start
+            eof_code = KafkaError._PARTITION_EOF
             while True:
                 msgs = consumer.consume(num_messages=_BATCH, timeout=_POLL_S)
                 if not msgs:
+                    # 3.
                     if time.monotonic() - last_progress > self.idle_timeout_s:
                         raise ChangelogReadError(
                             f"{topic}[{partition}]: nothing after offset {position} "
@@ -187,14 +218,19 @@ class ChangelogRangeReader:
                         )
                     continue
                 last_progress = time.monotonic()
+                batch: list[RawRecord] = []
+                append = batch.append
+                done = False
                 for msg in msgs:
                     err = msg.error()
                     if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
+                        # 2.
+                        if err.code() == eof_code:
                             eof = _known(msg.offset())
                             if end is None or eof >= end:
                                 self.end_reached = eof if end is None else end
-                                return
+                                done = True
+                                break
                             continue
                         if err.retriable():
                             continue
@@ -202,16 +238,18 @@ class ChangelogRangeReader:
                     offset = _known(msg.offset())
                     if end is not None and offset >= end:
                         self.end_reached = end
-                        return
+                        done = True
+                        break
                     position = offset + 1
-                    self.records += 1
-                    try:
-                        change = decode_change(msg.key(), msg.value(), offset)
-                    except ChangelogFormatError as exc:
-                        raise ChangelogFormatError(f"{topic}[{partition}]: {exc}") from exc
-                    yield change
+                    append((msg.key(), msg.value(), offset))
                     if end is not None and position >= end:
                         self.end_reached = end
-                        return
+                        done = True
+                        break
+                self.records += len(batch)
+                if batch:
+                    yield batch
+                if done:
+                    return
         finally:
             consumer.close()

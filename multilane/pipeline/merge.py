@@ -3,7 +3,8 @@
 Three users share these rules so that they cannot drift apart:
 
 * :class:`ChangelogReplayer` -- restore by replay (full replay, or the tail after a snapshot);
-* :func:`merge_range` -- what a Spark task keeps of the offset range it read;
+* :func:`merge_range` -- what a Spark task keeps of the offset range it read (and
+  :func:`merge_raw_range`, its fast path over undecoded records, which the Spark task runs);
 * :func:`combine_ranges` -- the driver-free reference of how range results combine into a snapshot
   (the Spark job does the same thing distributed; tests compare the two).
 
@@ -27,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from multilane.pipeline.changes import DELETE, PUT, TOMBSTONE, Change
+from multilane.pipeline.changes import DELETE, PUT, TOMBSTONE, Change, ChangelogFormatError, decode_change
+from multilane.worker.state.codec import HEADER_SIZE, HEADER_STRUCT, MAGIC
 
 __all__ = [
     "ChangelogReplayer",
@@ -36,8 +38,12 @@ __all__ = [
     "combine_ranges",
     "is_live",
     "merge_range",
+    "merge_raw_range",
     "newest",
 ]
+
+RawRecord = tuple[bytes | None, bytes | None, int]
+"""An undecoded changelog record: ``(key, value, changelog offset)``."""
 
 
 def newest(a: Change, b: Change) -> Change:
@@ -125,6 +131,66 @@ def merge_range(changes: Iterable[Change], source_bound: int | None) -> RangeMer
         last = change
         out[change.key] = change
     return RangeMergeResult(out, None, records)
+
+
+def merge_raw_range(
+    batches: Iterable[Sequence[RawRecord]], source_bound: int | None, where: str = "changelog"
+) -> RangeMergeResult:
+    """:func:`merge_range` over undecoded records, with the same result (and the same errors).
+
+    The Spark read task's hot path: per record it unpacks the 16-byte envelope header only, keeps the
+    newest ``(offset, value)`` per key, and builds :class:`Change` tuples only for the kept records
+    (one per key) at the end. A record that is not a well-formed put or delete envelope (a null
+    tombstone, a corrupt value) takes the slow path through :func:`decode_change`.
+
+    1. Stop at the first envelope whose source offset is ``>= source_bound`` (its offset is the tail).
+    2. Per key the newest record wins; a tombstone right after its key's ``D`` envelope is skipped.
+    3. Decode the kept records.
+    """
+    unpack = HEADER_STRUCT.unpack_from
+    kept: dict[bytes, tuple[int, bytes | None]] = {}
+    decoded: dict[bytes, Change] = {}  # kept records that took the slow path (already decoded)
+    last_delete: bytes | None = None  # key of the previous record when it was a D envelope
+    records = 0
+    tail: int | None = None
+    bound = source_bound
+    for batch in batches:
+        for key, value, offset in batch:
+            if key is not None and value is not None and len(value) >= HEADER_SIZE:
+                magic, op, src, _h = unpack(value)
+                if magic == MAGIC and src >= 0 and (op == b"P" or (op == b"D" and len(value) == HEADER_SIZE)):
+                    # 1.
+                    if bound is not None and src >= bound:
+                        tail = offset
+                        break
+                    # 2.
+                    records += 1
+                    kept[key] = (offset, value)
+                    decoded.pop(key, None)
+                    last_delete = key if op == b"D" else None
+                    continue
+            try:
+                change = decode_change(key, value, offset)
+            except ChangelogFormatError as exc:
+                raise ChangelogFormatError(f"{where}: {exc}") from exc
+            if change.op != TOMBSTONE and bound is not None and change.source_offset >= bound:
+                tail = offset  # unreachable for well-formed envelopes (fast path); kept for safety
+                break
+            records += 1
+            if change.op == TOMBSTONE and last_delete is not None and last_delete == change.key:
+                last_delete = None
+                continue
+            last_delete = change.key if change.op == DELETE else None
+            kept[change.key] = (offset, None)
+            decoded[change.key] = change
+        if tail is not None:
+            break
+    # 3.
+    out: dict[bytes, Change] = {}
+    for key, (offset, value) in kept.items():
+        d = decoded.get(key)
+        out[key] = d if d is not None else decode_change(key, value, offset)
+    return RangeMergeResult(out, tail, records)
 
 
 @dataclass(slots=True)

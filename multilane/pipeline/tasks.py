@@ -16,7 +16,7 @@ from typing import Any
 from multilane.pipeline.changes import Change
 from multilane.pipeline.kafka_io import ChangelogRangeReader
 from multilane.pipeline.layout import shard_path
-from multilane.pipeline.merge import is_live, merge_range, newest
+from multilane.pipeline.merge import is_live, merge_raw_range, newest
 from multilane.pipeline.planning import OffsetRange
 from multilane.pipeline.storage import SnapshotStore
 from multilane.worker.keyranges import KeyRangeMap, key_hash
@@ -71,12 +71,12 @@ def read_ranges(
         for r in ranges:
             # 1.
             reader = ChangelogRangeReader(config, idle_timeout_s=idle_timeout_s)
-            changes = reader.read(r.changelog_topic, r.partition, r.start, r.end)
+            batches = reader.read_raw(r.changelog_topic, r.partition, r.start, r.end)
             try:
-                # 2.
-                result = merge_range(changes, r.source_bound)
+                # 2. (fast path: decodes only the kept record of each key)
+                result = merge_raw_range(batches, r.source_bound, f"{r.changelog_topic}[{r.partition}]")
             finally:
-                changes.close()  # stops the reader (and closes its consumer) when merge stopped early
+                batches.close()  # stops the reader (and closes its consumer) when merge stopped early
             # 3.
             for key, change in result.newest.items():
                 h = key_hash(key)  # a state key always lies in the key range of the lane that owns it

@@ -17,7 +17,13 @@ from multilane.pipeline.changes import (
     decode_change,
     encode_envelope,
 )
-from multilane.pipeline.merge import ChangelogReplayer, combine_ranges, merge_range
+from multilane.pipeline.merge import (
+    ChangelogReplayer,
+    RangeMergeResult,
+    combine_ranges,
+    merge_range,
+    merge_raw_range,
+)
 from multilane.pipeline.planning import OffsetRangePlanner, PartitionExtent
 
 KEYS = [b"a", b"b", b"c", b"d"]
@@ -114,3 +120,52 @@ def test_decode_rejects_foreign_records() -> None:
         decode_change(b"k", b"plain value", 6)
     with pytest.raises(ChangelogFormatError, match="no key"):
         decode_change(None, encode_envelope(PUT, 1, 1, b"v"), 7)
+
+
+def to_raw(records: list[tuple[bytes, str, int, bytes]]) -> list[tuple[bytes | None, bytes | None, int]]:
+    return [
+        (key, None if kind == "T" else encode_envelope(kind, src, 7, payload), offset)
+        for offset, (key, kind, src, payload) in enumerate(records)
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    changelogs(),
+    st.one_of(st.none(), st.integers(0, 32)),
+    st.integers(1, 7),
+    st.one_of(st.none(), st.integers(0, 45)),
+)
+def test_raw_merge_equals_decoded_merge(
+    records: list[tuple[bytes, str, int, bytes]], bound: int | None, batch: int, corrupt_at: int | None
+) -> None:
+    """The Spark task's fast path keeps exactly what ``merge_range`` keeps (same tail, count, errors),
+    however the records are cut into batches, with a corrupt record anywhere."""
+    raw = to_raw(records)
+    if corrupt_at is not None and corrupt_at < len(raw):
+        raw[corrupt_at] = (raw[corrupt_at][0], b"garbage, not an ML1 envelope", corrupt_at)
+    batches = [raw[i : i + batch] for i in range(0, len(raw), batch)]
+
+    def decoded() -> list[Change]:
+        out = []
+        for key, value, offset in raw:
+            change = decode_change(key, value, offset)
+            if change.op != TOMBSTONE and bound is not None and change.source_offset >= bound:
+                out.append(change)
+                break  # merge_range stops here: the reader decodes nothing after it
+            out.append(change)
+        return out
+
+    expected: RangeMergeResult | str
+    try:
+        expected = merge_range(iter(decoded()), bound)
+    except ChangelogFormatError as exc:
+        expected = str(exc)
+    if isinstance(expected, str):
+        with pytest.raises(ChangelogFormatError, match=f"offset {corrupt_at}") as info:
+            merge_raw_range(batches, bound, "t[0]")
+        assert str(info.value) == f"t[0]: {expected}"
+        return
+    got = merge_raw_range(batches, bound, "t[0]")
+    assert got.tail_offset == expected.tail_offset and got.records == expected.records
+    assert got.newest == expected.newest
