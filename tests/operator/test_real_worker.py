@@ -166,10 +166,10 @@ async def test_operator_drives_real_workers_end_to_end(
                 except Exception:
                     return None
                 out[name] = sorted(f"{p['topic']}/{p['partition']}" for p in s["partitions"])
-            return out if sorted(out["e2e-0"] + out["e2e-1"]) == parts else None
+            balanced = len(out["e2e-0"]) == len(out["e2e-1"]) == 2  # a worker may come up first and get all
+            return out if sorted(out["e2e-0"] + out["e2e-1"]) == parts and balanced else None
 
-        split = await wait_for(owned, timeout=90, what="real workers own every partition")
-        assert len(split["e2e-0"]) == 2 and len(split["e2e-1"]) == 2
+        await wait_for(owned, timeout=90, what="real workers own every partition, two each")
 
         producer = Producer({"bootstrap.servers": broker.bootstrap})
         for i in range(20):
