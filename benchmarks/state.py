@@ -11,6 +11,11 @@
    micro-benchmark of ``view.get`` + ``view.put`` alone.
 3. Bytes on disk per key after the restore (RocksDB files, memtables flushed), before and after a
    full compaction.
+4. Restore from a snapshot (needs pyarrow; skipped without it): the same changelog is snapshotted
+   (``SnapshotJob.run_in_process``: the Spark job's task code in this process, no Spark), a 1% tail
+   is appended, then ``StateManager(snapshot_uri=...)`` restores it (``open_partition``) and a learner
+   catches up from it, against a full replay of the same changelog + tail in the same run; the
+   restored stores must be equal.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int) -> float:
-    """Write ``records`` put envelopes over ``keys`` keys to partition 0; returns seconds."""
+def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int, first: int = 0) -> float:
+    """Write ``records`` put envelopes over ``keys`` keys to partition 0, for source offsets
+    ``first..first+records-1``; returns seconds."""
     from confluent_kafka import Producer
 
     from multilane.worker.keyranges import key_hash
@@ -68,7 +74,7 @@ def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int) -> f
     names = [b"key-%06d" % k for k in range(keys)]
     hashes = [key_hash(n) for n in names]
     t0 = time.perf_counter()
-    for i in range(records):
+    for i in range(first, first + records):
         k = i % keys
         value = ChangelogCodec.encode_put((i // keys + 1).to_bytes(8, "big"), i, hashes[k])
         while True:
@@ -154,6 +160,117 @@ def bench_restore(report: Report, bootstrap: str, sizes: Sizes, workdir: str) ->
     finally:
         sm.close()
     bench_promotion(table, bootstrap, group, sizes, workdir)
+    bench_snapshot_restore(report, bootstrap, group, sizes, workdir)
+
+
+def _equal_note(states: dict[str, dict[bytes, bytes]], name: str) -> str:
+    if name == "replay":
+        return f"{len(states[name]):,} keys"
+    return f"{len(states[name]):,} keys; equal to the replay: {states[name] == states['replay']}"
+
+
+def bench_snapshot_restore(report: Report, bootstrap: str, group: str, sizes: Sizes, workdir: str) -> None:
+    """Rows of table 4: snapshot + 1% tail vs full replay, through ``StateManager`` (steps 1-4).
+
+    1. Snapshot the changelog (in process, no Spark), bounded at the committed offset.
+    2. Append a 1% tail and commit it (the learner and the restore apply it).
+    3. Full replay into an empty store (no snapshot URI), then restore with the snapshot URI; compare.
+    4. A learner with the snapshot URI: time to catch up.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    from multilane.worker.state import StateManager
+    from multilane.worker.state.changelog import changelog_topic_name
+
+    table = report.table(
+        "snapshot_restore",
+        f"4. Restore from a snapshot + 1% tail vs full replay ({sizes.restore_records:,} records, "
+        f"{sizes.restore_keys:,} keys)",
+        [Column("what"), Column("records", "changelog records read", fmt=",d"),
+         Column("keys", "snapshot keys", fmt=",d"), Column("seconds", fmt=".2f"),
+         Column("speedup", "vs full replay", ".1f"), Column("note")],
+    )  # fmt: skip
+    try:
+        from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
+        from multilane.worker.state.snapshot import require_snapshot_support
+
+        require_snapshot_support()
+    except Exception as exc:
+        table.add_unavailable(what="restore from snapshot", reason=str(exc))
+        return
+    # 1.
+    uri = os.path.join(workdir, "snapshots")
+    n = sizes.restore_records
+    log("snapshot restore: snapshotting the changelog in process")
+    t0 = time.perf_counter()
+    result = SnapshotJob(
+        SnapshotJobConfig(
+            bootstrap=bootstrap, group=group, topics=("restore-in",), uri=uri,
+            source_bounds={("restore-in", 0): n}, max_records_per_task=max(n // 2, 10_000),
+        )
+    ).run_in_process()  # fmt: skip
+    table.add(
+        what="snapshot job in process (no Spark)",
+        records=result.records_read,
+        keys=result.manifest.total_rows,
+        seconds=time.perf_counter() - t0,
+        note="the Spark tasks' code on one core; not part of a restore",
+    )
+    # 2.
+    tail = max(n // 100, 1)
+    changelog = changelog_topic_name(group, "restore-in")
+    _produce_changelog(bootstrap, changelog, tail, sizes.restore_keys, first=n)
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition("restore-in", 0, n + tail)], asynchronous=False)
+    committer.close()
+    # 3.
+    states: dict[str, dict[bytes, bytes]] = {}
+    seconds: dict[str, float] = {}
+    for name, snap_uri in (("replay", None), ("snapshot", uri)):
+        sm = StateManager(os.path.join(workdir, f"snap-{name}"), bootstrap, group, snapshot_uri=snap_uri)
+        try:
+            log(f"snapshot restore: open_partition ({name})")
+            t0 = time.perf_counter()
+            sm.open_partition("restore-in", 0, n + tail, None)
+            seconds[name] = time.perf_counter() - t0
+            states[name] = dict(sm.store("restore-in", 0).items())
+            [st] = sm.learner_status()
+        finally:
+            sm.close()
+        table.add(
+            what="restore (open_partition)" + (", full replay" if snap_uri is None else ", snapshot + tail"),
+            records=st["records_read"],
+            keys=st["snapshot_rows_loaded"],
+            seconds=seconds[name],
+            speedup=ratio(seconds["replay"], seconds[name]),
+            note=_equal_note(states, name),
+        )
+    if states["snapshot"] != states["replay"]:
+        report.errors.append("restore from snapshot + tail differs from the full replay")
+    # 4.
+    learner = StateManager(os.path.join(workdir, "snap-learner"), bootstrap, group, snapshot_uri=uri)
+    try:
+        t0 = time.perf_counter()
+        learner.learn("restore-in", 0)
+        while not learner.learner_caught_up("restore-in", 0):
+            if time.perf_counter() - t0 > 600:
+                raise TimeoutError("learner did not catch up in 600 s")
+            time.sleep(0.02)
+        caught_up = time.perf_counter() - t0
+        [st] = learner.learner_status()
+        equal = dict(learner.store("restore-in", 0).items()) == states["replay"]
+    finally:
+        learner.close()
+    table.add(
+        what="learner catch-up from snapshot + tail",
+        records=st["records_read"],
+        keys=st["snapshot_rows_loaded"],
+        seconds=caught_up,
+        speedup=ratio(seconds["replay"], caught_up),
+        note=f"equal to the replay: {equal} (compare with table 1's learner catch-up from the changelog)",
+    )
+    if not equal:
+        report.errors.append("learner from snapshot + tail differs from the full replay")
 
 
 def bench_promotion(table: Any, bootstrap: str, group: str, sizes: Sizes, workdir: str) -> None:
