@@ -25,7 +25,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +38,34 @@ __all__ = ["Lane", "LaneEnv", "LaneGroup", "LaneHost", "RunSlot", "Work"]
 log = logging.getLogger(__name__)
 
 FULL_RANGE = KeyRange(0, HASH_SPACE)
+
+
+class _Continue:
+    """Awaits the rest of a coroutine whose first step the runner already ran (``first`` is what that
+    step yielded): the same protocol as ``await`` / ``yield from``, cancellation included."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self.coro
+        value = self.first
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # thrown in by the Task (e.g. cancellation): pass it on
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
 @dataclass(slots=True, eq=False)
@@ -127,6 +155,8 @@ class Lane:
         self.holding = False  # True while the group re-routes: runners take nothing
         self.closed = False
         self.concurrency = concurrency
+        # Set once an attempt waited (suspended) instead of finishing in one step; never reset.
+        self.suspends = False
         self.slots: list[RunSlot] = []
         # block key (key hash, or 0 when block_all) -> parked unit (blocking lanes only)
         self.blocked: dict[int, _Parked] = {}
@@ -201,10 +231,13 @@ class Lane:
                 f.set_result(None)
 
     def wake(self) -> None:
-        """Wake as many idle runners as there are queued records (after appending to ``queue``
-        directly, as the fetch path does in bulk)."""
+        """Wake idle runners for the queued records (after appending to ``queue`` directly, as the
+        fetch path does in bulk): one per record once processors are known to wait (``suspends``);
+        before that, one per ``yield_every`` records -- a processor that never waits runs that many
+        records in a row, and waking hundreds of runners per batch for it is pure overhead."""
         if self._waiters and not self.holding:
-            self._wake_n(len(self.queue))
+            n = len(self.queue)
+            self._wake_n(n if self.suspends else -(-n // self.env.yield_every))
 
     def _wake_n(self, n: int) -> None:
         for _ in range(min(n, len(self._waiters))):
@@ -327,7 +360,19 @@ class Lane:
             t0 = slot.started = monotonic()
             self.running += 1
             try:
-                await proc(rec, ctx)
+                # Drive the coroutine's first step by hand: a processor that finishes without waiting
+                # costs no scheduling; one that waits marks the lane as ``suspends`` (see wake()) and
+                # is then awaited to the end exactly as ``await`` would.
+                coro = proc(rec, ctx)
+                try:
+                    step = coro.send(None)
+                except StopIteration:
+                    pass
+                else:
+                    if not self.suspends:
+                        self.suspends = True
+                        self.wake()
+                    await _Continue(coro, step)
             except asyncio.CancelledError as exc:
                 self.running -= 1
                 slot.work = None
