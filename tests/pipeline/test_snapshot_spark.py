@@ -1,6 +1,8 @@
 """The snapshot job end to end on Spark (local[2]) and the embedded broker.
 
-One SparkSession for the module. Changelogs are generated with overwrites, deletes (``D`` envelope +
+One SparkSession for the module; one test in the default suite (the end-to-end path), the others
+``slow``. The job's logic without Spark (same task code, in process) is tested in
+``test_snapshot_inprocess.py``. Changelogs are generated with overwrites, deletes (``D`` envelope +
 tombstone), lone tombstones and, for the bounded case, changes of uncommitted input records; every
 result is compared with the state rebuilt by replaying the changelog (an oracle written out here).
 """
@@ -256,40 +258,6 @@ def test_job_killed_before_publishing_leaves_nothing_visible(
     assert sorted(p.name for p in (tmp_path / "snapshots" / DATA_DIR).iterdir()) == [
         second.manifest.snapshot_id
     ]
-
-
-def test_failed_job_leaves_nothing_visible_and_a_later_run_cleans_up(
-    spark: Any, broker: EmbeddedBroker, topic_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In-process variant of the kill test (the subprocess one is ``slow``): the job dies after all data
-    is written, right before the manifest."""
-    from multilane.pipeline import job as job_module
-
-    group, uri = topic_name, str(tmp_path / "snapshots")
-    changelog = f"{group}.orders.changelog"
-    broker.create_topic(changelog, 1)
-    records = generate(random.Random(8), 200, keys=30)
-    produce(broker, changelog, 0, records)
-    config = job_config(broker, group, uri, staging_grace=timedelta(0), max_records_per_task=1000)
-
-    def crash(self: Any, manifest: Any) -> None:
-        raise RuntimeError("killed before publishing")
-
-    # 1. The job dies between writing its data and publishing: data exists, nothing is visible.
-    with monkeypatch.context() as m:
-        m.setattr(job_module.SnapshotPublisher, "publish", crash)
-        with pytest.raises(RuntimeError, match="killed before publishing"):
-            SnapshotJob(config).run(spark)
-    assert list((tmp_path / "snapshots" / DATA_DIR).rglob("*.parquet"))
-    assert SnapshotReader(uri).snapshot_ids() == []
-    assert SnapshotReader(uri).latest_covering("orders", 0) is None
-
-    # 2. A later run publishes and removes the dead job's data (grace 0).
-    ok = SnapshotJob(config).run(spark)
-    assert len(ok.cleanup.garbage_data) == 1
-    assert sorted(p.name for p in (tmp_path / "snapshots" / DATA_DIR).iterdir()) == [ok.manifest.snapshot_id]
-    part = SnapshotReader(uri).latest_covering("orders", 0)
-    assert part is not None and dict(part.iter_items()) == oracle(records)
 
 
 @pytest.mark.slow
