@@ -210,6 +210,14 @@ def balanced(cp: LocalControlPlane, workers: int) -> bool:
     return len(o) == PARTITIONS and min(counts) >= PARTITIONS // workers and cp.status.get("rollout") is None
 
 
+def is_balanced(cp: LocalControlPlane, workers: int) -> Callable[[], bool]:
+    return lambda: balanced(cp, workers)
+
+
+def is_back_on_one(cp: LocalControlPlane) -> Callable[[], bool]:
+    return lambda: set(owners(cp).values()) == {"w-0"} and "w-1" not in cp.platform.workers()
+
+
 async def test_scale_up_and_down_under_load_with_state(harness: Harness) -> None:
     h = harness
     cp = await start_one_worker(h)
@@ -317,4 +325,34 @@ async def test_control_plane_crash_mid_rollout_resumes_from_status(harness: Harn
     assert set(resumed.platform.workers()) == {"w-0", "w-1"}
     await tick_until(resumed, lambda: balanced(resumed, 2), 60, "rollout completed after the restart")
     await finish(resumed, h, limit_s=90)
+    assert_ok(h)
+
+
+@pytest.mark.slow
+async def test_repeated_rollouts_with_kills_in_every_step(harness: Harness) -> None:
+    """Three scale-up/scale-down cycles under continuous load; in each cycle a worker is SIGKILLed
+    during a different protocol step (and the control plane is replaced once, mid-rollout)."""
+    h = harness
+    cp = await start_one_worker(h)
+    h.start_load(250, 75)
+    await asyncio.sleep(2)
+    plan = [
+        (ActionKind.LEARN, 0.3),
+        (ActionKind.RELEASE, 0.05),
+        (ActionKind.PROMOTE, 0.05),
+    ]
+    for cycle, (kind, delay) in enumerate(plan):
+        hook, killed = _kill_hook(cp, h, kind, "worker", delay)
+        executor(cp).on_action = hook
+        scale(cp, h, 2)
+        await tick_until(cp, is_balanced(cp, 2), 120, f"cycle {cycle}: balanced on 2 workers")
+        executor(cp).on_action = None
+        if cycle == 1:
+            # the control plane dies between rollouts and a new one adopts the workers
+            await cp.close(stop_workers=False)
+            cp = h.control_plane()
+        scale(cp, h, 1)
+        await tick_until(cp, is_back_on_one(cp), 120, f"cycle {cycle}: back on one worker")
+        assert killed or kind is ActionKind.LEARN, f"cycle {cycle}: no {kind} happened"
+    await finish(cp, h, limit_s=120)
     assert_ok(h)
