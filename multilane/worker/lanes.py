@@ -360,19 +360,21 @@ class Lane:
             t0 = slot.started = monotonic()
             self.running += 1
             try:
-                # Drive the coroutine's first step by hand: a processor that finishes without waiting
-                # costs no scheduling; one that waits marks the lane as ``suspends`` (see wake()) and
-                # is then awaited to the end exactly as ``await`` would.
-                coro = proc(rec, ctx)
-                try:
-                    step = coro.send(None)
-                except StopIteration:
-                    pass
+                if self.suspends:
+                    await proc(rec, ctx)
                 else:
-                    if not self.suspends:
+                    # Until a processor is seen to wait, drive each coroutine's first step by hand:
+                    # one that finishes at once needed no other runner; the first one that waits marks
+                    # the lane as ``suspends`` (see wake()) and is awaited to the end like ``await``.
+                    coro = proc(rec, ctx)
+                    try:
+                        step = coro.send(None)
+                    except StopIteration:
+                        pass
+                    else:
                         self.suspends = True
                         self.wake()
-                    await _Continue(coro, step)
+                        await _Continue(coro, step)
             except asyncio.CancelledError as exc:
                 self.running -= 1
                 slot.work = None
