@@ -185,11 +185,19 @@ def merge_raw_range(
             decoded[change.key] = change
         if tail is not None:
             break
-    # 3.
+    # 3. (the fast-path records were checked in step 2: build their Change from the header directly)
     out: dict[bytes, Change] = {}
     for key, (offset, value) in kept.items():
         d = decoded.get(key)
-        out[key] = d if d is not None else decode_change(key, value, offset)
+        if d is not None:
+            out[key] = d
+            continue
+        assert value is not None  # only slow-path records (in ``decoded``) are kept without a value
+        _magic, op, src, h = unpack(value)
+        if op == b"P":
+            out[key] = Change(key, PUT, src, h, value[HEADER_SIZE:], offset)
+        else:
+            out[key] = Change(key, DELETE, src, h, b"", offset)
     return RangeMergeResult(out, tail, records)
 
 
