@@ -156,8 +156,11 @@ async def test_operator_drives_real_workers_end_to_end(
         )
         parts = [f"{topic}/{i}" for i in range(4)]
 
+        seen: list[Any] = []
+
         async def owned() -> dict[str, list[str]] | None:
-            out = {}
+            out: dict[str, list[str]] = {}
+            seen[:] = [out]
             for name in ("e2e-0", "e2e-1"):
                 if name not in real.workers:
                     return None
@@ -169,7 +172,11 @@ async def test_operator_drives_real_workers_end_to_end(
             balanced = len(out["e2e-0"]) == len(out["e2e-1"]) == 2  # a worker may come up first and get all
             return out if sorted(out["e2e-0"] + out["e2e-1"]) == parts and balanced else None
 
-        await wait_for(owned, timeout=90, what="real workers own every partition, two each")
+        try:
+            await wait_for(owned, timeout=90, what="real workers own every partition, two each")
+        except AssertionError as exc:
+            status = (await kube.get(cr_path("e2e")) or {}).get("status")
+            raise AssertionError(f"{exc}; workers: {seen}; status: {status}") from None
 
         producer = Producer({"bootstrap.servers": broker.bootstrap})
         for i in range(20):
