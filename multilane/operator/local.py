@@ -401,18 +401,27 @@ class LocalPlatform:
 
 
 class LocalWorkerControl:
-    """The worker control calls with each local worker's own token (one HTTP client per token)."""
+    """The worker control calls with each local worker's own token (HTTP clients per token).
 
-    def __init__(self, platform: LocalPlatform, timeout_s: float = 120.0) -> None:
+    ``timeout_s`` bounds the assignment call, which may include a restore (a promotion that finishes
+    an eager handoff, a placement); every other call gets ``call_timeout_s``, so a hung worker stalls
+    a control-plane pass for seconds, not minutes, until its heartbeat expires and it is fenced.
+    """
+
+    def __init__(
+        self, platform: LocalPlatform, timeout_s: float = 120.0, call_timeout_s: float = 5.0
+    ) -> None:
         self.platform = platform
         self.timeout_s = timeout_s
-        self._clients: dict[str, HandoffControlClient] = {}
+        self.call_timeout_s = call_timeout_s
+        self._clients: dict[tuple[str, bool], HandoffControlClient] = {}
 
-    def _client(self, base_url: str) -> HandoffControlClient:
+    def _client(self, base_url: str, slow: bool = False) -> HandoffControlClient:
         token = self.platform.token_for(base_url)
-        client = self._clients.get(token)
+        client = self._clients.get((token, slow))
         if client is None:
-            client = self._clients[token] = HandoffControlClient(token, timeout_s=self.timeout_s)
+            timeout = self.timeout_s if slow else self.call_timeout_s
+            client = self._clients[(token, slow)] = HandoffControlClient(token, timeout_s=timeout)
         return client
 
     async def status(self, base_url: str) -> dict[str, Any]:
@@ -421,7 +430,8 @@ class LocalWorkerControl:
     async def assign(
         self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
     ) -> list[ReleasedPartition]:
-        return await self._client(base_url).assign(base_url, generation, partitions, release_deadline_s)
+        client = self._client(base_url, slow=True)
+        return await client.assign(base_url, generation, partitions, release_deadline_s)
 
     async def set_factor(self, base_url: str, factor: int) -> int:
         return await self._client(base_url).set_factor(base_url, factor)

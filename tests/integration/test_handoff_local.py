@@ -356,3 +356,28 @@ async def test_repeated_rollouts_with_kills_in_every_step(harness: Harness) -> N
         assert killed or kind is ActionKind.LEARN, f"cycle {cycle}: no {kind} happened"
     await finish(cp, h, limit_s=120)
     assert_ok(h)
+
+
+async def test_hung_worker_is_fenced_by_heartbeat_before_its_partitions_move(harness: Harness) -> None:
+    """SIGSTOP a worker (alive process, no heartbeat): after the lease the platform SIGKILLs it and only
+    then places its partitions elsewhere, so the frozen process can never process them again."""
+    h = harness
+    cp = await start_one_worker(h)
+    scale(cp, h, 2)
+    await tick_until(cp, is_balanced(cp, 2), 60, "2 workers with 2 partitions each")
+    h.start_load(150, 12)
+    await asyncio.sleep(2)
+    frozen = cp.platform.pid_of("w-1")
+    lost_at = time.monotonic()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        await tick_until(cp, lambda: frozen not in cp.platform.workers().values(), 60, "w-1 replaced")
+        fenced_after = time.monotonic() - lost_at
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+    append_kill_marker(str(h.events), frozen)
+    assert fenced_after >= cp.platform.lease_s - 1.0, f"fenced after {fenced_after:.1f}s, before the lease"
+    await tick_until(cp, is_balanced(cp, 2), 90, "balanced again after the fencing")
+    await finish(cp, h, limit_s=90)
+    assert_ok(h)
