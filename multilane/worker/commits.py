@@ -19,6 +19,7 @@ from multilane.api import OrderingMode
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress import ProgressCodec
 from multilane.worker.progress_store import ProgressStore
+from multilane.worker.state.errors import StateDurabilityError
 
 __all__ = ["CommitCycle"]
 
@@ -37,6 +38,9 @@ class CommitCycle:
     Invariant: a commit request for offset ``C`` of a partition is sent only after the state hooks
     flushed every change of records below ``C`` and (when progress is kept) after the progress record
     with base ``C`` was acknowledged or its write failed (then the progress is simply not used later).
+    A partition whose ``before_commit`` raised :class:`StateDurabilityError` (a changelog record was
+    lost) is not committed in that cycle: it is returned to the caller, which must close its state
+    uncleanly and reopen it (its uncommitted records are then processed again).
     """
 
     def __init__(self, consumer: Any, store: ProgressStore | None, hooks: Any | None,
@@ -48,12 +52,16 @@ class CommitCycle:
         self.last_progress_bytes = 0
         self.commit_errors = 0
 
-    async def run(self, parts: Sequence[PartitionRuntime], *, final: bool = False) -> None:
+    async def run(self, parts: Sequence[PartitionRuntime], *,
+                  final: bool = False) -> list[PartitionRuntime]:
         """One cycle over ``parts`` (steps 1-4). ``final``: commit synchronously, even if unchanged.
+
+        Returns the partitions left out because ``before_commit`` raised :class:`StateDurabilityError`.
 
         1. Snapshot each partition's committable offset ``C`` and its progress record (base ``C``);
            skip partitions where neither changed since the last cycle (unless ``final``).
-        2. State hooks: ``before_commit(topic, partition, C)`` on a worker thread.
+        2. State hooks: ``before_commit(topic, partition, C)`` on a worker thread; a partition whose
+           changes are not durable is dropped from the batch (never committed).
         3. Progress: produce each record to the progress topic and wait for the acknowledgements.
         4. Commit the offsets (progress as metadata when it fits); asynchronously, or synchronously
            when ``final``.
@@ -74,12 +82,21 @@ class CommitCycle:
                 continue
             batch.append((part, c, encoded))
         if not batch:
-            return
+            return []
         # 2. state hooks
+        lost: list[PartitionRuntime] = []
         hooks = self._hooks
         if hooks is not None:
             for part, c, _ in batch:
-                await loop.run_in_executor(None, hooks.before_commit, part.topic, part.partition, c)
+                try:
+                    await loop.run_in_executor(None, hooks.before_commit, part.topic, part.partition, c)
+                except StateDurabilityError as exc:
+                    log.error("not committing %s/%d at %d: %s", part.topic, part.partition, c, exc)
+                    lost.append(part)
+            if lost:
+                batch = [b for b in batch if b[0] not in lost]
+                if not batch:
+                    return lost
         # 3. progress records
         store = self._store
         if store is not None:
@@ -113,13 +130,17 @@ class CommitCycle:
             log.warning("commit failed (%s); will retry", exc)
             if final:
                 raise
+        return lost
 
-    def run_blocking(self, parts: Sequence[PartitionRuntime], producer: Any, timeout_s: float = 10.0) -> None:
+    def run_blocking(self, parts: Sequence[PartitionRuntime], producer: Any,
+                     timeout_s: float = 10.0) -> list[PartitionRuntime]:
         """The same cycle, blocking, for rebalance callbacks (which cannot await); always synchronous.
 
-        1. Snapshot committable offsets and progress. 2. ``before_commit`` hooks, called directly.
-        3. Produce the progress records and flush the producer (delivery callbacks run here, on the
-        loop thread). 4. Synchronous commit.
+        Returns the partitions left out because ``before_commit`` raised :class:`StateDurabilityError`.
+
+        1. Snapshot committable offsets and progress. 2. ``before_commit`` hooks, called directly
+        (a partition whose changes are not durable is not committed). 3. Produce the progress records
+        and flush the producer (delivery callbacks run here, on the loop thread). 4. Synchronous commit.
         """
         # 1. snapshot
         batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
@@ -133,11 +154,19 @@ class CommitCycle:
                 encoded = ProgressCodec.encode(part.progress(c))
             batch.append((part, c, encoded))
         if not batch:
-            return
+            return []
         # 2. hooks
+        lost: list[PartitionRuntime] = []
         if self._hooks is not None:
             for part, c, _ in batch:
-                self._hooks.before_commit(part.topic, part.partition, c)
+                try:
+                    self._hooks.before_commit(part.topic, part.partition, c)
+                except StateDurabilityError as exc:
+                    log.error("not committing %s/%d at %d: %s", part.topic, part.partition, c, exc)
+                    lost.append(part)
+            batch = [b for b in batch if b[0] not in lost]
+            if not batch:
+                return lost
         # 3. progress
         if self._store is not None:
             futs = [self._store.write(part.topic, part.partition, enc) for part, _, enc in batch
@@ -154,6 +183,7 @@ class CommitCycle:
             offsets.append(_tp(part.topic, part.partition, c, meta))
         result = self._consumer.commit(offsets=offsets, asynchronous=False)
         self.on_commit(None, result or [], {(p.topic, p.partition): p for p, _, _ in batch})
+        return lost
 
     def on_commit(self, err: Any, tps: list[Any], parts: dict[tuple[str, int], PartitionRuntime]) -> None:
         """Record confirmed commits (the consumer's ``on_commit`` callback, on the loop thread)."""

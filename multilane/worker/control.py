@@ -3,7 +3,10 @@
 Routes and bodies are fixed in docs/architecture.md ("Worker control API"). Every request except
 ``GET /healthz`` needs ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
 without it the answer is 401. Bad JSON or fields -> 400 with a message; a stale assignment generation
--> 409. Learner routes are forwarded to the state hooks when the worker has them (else 404).
+-> 409. Learner routes (``/v1/learn``, ``/v1/promote``, ``/v1/demote``, ``/v1/drop``) go through the
+engine's learner calls (:meth:`Engine.learn` etc.) when the worker has state hooks (else 404); a
+partition in the wrong phase for the call (the hooks' ``StatePhaseError``, e.g. ``/v1/promote`` of a
+learner that has not caught up) -> 409, other state errors -> 500, both with a message.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from aiohttp import web
 from confluent_kafka import KafkaException
 
 from multilane.worker.engine import Engine, EngineError, FencingError
+from multilane.worker.state.errors import StateError, StatePhaseError
 
 __all__ = ["ControlServer", "TokenError", "load_token"]
 
@@ -144,6 +148,11 @@ class ControlServer:
                                      status=409)
         except EngineError as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        except StatePhaseError as exc:
+            return web.json_response({"error": str(exc)}, status=409)
+        except StateError as exc:
+            log.error("control request %s failed: %s", request.path, exc)
+            return web.json_response({"error": f"state: {exc}"}, status=500)
         except KafkaException as exc:  # e.g. the broker is unreachable: the caller should retry
             log.warning("control request %s failed: %s", request.path, exc)
             return web.json_response({"error": f"kafka: {exc}"}, status=503)
@@ -165,11 +174,7 @@ class ControlServer:
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
-        status = self.engine.status()
-        hooks = self.engine.hooks
-        if hooks is not None and hasattr(hooks, "learner_status"):
-            status["learners"] = hooks.learner_status()
-        return web.json_response(status)
+        return web.json_response(self.engine.status())  # with state hooks: "learners" too
 
     async def _assignment(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -205,16 +210,27 @@ class ControlServer:
         return web.json_response({"released": [r.to_dict() for r in released]})
 
     def _learner(self, verb: str) -> Handler:
+        """``/v1/<verb>``: ``{"partitions": [...]}`` -> ``{verb: [...]}``; ``/v1/demote`` also answers
+        ``released`` (the partitions it released first, with their final committed offsets;
+        ``deadline_s`` bounds their drain as for ``/v1/release``)."""
+
         async def handle(request: web.Request) -> web.StreamResponse:
             hooks = self.engine.hooks
-            fn = getattr(hooks, verb, None) if hooks is not None else None
-            if fn is None:
+            if hooks is None or getattr(hooks, verb, None) is None:
                 return web.json_response({"error": f"/v1/{verb} needs a worker with a state store"},
                                          status=404)
             body = await self._body(request)
             parts = _partitions(body)
-            for topic, partition in parts:
-                await self.engine._run_io(fn, topic, partition)
-            return web.json_response({verb: [{"topic": t, "partition": p} for t, p in parts]})
+            answer: dict[str, Any] = {verb: [{"topic": t, "partition": p} for t, p in parts]}
+            if verb == "learn":
+                await self.engine.learn(parts)
+            elif verb == "promote":
+                await self.engine.promote(parts)
+            elif verb == "drop":
+                await self.engine.drop(parts)
+            else:
+                released = await self.engine.demote(parts, _number(body, "deadline_s", 30.0))
+                answer["released"] = [r.to_dict() for r in released]
+            return web.json_response(answer)
 
         return handle

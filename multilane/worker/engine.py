@@ -19,8 +19,14 @@ Modes: operator mode (``assign()`` only; the assignment changes through :meth:`E
 cooperative-sticky assignor; revoked partitions are committed in the revoke callback).
 
 The Python control API (:meth:`assign`, :meth:`release`, :meth:`set_factor`, :meth:`pause`,
-:meth:`resume`, :meth:`status`) must be called on the engine's loop; ``runner.EngineRunner`` wraps
-it for other threads.
+:meth:`resume`, :meth:`status`, and with state hooks :meth:`learn`, :meth:`promote`, :meth:`demote`,
+:meth:`drop`) must be called on the engine's loop; ``runner.EngineRunner`` wraps it for other threads.
+
+State hooks (``hooks``, ``PartitionStateHooks`` of docs/state.md, e.g. ``StateManager``): a partition's
+state is opened before any of its records is fetched, ``before_commit`` precedes every commit (a
+:class:`StateDurabilityError` there reopens the partition without committing, see
+:meth:`Engine._reopen_lost`), and it is closed after the final commit (cleanly only when that commit
+succeeded and no record was abandoned).
 """
 
 from __future__ import annotations
@@ -91,13 +97,23 @@ class Engine:
         self.generation = 0
         self._factor = config.factor
         self._parts: dict[TopicPartitionId, PartitionRuntime] = {}
+        # Partitions whose state is being opened (restore or promotion) before they join ``_parts``.
+        # Invariant: disjoint from ``_parts``; an entry lives exactly while its open_partition runs.
+        self._opening: set[TopicPartitionId] = set()
+        # Reopens scheduled after a StateDurabilityError (at most one task per partition at a time).
+        self._reopens: dict[TopicPartitionId, asyncio.Task[None]] = {}
+        # Partitions a reopen released and has not added back yet (its add failed and is retried).
+        # Invariant: disjoint from ``_parts``; any control call or rebalance that decides a
+        # partition's ownership removes it (the reopen then stops retrying).
+        self._reopen_pending: set[TopicPartitionId] = set()
         self._flow = FlowController(config.max_in_flight, config.max_in_flight_bytes,
                                     config.partition_max_records, config.partition_max_bytes,
                                     config.resume_fraction)
         self._retry = RetryPolicy(config.max_retries, config.retry_backoff_ms, config.retry_backoff_max_ms)
         self._hist = LatencyHistogram()
         self._watchdog = StallWatchdog(config.stall_threshold_s)
-        self.metrics = WorkerMetrics(self)
+        collectors = getattr(hooks, "metrics_collectors", None)
+        self.metrics = WorkerMetrics(self, collectors() if collectors is not None else ())
         self._is_async = is_async_processor(processor)
         self._proc_pool: ThreadPoolExecutor | None = None
         self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="multilane-io")
@@ -295,6 +311,7 @@ class Engine:
                 raise FencingError(f"assignment generation {generation} is older than current "
                                    f"generation {self.generation}")
             self.generation = generation
+            self._reopen_pending.clear()  # this assignment decides every partition
             # 2. release
             gone = [p for tp, p in self._parts.items() if tp not in wanted]
             released = await self._release_parts(gone, release_deadline_s, unassign=True)
@@ -310,6 +327,7 @@ class Engine:
         tps = _normalise(partitions)
         self._require_started()
         async with self._control_lock:
+            self._reopen_pending.difference_update(tps)
             unknown = [tp for tp in tps if tp not in self._parts]
             if unknown:
                 log.info("release of partitions not owned: %s", unknown)
@@ -344,19 +362,106 @@ class Engine:
                 self._fetcher().resume_fetch(p)
         return False
 
+    # -- learner calls (state hooks; docs/state.md, "Learner protocol") ---------------------------------
+
+    def _state_call(self, verb: str) -> Any:
+        fn = getattr(self.hooks, verb, None) if self.hooks is not None else None
+        if fn is None:
+            raise EngineError(f"{verb} needs a worker with a state store")
+        return fn
+
+    async def learn(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
+        """Start learning partitions this worker does not process (``hooks.learn``; returns once each
+        learner's tail thread runs). A partition this engine owns is refused by the hooks."""
+        tps = _normalise(partitions)
+        fn = self._state_call("learn")
+        self._require_started()
+        async with self._control_lock:
+            for tp in tps:
+                await self._run_io(fn, tp[0], tp[1])
+        return tps
+
+    async def promote(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
+        """Check that each partition is learning here, healthy and caught up (``hooks.promote``;
+        raises the hooks' ``StatePhaseError`` otherwise). The switch itself is the assignment: opening
+        a learning partition (:meth:`assign`) is the promotion."""
+        tps = _normalise(partitions)
+        fn = self._state_call("promote")
+        for tp in tps:
+            await self._run_io(fn, tp[0], tp[1])
+        return tps
+
+    async def demote(self, partitions: Iterable[TopicPartitionId],
+                     deadline_s: float = 30.0) -> list[ReleasedPartition]:
+        """Active -> learner (steps 1-2); returns the released partitions with their final offsets.
+
+        1. Release the partitions this engine owns like :meth:`release` (drain, final commit, close
+           the state cleanly when nothing was abandoned): no lane may still use the store.
+        2. ``hooks.demote``: learn from the checkpoint just written (or from scratch after an unclean
+           close). Partitions not owned here just start learning.
+        """
+        tps = _normalise(partitions)
+        fn = self._state_call("demote")
+        self._require_started()
+        async with self._control_lock:
+            # 1. release
+            self._reopen_pending.difference_update(tps)
+            parts = [self._parts[tp] for tp in tps if tp in self._parts]
+            released = await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode)
+            # 2. learn
+            for tp in tps:
+                await self._run_io(fn, tp[0], tp[1])
+        return released
+
+    async def drop(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
+        """Stop learning and delete the local state of partitions (``hooks.drop``); refused by the
+        hooks for a partition that is active here (release it first)."""
+        tps = _normalise(partitions)
+        fn = self._state_call("drop")
+        self._require_started()
+        async with self._control_lock:
+            for tp in tps:
+                await self._run_io(fn, tp[0], tp[1])
+        return tps
+
     @property
     def factor(self) -> int:
         return self._factor
 
     def status(self) -> dict[str, Any]:
+        """The worker's status (``GET /v1/status``; docs/architecture.md, "Worker control API").
+
+        ``partitions``: the partitions this engine owns, plus those whose state is being opened
+        (phase ``promoting``: a restore or a learner's promotion before processing starts); their
+        ``restore_lag`` comes from the state hooks' ``learner_status()``. ``learners``: every
+        partition the state hooks know (restoring, learning, promoting, active, failed) with its
+        restore progress; learners of partitions this engine does not own appear only there (the
+        operator counts every ``partitions`` entry as owned).
+        """
         parts = sorted(self._parts.values(), key=lambda p: (p.topic, p.partition))
-        return {
+        learners = self._learner_status()
+        by_tp = {(str(e.get("topic")), int(e.get("partition", -1))): e for e in learners}
+        entries = []
+        for p in parts:
+            entry = p.status()
+            learner = by_tp.get((p.topic, p.partition))
+            if learner is not None:
+                entry["restore_lag"] = int(learner.get("restore_lag") or 0)
+            entries.append(entry)
+        for tp in sorted(self._opening):
+            learner = by_tp.get(tp, {})
+            entries.append({"topic": tp[0], "partition": tp[1], "phase": Phase.PROMOTING,
+                            "committed": learner.get("committed_offset"), "position": None,
+                            "high_watermark": None, "lag": None, "in_flight": 0,
+                            "restore_lag": int(learner.get("restore_lag") or 0),
+                            "state_phase": learner.get("phase")})
+        out: dict[str, Any] = {
             "worker_id": self.config.worker_id,
             "generation": self.generation,
             "factor": self._factor,
             "mode": self.config.ordering.value,
             "paused": self.user_paused,
-            "partitions": [p.status() for p in parts],
+            "partitions": entries,
             "processed_total": self.processed_total(),
             "processing_rate": round(self.processing_rate, 3),
             "in_flight": self._flow.records,
@@ -368,6 +473,20 @@ class Engine:
             "stalled": self._watchdog.stalled,
             "back_pressure_pauses": sum(p.flow_counters.pauses for p in parts),
         }
+        if self.hooks is not None:
+            out["learners"] = learners
+        return out
+
+    def _learner_status(self) -> list[dict[str, Any]]:
+        """The state hooks' ``learner_status()`` ([] without hooks or when it fails)."""
+        fn = getattr(self.hooks, "learner_status", None) if self.hooks is not None else None
+        if fn is None:
+            return []
+        try:
+            return list(fn())
+        except Exception:
+            log.exception("learner_status() failed")
+            return []
 
     def processed_total(self) -> int:
         return self._released_total + sum(p.processed for p in self._parts.values())
@@ -411,21 +530,23 @@ class Engine:
         1. Read committed offsets (and metadata) from the group coordinator.
         2. Read progress records (metadata first, else the progress topic; on a worker thread) and vet
            them (undecodable / stale / foreign -> warning, ignored).
-        3. Let the state hooks restore (``open_partition``; blocking, on a worker thread).
+        3. Let the state hooks restore (``open_partition``; blocking, on worker threads, several
+           partitions in parallel). If one fails, those opened are closed uncleanly and the error is
+           raised: nothing of this call is assigned.
         4. Create the runtimes, start their lanes, and ``incremental_assign`` at the committed offsets.
+           No record of a partition is fetched before its state is open.
         """
         # 1. committed offsets (a short-lived client on a worker thread: the loop keeps processing)
         committed = await self._run_io(self._committed_blocking, tps)
         # 2. progress
         progress = await asyncio.gather(*(self._run_io(self._load_progress, tp, committed[tp])
                                           for tp in tps))
-        runtimes: list[PartitionRuntime] = []
-        for tp, prog in zip(tps, progress, strict=True):
-            off, _meta = committed[tp]
-            # 3. state restore
-            if self.hooks is not None:
-                await self._run_io(self.hooks.open_partition, tp[0], tp[1], off, prog)
-            runtimes.append(self._new_runtime(tp[0], tp[1], off, prog))
+        # 3. state restore
+        if self.hooks is not None:
+            await self._open_states([(tp, committed[tp][0], prog)
+                                     for tp, prog in zip(tps, progress, strict=True)])
+        runtimes = [self._new_runtime(tp[0], tp[1], committed[tp][0], prog)
+                    for tp, prog in zip(tps, progress, strict=True)]
         # 4. start
         for rt in runtimes:
             self._activate(rt)
@@ -434,6 +555,38 @@ class Engine:
             else TopicPartition(rt.topic, rt.partition) for rt in runtimes
         ])
         log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
+
+    async def _open_states(self, items: list[tuple[TopicPartitionId, int | None,
+                                                   ProgressRecord | None]]) -> None:
+        """``hooks.open_partition`` for every item, in parallel on the I/O threads (the hooks are
+        thread-safe across partitions). All or nothing: on any failure, the partitions that opened
+        are closed uncleanly and the first error is raised. ``_opening`` lists them meanwhile."""
+        hooks = self.hooks
+        assert hooks is not None
+        for tp, _, _ in items:
+            self._opening.add(tp)
+        try:
+            results = await asyncio.gather(
+                *(self._run_io(hooks.open_partition, tp[0], tp[1], off, prog) for tp, off, prog in items),
+                return_exceptions=True)
+        finally:
+            for tp, _, _ in items:
+                self._opening.discard(tp)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for (tp, _, _), r in zip(items, results, strict=True):
+                if not isinstance(r, BaseException):
+                    await self._run_io(self._close_state_quietly, tp, False)
+            raise errors[0]
+
+    def _close_state_quietly(self, tp: TopicPartitionId, clean: bool) -> None:
+        """``hooks.close_partition`` (blocking), logging instead of raising."""
+        if self.hooks is None:
+            return
+        try:
+            self.hooks.close_partition(tp[0], tp[1], clean)
+        except Exception:
+            log.exception("close_partition failed for %s/%d", tp[0], tp[1])
 
     def _activate(self, rt: PartitionRuntime) -> None:
         topics = self.config.topics
@@ -494,14 +647,17 @@ class Engine:
                                partition=tp[1], committed=off)
 
     async def _release_parts(self, parts: list[PartitionRuntime], deadline_s: float,
-                             unassign: bool) -> list[ReleasedPartition]:
+                             unassign: bool, commit: bool = True) -> list[ReleasedPartition]:
         """Drain, commit and drop ``parts`` (steps 1-6).
 
         1. Phase ``releasing``; pause fetching (records fetched later are ignored).
         2. Wait until their in-flight records finished, or the deadline passed.
         3. Stop their lanes (records still running are abandoned; the next owner replays them).
-        4. Final synchronous commit of the committable offsets, with progress records.
-        5. ``close_partition`` (clean when nothing was abandoned).
+        4. Final synchronous commit of the committable offsets, with progress records (skipped when
+           not ``commit``: a partition whose changelog lost a record is reopened without one).
+        5. ``close_partition``: clean only when nothing was abandoned and the final commit succeeded
+           (a partition whose ``before_commit`` raised :class:`StateDurabilityError` is not committed
+           and closes uncleanly).
         6. ``incremental_unassign`` (operator mode) and forget them.
         """
         if not parts:
@@ -532,10 +688,16 @@ class Engine:
                             len(pending))
         # 4. final commit
         assert self._commits is not None
-        try:
-            await self._commits.run(parts, final=True)
-        except KafkaException as exc:
-            log.warning("final commit failed for %s: %s", [(p.topic, p.partition) for p in parts], exc)
+        if commit:
+            try:
+                for p in await self._commits.run(parts, final=True):
+                    clean[id(p)] = False
+            except KafkaException as exc:
+                log.warning("final commit failed for %s: %s", [(p.topic, p.partition) for p in parts],
+                            exc)
+                clean = dict.fromkeys(clean, False)
+        else:
+            clean = dict.fromkeys(clean, False)
         # 5. state hooks
         if self.hooks is not None:
             for p in parts:
@@ -569,13 +731,20 @@ class Engine:
             committed = {tp: (None, None) for tp in tps}
         # progress reads in parallel on the I/O threads (this callback blocks the loop meanwhile)
         futs = {tp: self._io_pool.submit(self._load_progress, tp, committed[tp]) for tp in tps}
-        runtimes = []
-        for tp in tps:
-            off = committed[tp][0]
-            prog = futs[tp].result()
-            if self.hooks is not None:
-                self.hooks.open_partition(tp[0], tp[1], off, prog)
-            runtimes.append(self._new_runtime(tp[0], tp[1], off, prog))
+        progress = {tp: futs[tp].result() for tp in tps}
+        if self.hooks is not None:
+            # state restores in parallel, all or nothing (as in _open_states)
+            hooks = self.hooks
+            opens = {tp: self._io_pool.submit(hooks.open_partition, tp[0], tp[1], committed[tp][0],
+                                              progress[tp]) for tp in tps}
+            concurrent.futures.wait(list(opens.values()))
+            failed = [e for f in opens.values() if (e := f.exception()) is not None]
+            if failed:
+                for tp, f in opens.items():
+                    if f.exception() is None:
+                        self._close_state_quietly(tp, False)
+                raise failed[0]
+        runtimes = [self._new_runtime(tp[0], tp[1], committed[tp][0], progress[tp]) for tp in tps]
         for rt in runtimes:
             self._activate(rt)
         consumer.incremental_assign([
@@ -592,8 +761,11 @@ class Engine:
         """
         parts = [self._parts[(tp.topic, tp.partition)] for tp in partitions
                  if (tp.topic, tp.partition) in self._parts]
+        self._reopen_pending.difference_update((tp.topic, tp.partition) for tp in partitions)
         if not parts:
             return
+        # clean close only for partitions with nothing abandoned and a successful commit (below)
+        clean = {id(p): p.in_flight == 0 for p in parts}
         for p in parts:
             p.phase = Phase.RELEASING
             p.close()
@@ -606,21 +778,20 @@ class Engine:
                 log.warning("%d thread-pool batches still running after revoke", len(pending))
         assert self._commits is not None
         try:
-            self._commits.run_blocking(parts, self._producer)
+            for p in self._commits.run_blocking(parts, self._producer):
+                clean[id(p)] = False
         except Exception as exc:
             log.warning("commit on revoke failed: %s", exc)
+            clean = dict.fromkeys(clean, False)
         for p in parts:
-            if self.hooks is not None:
-                try:
-                    self.hooks.close_partition(p.topic, p.partition, False)
-                except Exception:
-                    log.exception("close_partition failed for %s/%d", p.topic, p.partition)
+            self._close_state_quietly((p.topic, p.partition), clean[id(p)])
             self._parts.pop((p.topic, p.partition), None)
             self._released_total += p.processed
         log.info("group revoked %s", [(p.topic, p.partition, p.committed) for p in parts])
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         """Partitions lost (session expired): drop them without committing."""
+        self._reopen_pending.difference_update((tp.topic, tp.partition) for tp in partitions)
         for tp in partitions:
             p = self._parts.pop((tp.topic, tp.partition), None)
             if p is not None:
@@ -652,9 +823,69 @@ class Engine:
                 next_commit = now + interval
                 active = [p for p in self._parts.values() if p.phase == Phase.ACTIVE]
                 try:
-                    await self._commits.run(active)
+                    lost = await self._commits.run(active)
                 except Exception:
                     log.exception("commit cycle failed; retrying next cycle")
+                    continue
+                for p in lost:
+                    self._schedule_reopen(p)
+
+    def _schedule_reopen(self, part: PartitionRuntime) -> None:
+        """Start :meth:`_reopen_lost` for ``part`` unless one is already running for it."""
+        tp = (part.topic, part.partition)
+        task = self._reopens.get(tp)
+        if task is not None and not task.done():
+            return
+        assert self._loop is not None
+        self._reopens[tp] = self._loop.create_task(self._reopen_lost(part), name=f"multilane-reopen-{tp}")
+
+    async def _reopen_lost(self, part: PartitionRuntime) -> None:
+        """Reopen a partition whose changelog lost a record (``before_commit`` raised
+        :class:`StateDurabilityError`), so that every record not committed is processed again
+        (steps 1-3, under the control lock).
+
+        1. Still the same runtime (not released or reopened meanwhile)? Otherwise nothing to do.
+        2. Release it without committing: drain (up to ``drain_timeout_s``), stop its lanes,
+           ``close_partition(clean=False)`` (no checkpoint: the next open wipes the store), unassign.
+        3. Add it again: committed offset and progress as on any assignment, ``open_partition``
+           (full restore from the changelog), fetching from the committed offset. If that fails,
+           retry with backoff (lock released in between) while it is in ``_reopen_pending``, i.e.
+           until a control call or rebalance decides the partition's ownership.
+        In standalone mode the partition stays in the group's assignment throughout; only the local
+        consumer assignment is dropped and retaken.
+        """
+        tp = (part.topic, part.partition)
+        delay = 0.5
+        async with self._control_lock:
+            # 1.
+            if self._stopped or self._parts.get(tp) is not part:
+                return
+            log.warning("reopening %s/%d: its state changes are not durable; records after the last "
+                        "commit will be processed again", tp[0], tp[1])
+            # 2.
+            await self._release_parts([part], self.config.drain_timeout_s, unassign=True, commit=False)
+            self._reopen_pending.add(tp)
+            # 3.
+            if await self._try_reopen_add(tp, delay):
+                return
+        while not self._stopped:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            async with self._control_lock:
+                if self._stopped or tp not in self._reopen_pending:
+                    return
+                if await self._try_reopen_add(tp, delay):
+                    return
+
+    async def _try_reopen_add(self, tp: TopicPartitionId, delay: float) -> bool:
+        """Step 3 of :meth:`_reopen_lost` (control lock held): True when done."""
+        try:
+            await self._add_partitions([tp])
+        except Exception as exc:
+            log.warning("cannot reopen %s/%d yet (%s); retrying in %.1fs", tp[0], tp[1], exc, delay)
+            return False
+        self._reopen_pending.discard(tp)
+        return True
 
     def _update_watermarks(self) -> None:
         for p in self._parts.values():

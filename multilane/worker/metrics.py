@@ -137,11 +137,17 @@ class _EngineCollector(Collector):
 
 
 class WorkerMetrics:
-    """The worker's metric registry (one per engine)."""
+    """The worker's metric registry (one per engine).
 
-    def __init__(self, source: MetricsSource) -> None:
+    ``extra``: further collectors served from the same registry, e.g. the state store's
+    (``StateManager.metrics_collectors()``: restore and learner metrics).
+    """
+
+    def __init__(self, source: MetricsSource, extra: Iterable[Collector] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(source))
+        for collector in extra:
+            self.registry.register(collector)
 
     def render(self) -> bytes:
         """The exposition text (call on the engine's loop thread)."""
