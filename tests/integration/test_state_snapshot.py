@@ -235,14 +235,21 @@ def test_unusable_snapshots_are_not_used(
     assert snapshot_outcomes(topic_name)["none"] == before["none"] + 2
 
 
+@pytest.mark.parametrize("corrupt", [False, True])
 def test_learner_starts_from_snapshot_and_promotes(
     broker: EmbeddedBroker,
     topic_name: str,
     group: str,
     managers: Callable[..., StateManager],
     history: tuple[Ops, SnapshotManifest, str],
+    corrupt: bool,
 ) -> None:
+    """The learner loads the snapshot in its thread and tails from its offset; with a corrupt data
+    file it learns from the changelog start instead, to the same state."""
     ops, manifest, uri = history
+    if corrupt:
+        shard = Path(uri) / manifest.partitions[0].files[0].path
+        shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
     c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         c.commit(offsets=[TopicPartition(topic_name, 0, 2300)], asynchronous=False)
@@ -255,12 +262,44 @@ def test_learner_starts_from_snapshot_and_promotes(
         assert time.monotonic() < deadline, f"learner did not catch up: {learner.learner_status()}"
         time.sleep(0.05)
     [st] = learner.learner_status()
-    assert st["snapshot_id"] == manifest.snapshot_id
-    assert st["snapshot_rows_loaded"] == manifest.partitions[0].rows
-    # Only the tail was read: fewer records than the changes after the snapshot's bound, plus deletes.
-    assert isinstance(st["records_read"], int) and 0 < st["records_read"] < 2 * (2400 - 1200)
+    assert isinstance(st["records_read"], int)
+    if corrupt:
+        assert st["snapshot_id"] is None and st["records_read"] > manifest.partitions[0].changelog_end
+    else:
+        assert st["snapshot_id"] == manifest.snapshot_id
+        assert st["snapshot_rows_loaded"] == manifest.partitions[0].rows
+        # Only the tail was read: fewer records than the changes after the bound, plus deletes.
+        assert 0 < st["records_read"] < 2 * (2400 - 1200)
     # Held back: the changes of records 2300.. (not committed yet).
     assert state_of(learner, topic_name) == reference(ops, lambda s: s < 2300)
     assert st["buffered"] == sum(1 for s, _, _ in ops if s >= 2300)
     learner.open_partition(topic_name, 0, 2400, None)  # promotion with everything committed
     assert state_of(learner, topic_name) == reference(ops, lambda s: True)
+
+
+def test_snapshot_offset_beyond_the_changelog_falls_back(
+    topic_name: str, managers: Callable[..., StateManager], history: tuple[Ops, SnapshotManifest, str]
+) -> None:
+    """A snapshot of an older incarnation of the changelog (topic deleted and recreated): its
+    ``changelog_offset`` is past the end. The restore must not wait or trust it: wipe, full replay."""
+    import dataclasses
+
+    from multilane.pipeline.manifest import ManifestCodec
+
+    ops, manifest, uri = history
+    entry = manifest.partitions[0]
+    far = entry.changelog_end + 1_000_000
+    forged = dataclasses.replace(
+        manifest, partitions=(dataclasses.replace(entry, changelog_offset=far, changelog_end=far),)
+    )
+    Path(uri, manifest_path(manifest.snapshot_id)).write_bytes(ManifestCodec.encode(forged))
+    before = snapshot_outcomes(topic_name)
+    sm = managers("recreated", snapshot_uri=uri)
+    t0 = time.monotonic()
+    sm.open_partition(topic_name, 0, 2400, None)
+    assert time.monotonic() - t0 < 30
+    assert state_of(sm, topic_name) == reference(ops, lambda s: True)
+    [st] = sm.learner_status()
+    assert st["snapshot_id"] is None and st["snapshot_rows_loaded"] == 0
+    after = snapshot_outcomes(topic_name)
+    assert after["loaded"] == before["loaded"] and after["failed"] == before["failed"] + 1

@@ -159,11 +159,11 @@ class PartitionLearner:
             self.store,
             self.status,
             stop=self._stop,
+            changelog_end=lambda: self.reader.probe_end(self.restorer.stall_timeout_s),
         )
-        if load is None:
-            return False
-        self.reader.seek(load.changelog_offset)
-        return True
+        # Always reposition: probing the changelog's end moved the reader.
+        self.reader.seek(0 if load is None else load.changelog_offset)
+        return load is not None
 
     def _restart_from_zero(self, exc: ChangelogOffsetError) -> None:
         """Step 0's fallback: the snapshot's offset is not in the changelog; start over, empty, at 0."""

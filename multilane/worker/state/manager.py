@@ -233,7 +233,14 @@ class StateManager:
         from_snapshot = False
         if start == 0 and self._snapshots is not None:
             try:
-                load = self._snapshots.load(topic, partition, committed_offset, store, status)
+                load = self._snapshots.load(
+                    topic,
+                    partition,
+                    committed_offset,
+                    store,
+                    status,
+                    changelog_end=lambda: self._probe_end(topic, partition),
+                )
             except BaseException:
                 status.phase = "failed"
                 store.close()
@@ -280,6 +287,14 @@ class StateManager:
         )
         # 6.
         self._activate(tp, store, flt, position, applier.above_commit_sources)
+
+    def _probe_end(self, topic: str, partition: int) -> int:
+        """The changelog partition's true end offset now (Kafka I/O; one short-lived consumer)."""
+        reader = self._reader(topic, partition)
+        try:
+            return reader.probe_end(self._stall_timeout_s)
+        finally:
+            reader.close()
 
     def _replay(
         self,

@@ -112,6 +112,26 @@ class ChangelogReader:
         high = self.high_watermark()
         return None if high is None else max(0, high - self.position)
 
+    def probe_end(self, timeout_s: float = 30.0) -> int:
+        """The partition's true end offset now (steps 1-2). Moves the reader: seek afterwards. Kafka I/O.
+
+        1. Ask the broker for the high watermark (the embedded broker under-reports it by up to one
+           producer batch).
+        2. Read from there (a fresh fetch) until the end-of-partition event; its offset is the end.
+        Raises :class:`RestoreError` when no end-of-partition event arrives within ``timeout_s``.
+        """
+        # 1.
+        _low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.topic, self.partition), timeout=timeout_s, cached=False
+        )
+        # 2.
+        self.seek(max(0, int(high)))
+        deadline = time.monotonic() + timeout_s
+        while not self.read(0.05).eof:
+            if time.monotonic() > deadline:
+                raise RestoreError(f"no end of changelog {self.topic}[{self.partition}] in {timeout_s}s")
+        return self.position
+
     def read(self, timeout_s: float, max_records: int = 10_000) -> ReadBatch:
         """Consume up to ``max_records`` records (waiting at most ``timeout_s``) and decode them.
 

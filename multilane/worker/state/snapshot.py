@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SnapshotLoad",
     "SnapshotLoader",
+    "SnapshotMismatchError",
     "SnapshotStoppedError",
     "SnapshotSupportError",
     "require_snapshot_support",
@@ -49,6 +50,10 @@ OUTCOME_FAILED = "failed"
 
 class SnapshotSupportError(StateError):
     """A snapshot URI is configured but the snapshot reader's dependency (pyarrow) is missing."""
+
+
+class SnapshotMismatchError(RestoreError):
+    """The snapshot does not fit the changelog (its offset is past the changelog's end)."""
 
 
 class SnapshotStoppedError(RestoreError):
@@ -110,12 +115,15 @@ class SnapshotLoader:
         store: PartitionStore,
         status: RestoreStatus,
         stop: threading.Event | None = None,
+        changelog_end: Callable[[], int] | None = None,
     ) -> SnapshotLoad | None:
         """Load the newest usable snapshot into ``store`` (open and empty); None when there is none
         or it cannot be used (steps 1-4). Raises :class:`SnapshotStoppedError` when ``stop`` is set.
 
         1. Find ``latest_covering(topic, partition, committed_offset=...)`` of this changelog topic,
-           with a source bound (none: return None, the caller replays the whole changelog).
+           with a source bound (none: return None, the caller replays the whole changelog). With
+           ``changelog_end`` (the changelog's true end now), a snapshot whose ``changelog_offset`` lies
+           past it belongs to an older incarnation of the topic (deleted and recreated): step 4.
         2. Write its items into the store in batches of ``batch_rows``, file by file (each file's size,
            SHA-256 and row count are verified before any of its rows is used), reporting progress in
            ``status`` (``snapshot_rows_loaded``; the remaining rows count in the restore lag).
@@ -143,6 +151,13 @@ class SnapshotLoader:
                     log.info("no usable snapshot of %s[%d] under %s", topic, partition, self.uri)
                     metrics.SNAPSHOT_RESTORES.labels(*labels, OUTCOME_NONE).inc()
                     return None
+                if changelog_end is not None:
+                    end = changelog_end()
+                    if part.changelog_offset > end:
+                        raise SnapshotMismatchError(
+                            f"snapshot {part.snapshot_id} resumes at changelog offset "
+                            f"{part.changelog_offset}, past the changelog's end {end} (topic recreated?)"
+                        )
                 # 2.
                 status.snapshot_id = part.snapshot_id
                 status.snapshot_rows = part.rows
