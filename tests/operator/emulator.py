@@ -15,8 +15,8 @@ Emulated here (kmock 0.8 lacks them; see /work/shared/FACTS.md):
 - custom resources whose CRD was loaded (:meth:`ApiServerEmulator.load_crd`): structural defaulting
   (``default`` values, recursively), pruning of unknown fields (honouring
   ``x-kubernetes-preserve-unknown-fields``), dropping of nulls in non-nullable fields, and
-  ``jsonschema`` validation of the result -> 422 ``Invalid``. CEL rules (``x-kubernetes-validations``)
-  are NOT evaluated;
+  ``jsonschema`` validation of the result (``nullable`` honoured) -> 422 ``Invalid``. CEL rules
+  (``x-kubernetes-validations``) are NOT evaluated;
 - list answers carry ``kind``/``apiVersion`` and core discovery says ``groupVersion: v1`` (kubectl
   needs both);
 - garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
@@ -52,11 +52,15 @@ _rv = itertools.count(1000)
 
 
 def _strip_x(schema: Any) -> Any:
-    """The CRD schema as plain JSON Schema (drop x-kubernetes-* keys and OpenAPI-only ``nullable``)."""
+    """The CRD schema as plain JSON Schema: drop x-kubernetes-* keys; OpenAPI's ``nullable: true``
+    becomes ``type: [T, "null"]``."""
     if isinstance(schema, dict):
-        return {
+        out = {
             k: _strip_x(v) for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"
         }
+        if schema.get("nullable") and isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]
+        return out
     if isinstance(schema, list):
         return [_strip_x(v) for v in schema]
     return schema
