@@ -19,7 +19,7 @@ from typing import Any
 from multilane.api import OrderingMode, ProcessorLoadError, load_processor
 from multilane.worker.config import ConfigError, EngineConfig
 
-__all__ = ["add_arguments", "build_config", "run"]
+__all__ = ["add_arguments", "build_config", "check_state_args", "run"]
 
 log = logging.getLogger("multilane.worker")
 
@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
     a("--worker-id", default=None)
     a("--state-dir", default=None, help="directory of the per-partition state stores (enables state)")
+    a("--snapshot-uri", default=None,
+      help="state snapshots (`multilane snapshot --uri`): full restores and learners start from the newest "
+           "usable one plus the changelog tail (needs --state-dir and pyarrow)")
+    a("--state-on-corrupt", choices=["fail", "skip"], default="fail",
+      help="a changelog record that does not decode fails the restore (default) or is logged and skipped")
+    a("--changelog-config", action="append", default=[], metavar="KEY=VALUE",
+      help="extra topic config of changelog topics created by the worker (repeatable)")
     a("--stall-threshold-s", type=float, default=60.0)
     a("--drain-timeout-s", type=float, default=30.0, help="shutdown: wait this long for in-flight records")
     a("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
@@ -70,12 +77,12 @@ def _parse_assign(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _parse_kv(items: list[str]) -> dict[str, str]:
+def _parse_kv(items: list[str], flag: str = "--consumer-config") -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
-            raise ConfigError(f"--consumer-config {item!r} must look like key=value")
+            raise ConfigError(f"{flag} {item!r} must look like key=value")
         out[k.strip()] = v
     return out
 
@@ -111,7 +118,27 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def check_state_args(args: argparse.Namespace) -> None:
+    """The state flags are consistent, and a snapshot URI can be read (pyarrow); ConfigError if not."""
+    if not args.state_dir:
+        flags = (("--snapshot-uri", args.snapshot_uri), ("--changelog-config", args.changelog_config),
+                 ("--state-on-corrupt", args.state_on_corrupt != "fail"))
+        given = [f for f, v in flags if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need(s) --state-dir")
+        return
+    _parse_kv(args.changelog_config, "--changelog-config")
+    if args.snapshot_uri:
+        from multilane.worker.state.snapshot import SnapshotSupportError, require_snapshot_support
+
+        try:
+            require_snapshot_support()
+        except SnapshotSupportError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
 def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+    """The state store (``StateManager``) named by --state-dir and the other state flags, or None."""
     if not args.state_dir:
         return None
     from multilane.worker.state.manager import StateManager
@@ -119,7 +146,9 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
     security = {k: v for k, v in cfg.consumer_overrides.items()
                 if k.startswith(("sasl.", "ssl.", "security."))}
     return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
-                        producer_config=security, consumer_config=security, admin_config=security)
+                        producer_config=security, consumer_config=security, admin_config=security,
+                        changelog_topic_config=_parse_kv(args.changelog_config, "--changelog-config"),
+                        on_corrupt=args.state_on_corrupt, snapshot_uri=args.snapshot_uri or None)
 
 
 async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None) -> int:
@@ -129,7 +158,8 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
     2. Start the control and metrics endpoints (they answer /healthz and status while starting).
     3. Start the engine (initial assignment or subscription).
     4. Print the ready line; wait for SIGTERM/SIGINT.
-    5. Stop the engine (drain, final commit), then the endpoints.
+    5. Stop the engine (drain, final commit), then the endpoints, then close the state store
+       (checkpoints learners, closes its Kafka clients).
     """
     from multilane.worker.control import ControlServer
     from multilane.worker.engine import Engine
@@ -137,7 +167,8 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
 
     loop = asyncio.get_running_loop()
     # 1. engine
-    engine = Engine(cfg, processor, _state_hooks(args, cfg))
+    hooks = _state_hooks(args, cfg)
+    engine = Engine(cfg, processor, hooks)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, engine.request_stop)
     # 2. endpoints
@@ -160,11 +191,15 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
         log.info("stop requested: draining")
     finally:
         # 5. stop
-        await engine.stop()
-        if control is not None:
-            await control.stop()
-        if metrics is not None:
-            await metrics.stop()
+        try:
+            await engine.stop()
+            if control is not None:
+                await control.stop()
+            if metrics is not None:
+                await metrics.stop()
+        finally:
+            if hooks is not None:
+                await asyncio.to_thread(hooks.close)
     return 0
 
 
@@ -173,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = build_config(args)
+        check_state_args(args)
         processor = load_processor(args.processor)
         token: str | None = None
         if args.control_port:
