@@ -87,8 +87,6 @@ class HandoffControl(WorkerControl, Protocol):
 
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None: ...
 
-    async def resume(self, base_url: str) -> bool: ...
-
 
 class HandoffControlClient(WorkerControlClient):
     """:class:`WorkerControlClient` plus ``/v1/learn`` and ``/v1/drop`` (HTTP I/O)."""
@@ -241,7 +239,12 @@ class HandoffExecutor:
             result.assignment = done.state
             result.blocked = done.blocked
             return result
-        # 3. Place unowned partitions.
+        # 3. Place unowned partitions (pending moves whose source died become placements).
+        if rollout is not None:
+            kept = self._drop_orphaned_pending(rollout, obs)
+            if kept != rollout:
+                rollout = kept
+                await self.persist(assignment, rollout)
         assignment = await self._place(assignment, rollout, by_name, obs, partitions, receivers, result)
         # 4. Plan a rollout when none runs.
         if rollout is None or rollout.finished:
@@ -302,8 +305,12 @@ class HandoffExecutor:
     ) -> AssignmentState:
         moving = set()
         if rollout is not None:
+            # The rollout owns every move under way (a learning move whose source died is promoted
+            # by it: its target is already warm); only partitions outside them are placed here.
             moving = {
-                m.partition for m in rollout.moves if m.phase in (MovePhase.RELEASING, MovePhase.PROMOTING)
+                m.partition
+                for m in rollout.moves
+                if m.phase in (MovePhase.LEARNING, MovePhase.RELEASING, MovePhase.PROMOTING)
             }
         alive = {w for w, o in obs.items() if o.alive}
         owned = {p for w, ps in assignment.members.items() if w in alive for p in ps}
@@ -331,7 +338,6 @@ class HandoffExecutor:
                 result.blocked = f"{w}: {exc}"
                 log.warning("placing %s on %s: %s", ps, w, exc)
                 continue
-            await self._unpause(by_name[w])
             result.events.append(("Normal", "Placed", f"{', '.join(ps)} -> {w} (no live owner)"))
         return assignment
 
@@ -389,7 +395,8 @@ class HandoffExecutor:
                 self._learn_started.setdefault(a.partition, time.monotonic())
                 try:
                     await self.control.learn(by_name[a.worker].control_url, [a.partition])
-                except WorkerUnreachableError as exc:
+                except (WorkerUnreachableError, WorkerFencedError) as exc:
+                    # 409: the worker refuses (e.g. it processes P already); the rollout sees its state
                     log.warning("learn %s on %s: %s", a.partition, a.worker, exc)
             elif a.kind is ActionKind.RELEASE:
                 assignment = await self._release(a, assignment, rollout, by_name, result)
@@ -398,7 +405,7 @@ class HandoffExecutor:
             elif a.kind is ActionKind.DROP_LEARNER:
                 try:
                     await self.control.drop(by_name[a.worker].control_url, [a.partition])
-                except (WorkerUnreachableError, KeyError) as exc:
+                except (WorkerUnreachableError, WorkerFencedError, KeyError) as exc:
                     log.warning("drop %s on %s: %s", a.partition, a.worker, exc)
             elif a.kind is ActionKind.REMOVE_WORKERS:
                 result.remove_to = replicas
@@ -436,6 +443,16 @@ class HandoffExecutor:
                 )
         return assignment
 
+    def _drop_orphaned_pending(self, rollout: Rollout, obs: Mapping[str, WorkerObservation]) -> Rollout:
+        """Abandon pending moves whose source is known dead: the partition has no owner, so it is
+        placed at once instead of waiting for a warm-up slot. Pure."""
+        moves = list(rollout.moves)
+        for i, m in enumerate(moves):
+            source = obs.get(m.source) if m.source is not None else None
+            if m.phase is MovePhase.PENDING and (source is None or not source.alive):
+                moves[i] = m.advance(MovePhase.ABANDONED, self.clock())
+        return replace(rollout, moves=tuple(moves)) if moves != list(rollout.moves) else rollout
+
     async def _drop_ineligible(
         self,
         rollout: Rollout,
@@ -463,22 +480,11 @@ class HandoffExecutor:
                 if m.phase is MovePhase.LEARNING and target is not None and target.alive:
                     try:
                         await self.control.drop(target.control_url, [m.partition])
-                    except WorkerUnreachableError as exc:
+                    except (WorkerUnreachableError, WorkerFencedError) as exc:
                         log.info("drop %s on %s: %s", m.partition, m.target, exc)
         if not changed:
             return rollout
         return replace(rollout, moves=tuple(moves))
-
-    async def _unpause(self, worker: WorkerInfo) -> None:
-        """Work around the engine keeping a partition paused when it gets back one it released before
-        (librdkafka keeps a partition's pause across ``incremental_unassign``/``incremental_assign``):
-        ``/v1/resume`` resumes every active partition not held by back-pressure. The operator never
-        pauses workers through ``/v1/pause``, so this changes nothing else. Remove once the engine
-        resumes partitions it assigns."""
-        try:
-            await self.control.resume(worker.control_url)
-        except WorkerUnreachableError as exc:
-            log.warning("resume on %s: %s", worker.name, exc)
 
     async def _release(
         self,
@@ -552,7 +558,6 @@ class HandoffExecutor:
             return assignment
         self._call_s[("promote", a.partition)] = round(time.monotonic() - t0, 3)
         self._wall[("promoted", a.partition)] = time.time()
-        await self._unpause(target)
         self._pause_end[a.partition] = time.monotonic()
         for key in [k for k in self._released if k[1] == a.partition]:
             del self._released[key]

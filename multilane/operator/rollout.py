@@ -268,6 +268,9 @@ class RolloutCoordinator:
         source_gone = move.source is None or source is None or not source.alive
         if target is None or not target.alive:
             return self._target_lost(move, source_gone, now, actions)
+        if move.phase is MovePhase.LEARNING and move.partition in target.active:
+            # the target processes P already (placed there after its source died): nothing to hand off
+            return move.advance(MovePhase.DONE, now)
         if move.phase is MovePhase.LEARNING:
             lag = target.learner_lag.get(move.partition)
             caught_up = lag is not None and lag <= self.acceptable_recovery_lag

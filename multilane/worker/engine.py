@@ -554,6 +554,7 @@ class Engine:
             TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
             else TopicPartition(rt.topic, rt.partition) for rt in runtimes
         ])
+        self._resume_assigned(runtimes, self._consumer)
         log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
 
     async def _open_states(self, items: list[tuple[TopicPartitionId, int | None,
@@ -587,6 +588,18 @@ class Engine:
             self.hooks.close_partition(tp[0], tp[1], clean)
         except Exception:
             log.exception("close_partition failed for %s/%d", tp[0], tp[1])
+
+    @staticmethod
+    def _resume_assigned(runtimes: list[PartitionRuntime], consumer: Any) -> None:
+        """Clear a pause left from an earlier ownership: librdkafka keeps a partition's pause across
+        ``incremental_unassign``/``incremental_assign``, so a partition released (paused) and later
+        given back to this process would never be fetched again. User-paused ones stay paused."""
+        tps = [TopicPartition(rt.topic, rt.partition) for rt in runtimes if not rt.user_paused]
+        if tps:
+            try:
+                consumer.resume(tps)
+            except KafkaException as exc:
+                log.warning("resume of newly assigned partitions failed: %s", exc)
 
     def _activate(self, rt: PartitionRuntime) -> None:
         topics = self.config.topics
@@ -751,6 +764,7 @@ class Engine:
             TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
             else TopicPartition(rt.topic, rt.partition) for rt in runtimes
         ])
+        self._resume_assigned(runtimes, consumer)
         log.info("group assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
