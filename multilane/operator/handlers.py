@@ -144,6 +144,7 @@ class OperatorHandlers:
         self._locks: dict[str, asyncio.Lock] = {}
         self._sources: dict[str, tuple[Any, MetricSource]] = {}
         self._controls: dict[str, tuple[str, WorkerControl]] = {}
+        self._last_errors: dict[str, str] = {}  # uid -> last control-loop error (Events only on change)
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 
@@ -439,9 +440,17 @@ class OperatorHandlers:
             except KubeError as exc:
                 self.metrics.errors.labels("kubernetes").inc()
                 log.warning("%s/%s: Kubernetes API error in control loop: %s", ref.namespace, ref.name, exc)
-            except Exception:
+                if self._last_errors.get(ref.uid) != str(exc):  # one Event per distinct error
+                    self._last_errors[ref.uid] = str(exc)
+                    _event(fresh, EventRecord("Warning", "ControlLoopError", f"Kubernetes API: {exc}"))
+            except Exception as exc:
                 self.metrics.errors.labels("internal").inc()
                 log.exception("%s/%s: control loop failed; retrying next tick", ref.namespace, ref.name)
+                if self._last_errors.get(ref.uid) != repr(exc):
+                    self._last_errors[ref.uid] = repr(exc)
+                    _event(fresh, EventRecord("Warning", "ControlLoopError", f"internal error: {exc!r}"))
+            else:
+                self._last_errors.pop(ref.uid, None)
             finally:
                 log.debug("%s/%s: pass took %.2fs", ref.namespace, ref.name, time.monotonic() - started)
 
