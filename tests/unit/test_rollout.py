@@ -175,3 +175,35 @@ def test_rollout_always_completes_and_never_double_owns(
             break
     assert r.finished
     assert {p: w for w in "abc" for p in active[w]} == tgt
+
+
+def test_learn_is_resent_when_the_target_does_not_report_it() -> None:
+    coord = RolloutCoordinator(acceptable_recovery_lag=10)
+    r = coord.start(1, {"t/0": "a"}, {"t/0": "b"}, now=0.0)
+    r, acts = coord.step(r, {"a": obs("a", active={"t/0"}), "b": obs("b")}, 1.0)
+    assert kinds(acts) == [("learn", "b", "t/0")]
+    # the target restarted (or the call was lost): it reports no learner for t/0 -> LEARN again
+    r, acts = coord.step(r, {"a": obs("a", active={"t/0"}), "b": obs("b")}, 2.0)
+    assert kinds(acts) == [("learn", "b", "t/0")]
+    # while it reports the learner (even without a lag yet) nothing is re-sent
+    r, acts = coord.step(r, {"a": obs("a", active={"t/0"}), "b": obs("b", lag={"t/0": None})}, 3.0)
+    assert acts == []
+
+
+def test_learning_move_is_done_when_the_target_already_processes_the_partition() -> None:
+    coord = RolloutCoordinator(acceptable_recovery_lag=10)
+    r = coord.start(1, {"t/0": "a"}, {"t/0": "b"}, now=0.0)
+    r, _ = coord.step(r, {"a": obs("a", active={"t/0"}), "b": obs("b")}, 1.0)
+    r, acts = coord.step(r, {"a": obs("a", alive=False), "b": obs("b", active={"t/0"})}, 2.0)
+    assert acts == [] and r.phases() == {"t/0": "done"} and r.finished
+
+
+def test_release_known_without_offset_still_promotes() -> None:
+    coord = RolloutCoordinator(acceptable_recovery_lag=10)
+    r = coord.start(1, {"t/0": "a"}, {"t/0": "b"}, now=0.0)
+    r, _ = coord.step(r, {"a": obs("a", active={"t/0"}), "b": obs("b")}, 1.0)
+    r, acts = coord.step(r, {"a": obs("a", active={"t/0"}), "b": obs("b", lag={"t/0": 0})}, 2.0)
+    assert kinds(acts) == [("release", "a", "t/0")]
+    a = WorkerObservation(name="a", alive=True, released={"t/0": None})
+    r, acts = coord.step(r, {"a": a, "b": obs("b", lag={"t/0": 0})}, 3.0)
+    assert [(x.kind, x.final_offset) for x in acts] == [(ActionKind.PROMOTE, None)]
