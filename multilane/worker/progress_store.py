@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from multilane.worker.progress import (
@@ -166,9 +166,11 @@ class ProgressStore:
         """The newest progress value for ``topic/partition`` in the progress topic (blocking).
 
         1. Read the partition's watermarks; empty -> None.
-        2. Consume from the low watermark. The reported high watermark may be low by up to one
-           producer batch on some brokers, so keep reading until it is passed *and* the broker has
-           been quiet for ``quiet_s`` (or the deadline passes).
+        2. Consume from the low watermark until the end-of-partition event: it comes when the read
+           position reaches the high watermark carried in a fetch response, which is exact even on
+           brokers whose watermark API under-reports the end by up to one producer batch. Without
+           that event, read until the reported high watermark is passed *and* the broker has been
+           quiet for ``quiet_s`` (or the deadline passes).
         3. Keep the last value whose key matches.
         """
         key = progress_key(topic, partition)
@@ -177,7 +179,7 @@ class ProgressStore:
             "bootstrap.servers": self._bootstrap,
             "group.id": f"{self._group}.progress-reader",
             "enable.auto.commit": False,
-            "enable.partition.eof": False,
+            "enable.partition.eof": True,
             "fetch.wait.max.ms": 50,
             **self._client_config,
         })
@@ -199,8 +201,11 @@ class ProgressStore:
                         break
                     continue
                 quiet_since = time.monotonic()
+                at_end = False
                 for m in msgs:
-                    if m.error() is not None:
+                    err = m.error()
+                    if err is not None:
+                        at_end = at_end or err.code() == KafkaError._PARTITION_EOF
                         continue
                     off = m.offset()
                     if off is not None:
@@ -208,6 +213,8 @@ class ProgressStore:
                     # 3. newest for our key
                     if m.key() == key:
                         newest = m.value()
+                if at_end:
+                    break
             else:
                 log.warning("reading progress for %s/%d timed out; using what was read", topic, partition)
             return newest
