@@ -174,6 +174,7 @@ class ControlServer:
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
+        await self.engine.refresh_learners()  # learner figures read off the loop, fresh
         return web.json_response(self.engine.status())  # with state hooks: "learners" too
 
     async def _assignment(self, request: web.Request) -> web.Response:

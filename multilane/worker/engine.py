@@ -100,6 +100,11 @@ class Engine:
         # Partitions whose state is being opened (restore or promotion) before they join ``_parts``.
         # Invariant: disjoint from ``_parts``; an entry lives exactly while its open_partition runs.
         self._opening: set[TopicPartitionId] = set()
+        # The state hooks' learner_status() as last read on an I/O thread (never on the loop: the
+        # hooks may hold their lock during network calls). Refreshed by the housekeeping loop and by
+        # refresh_learners(); read by status().
+        self._learners: list[dict[str, Any]] = []
+        self._learners_refresh: asyncio.Task[None] | None = None  # the housekeeping loop's, if running
         # Reopens scheduled after a StateDurabilityError (at most one task per partition at a time).
         self._reopens: dict[TopicPartitionId, asyncio.Task[None]] = {}
         # Partitions a reopen released and has not added back yet (its add failed and is retried).
@@ -117,6 +122,8 @@ class Engine:
         self._is_async = is_async_processor(processor)
         self._proc_pool: ThreadPoolExecutor | None = None
         self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="multilane-io")
+        # learner_status() reads only: its own thread, so restores filling _io_pool never delay status
+        self._status_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="multilane-status")
         self._consumer: Any = None
         self._producer: Any = None
         self._store: ProgressStore | None = None
@@ -287,6 +294,7 @@ class Engine:
         if self._proc_pool is not None:
             self._proc_pool.shutdown(wait=False, cancel_futures=True)
         self._io_pool.shutdown(wait=False, cancel_futures=True)
+        self._status_pool.shutdown(wait=False, cancel_futures=True)
         log.info("engine %s stopped", self.config.worker_id)
 
     # ------------------------------------------------------------------------------------------------
@@ -436,10 +444,11 @@ class Engine:
         ``restore_lag`` comes from the state hooks' ``learner_status()``. ``learners``: every
         partition the state hooks know (restoring, learning, promoting, active, failed) with its
         restore progress; learners of partitions this engine does not own appear only there (the
-        operator counts every ``partitions`` entry as owned).
+        operator counts every ``partitions`` entry as owned). The learner figures are those of the
+        last :meth:`refresh_learners` (the housekeeping loop refreshes them every half second).
         """
         parts = sorted(self._parts.values(), key=lambda p: (p.topic, p.partition))
-        learners = self._learner_status()
+        learners = self._learners
         by_tp = {(str(e.get("topic")), int(e.get("partition", -1))): e for e in learners}
         entries = []
         for p in parts:
@@ -477,8 +486,14 @@ class Engine:
             out["learners"] = learners
         return out
 
+    async def refresh_learners(self) -> None:
+        """Re-read the state hooks' ``learner_status()`` on an I/O thread (for :meth:`status`)."""
+        if self.hooks is not None and not self._stopping:
+            self._learners = await asyncio.get_running_loop().run_in_executor(
+                self._status_pool, self._learner_status)
+
     def _learner_status(self) -> list[dict[str, Any]]:
-        """The state hooks' ``learner_status()`` ([] without hooks or when it fails)."""
+        """The state hooks' ``learner_status()`` ([] without hooks or when it fails; blocking)."""
         fn = getattr(self.hooks, "learner_status", None) if self.hooks is not None else None
         if fn is None:
             return []
@@ -833,6 +848,11 @@ class Engine:
             self._watchdog.scan([s for p in self._parts.values() for s in p.lanes.slots()], now)
             self._update_watermarks()
             self._update_rate(now)
+            # learner figures: in the background (the hooks' lock may be held by a learn() for a
+            # while; commits must not wait for it)
+            task = self._learners_refresh
+            if self.hooks is not None and (task is None or task.done()):
+                self._learners_refresh = asyncio.get_running_loop().create_task(self.refresh_learners())
             if now >= next_commit:
                 next_commit = now + interval
                 active = [p for p in self._parts.values() if p.phase == Phase.ACTIVE]
