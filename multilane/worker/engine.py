@@ -95,6 +95,10 @@ class Engine:
         self.processor = processor
         self.hooks = hooks
         self.generation = 0
+        # Not None while fenced (:meth:`fence`): the generation held when the lease was lost. Invariant:
+        # while set, nothing is fetched, processed or committed, and only an assignment with a higher
+        # generation is accepted (it clears it).
+        self._fenced_at: int | None = None
         self._factor = config.factor
         self._parts: dict[TopicPartitionId, PartitionRuntime] = {}
         # Partitions whose state is being opened (restore or promotion) before they join ``_parts``.
@@ -305,8 +309,10 @@ class Engine:
                      release_deadline_s: float = 30.0) -> list[ReleasedPartition]:
         """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``.
 
-        1. Refuse (FencingError) a generation below the current one; adopt the new generation.
-        2. Release partitions no longer wanted (drain up to the deadline, final commit).
+        1. Refuse (FencingError) a generation below the current one, or, while fenced
+           (:meth:`fence`), one not above the generation held when fenced; adopt the new generation.
+        2. Release partitions no longer wanted (drain up to the deadline, final commit). After a
+           fence: drop every fenced partition without committing, then lift the fence.
         3. Add new partitions at their committed offset, skipping what their progress says is done.
         """
         if not self.config.operator_mode:
@@ -318,9 +324,19 @@ class Engine:
             if generation < self.generation:
                 raise FencingError(f"assignment generation {generation} is older than current "
                                    f"generation {self.generation}")
+            if self._fenced_at is not None and generation <= self._fenced_at:
+                raise FencingError(f"fenced (lease lost) at generation {self._fenced_at}: waiting for "
+                                   f"a higher generation than {generation}")
             self.generation = generation
             self._reopen_pending.clear()  # this assignment decides every partition
-            # 2. release
+            # 2. release (fenced partitions: dropped uncommitted, re-added fresh if still wanted)
+            if self._fenced_at is not None:
+                fenced = [p for p in self._parts.values() if p.phase == Phase.FENCED]
+                await self._release_parts(fenced, 0.0, unassign=True, commit=False)
+                self._fenced_at = None
+                assert self._commits is not None
+                self._commits.fenced = False
+                log.info("fence lifted by generation %d", generation)
             gone = [p for tp, p in self._parts.items() if tp not in wanted]
             released = await self._release_parts(gone, release_deadline_s, unassign=True)
             # 3. add
@@ -348,7 +364,8 @@ class Engine:
             raise EngineError(f"factor must be an int in [1, 65536], got {factor!r}")
         async with self._control_lock:
             self._factor = factor
-            await asyncio.gather(*(p.lanes.resize(factor) for p in list(self._parts.values())))
+            await asyncio.gather(*(p.lanes.resize(factor) for p in list(self._parts.values())
+                                   if p.phase != Phase.FENCED))
         return factor
 
     def pause(self) -> bool:
@@ -369,6 +386,48 @@ class Engine:
             if not p.flow_counters.paused and p.phase == Phase.ACTIVE:
                 self._fetcher().resume_fetch(p)
         return False
+
+    @property
+    def fenced(self) -> bool:
+        """True between :meth:`fence` and the next accepted assignment."""
+        return self._fenced_at is not None
+
+    def fence(self) -> None:
+        """Stop processing and committing at once: the worker's Lease was lost (``LeaseKeeper``'s
+        ``on_lost``), so the operator may hand its partitions to another worker (steps 1-4).
+        Synchronous, on the loop thread, without awaiting; idempotent; operator mode only.
+
+        1. Commits stop: the commit cycle sends no further commit request (also one already running),
+           and no release or stop commits a fenced partition.
+        2. Every owned partition goes to phase ``fenced``: its fetching is paused, and messages
+           already fetched for it are ignored by the fetch loop.
+        3. Its lanes are closed: queued records are dropped, running async records cancelled, a
+           thread-pool batch stops after its current record; outcomes arriving later are ignored.
+        4. :meth:`assign` refuses every generation up to the current one; an assignment with a higher
+           generation drops the fenced partitions without committing and adds the wanted ones from
+           their committed offsets (the next owner may have committed meanwhile). Until then the
+           reopen of a partition whose state lost a change does not run.
+        """
+        if not self.config.operator_mode:
+            raise EngineError("fence() is for operator mode (the Lease belongs to the operator)")
+        if self._fenced_at is not None:
+            return
+        # 1. no more commits
+        self._fenced_at = self.generation
+        if self._commits is not None:
+            self._commits.fenced = True
+        # 2. stop fetching
+        parts = list(self._parts.values())
+        for p in parts:
+            p.phase = Phase.FENCED
+        if self._fetch is not None:
+            self._fetch.pause_fetch(parts)
+        # 3. stop processing
+        for p in parts:
+            p.close()
+        # 4. (assign) wait for a higher generation
+        log.error("fenced at generation %d: stopped processing and committing %s", self.generation,
+                  [(p.topic, p.partition) for p in parts])
 
     # -- learner calls (state hooks; docs/state.md, "Learner protocol") ---------------------------------
 
@@ -470,6 +529,7 @@ class Engine:
             "factor": self._factor,
             "mode": self.config.ordering.value,
             "paused": self.user_paused,
+            "fenced": self._fenced_at is not None,
             "partitions": entries,
             "processed_total": self.processed_total(),
             "processing_rate": round(self.processing_rate, 3),
@@ -690,6 +750,7 @@ class Engine:
         """
         if not parts:
             return []
+        commit = commit and self._fenced_at is None  # a fenced worker never commits
         # 1. stop fetching
         for p in parts:
             p.phase = Phase.RELEASING
@@ -729,6 +790,7 @@ class Engine:
         # 5. state hooks
         if self.hooks is not None:
             for p in parts:
+                clean[id(p)] = clean[id(p)] and _fully_committed(p)
                 await self._run_io(self.hooks.close_partition, p.topic, p.partition, clean[id(p)])
         # 6. unassign and forget
         if unassign:
@@ -813,7 +875,7 @@ class Engine:
             log.warning("commit on revoke failed: %s", exc)
             clean = dict.fromkeys(clean, False)
         for p in parts:
-            self._close_state_quietly((p.topic, p.partition), clean[id(p)])
+            self._close_state_quietly((p.topic, p.partition), clean[id(p)] and _fully_committed(p))
             self._parts.pop((p.topic, p.partition), None)
             self._released_total += p.processed
         log.info("group revoked %s", [(p.topic, p.partition, p.committed) for p in parts])
@@ -892,7 +954,7 @@ class Engine:
         delay = 0.5
         async with self._control_lock:
             # 1.
-            if self._stopped or self._parts.get(tp) is not part:
+            if self._stopped or self._fenced_at is not None or self._parts.get(tp) is not part:
                 return
             log.warning("reopening %s/%d: its state changes are not durable; records after the last "
                         "commit will be processed again", tp[0], tp[1])
@@ -906,7 +968,7 @@ class Engine:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
             async with self._control_lock:
-                if self._stopped or tp not in self._reopen_pending:
+                if self._stopped or self._fenced_at is not None or tp not in self._reopen_pending:
                     return
                 if await self._try_reopen_add(tp, delay):
                     return
@@ -963,6 +1025,13 @@ class Engine:
         """Create a dead-letter topic if it does not exist (blocking, short timeout)."""
         cfg = self.config
         ensure_topic(cfg.bootstrap_servers, topic, security_config(cfg.consumer_overrides))
+
+
+def _fully_committed(part: PartitionRuntime) -> bool:
+    """True when the broker confirmed a commit of everything committable (the partition-level result
+    of a synchronous commit can fail without an exception), or nothing was ever committable."""
+    c = part.tracker.committable()
+    return c is None or c == part.committed
 
 
 def _normalise(partitions: Iterable[Any]) -> list[TopicPartitionId]:
