@@ -14,12 +14,15 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from multilane.api import OrderingMode, ProcessorLoadError, load_processor
 from multilane.worker.config import ConfigError, EngineConfig
+from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
-__all__ = ["add_arguments", "build_config", "check_state_args", "run"]
+__all__ = ["add_arguments", "build_config", "check_state_args", "lease_settings", "run",
+           "start_lease_keeper"]
 
 log = logging.getLogger("multilane.worker")
 
@@ -55,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--drain-timeout-s", type=float, default=30.0, help="shutdown: wait this long for in-flight records")
     a("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting (repeatable)")
+    a("--lease", choices=["auto", "on", "off"], default="auto",
+      help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' (default) "
+           "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
     a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"))
 
 
@@ -137,6 +143,55 @@ def check_state_args(args: argparse.Namespace) -> None:
             raise ConfigError(str(exc)) from exc
 
 
+LEASE_ENV = ("KUBERNETES_SERVICE_HOST", "MULTILANE_POD_NAME", "MULTILANE_POD_NAMESPACE")
+
+
+def lease_settings(args: argparse.Namespace,
+                   environ: Mapping[str, str] | None = None) -> LeaseSettings | None:
+    """The Lease this worker must renew (``--lease``), or None; ConfigError when it cannot be.
+
+    ``auto``: in operator mode when every variable of :data:`LEASE_ENV` is set (the StatefulSet sets
+    them); ``on``: required (operator mode and the variables); ``off``: never.
+    """
+    env = os.environ if environ is None else environ
+    if args.lease == "off":
+        return None
+    missing = [k for k in LEASE_ENV if not env.get(k)]
+    if args.lease == "auto" and (args.assign is None or missing):
+        return None
+    if args.assign is None:
+        raise ConfigError("--lease on needs operator mode (--assign)")
+    if missing:
+        raise ConfigError(f"--lease on: {', '.join(missing)} not set (the operator's StatefulSet sets them)")
+    try:
+        return LeaseSettings.from_environment()
+    except (OSError, KeyError, ValueError) as exc:
+        raise ConfigError(f"lease settings: {exc}") from exc
+
+
+def start_lease_keeper(engine: Any, settings: LeaseSettings) -> LeaseKeeper:
+    """Renew the Lease on the running loop; fence the engine when it cannot (steps 1-3).
+
+    1. ``on_lost`` (no renewal for ``lease_duration - stop_margin`` seconds) calls ``engine.fence()``:
+       processing and committing stop at once, before the operator may consider the worker dead.
+    2. ``on_renewed`` only logs: the engine stays fenced until the operator pushes an assignment with
+       a higher generation (its partitions may have moved meanwhile).
+    3. The keeper keeps trying to renew until stopped (``await keeper.stop()``).
+    """
+    def renewed() -> None:
+        # 2. stay fenced
+        log.warning("lease %s renewed again; waiting for an assignment with a higher generation",
+                    settings.name)
+
+    # 1. fence on loss
+    keeper = LeaseKeeper(settings, on_lost=engine.fence, on_renewed=renewed)
+    # 3. renew
+    keeper.start()
+    log.info("renewing lease %s/%s every %.1fs (stop after %.1fs without renewal)", settings.namespace,
+             settings.name, settings.renew_interval_s, settings.lease_duration_s - settings.stop_margin_s)
+    return keeper
+
+
 def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
     """The state store (``StateManager``) named by --state-dir and the other state flags, or None."""
     if not args.state_dir:
@@ -151,15 +206,17 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
                         on_corrupt=args.state_on_corrupt, snapshot_uri=args.snapshot_uri or None)
 
 
-async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None) -> int:
+async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
+                 lease: LeaseSettings | None = None) -> int:
     """Run until a signal (steps 1-5).
 
     1. Build the engine (and the state hooks with --state-dir).
     2. Start the control and metrics endpoints (they answer /healthz and status while starting).
-    3. Start the engine (initial assignment or subscription).
+    3. Start the engine (initial assignment or subscription); then, with a Lease, the keeper that
+       fences the engine when the Lease cannot be renewed (:func:`start_lease_keeper`).
     4. Print the ready line; wait for SIGTERM/SIGINT.
-    5. Stop the engine (drain, final commit), then the endpoints, then close the state store
-       (checkpoints learners, closes its Kafka clients).
+    5. Stop the lease keeper, the engine (drain, final commit unless fenced), then the endpoints,
+       then close the state store (checkpoints learners, closes its Kafka clients).
     """
     from multilane.worker.control import ControlServer
     from multilane.worker.engine import Engine
@@ -173,6 +230,7 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
         loop.add_signal_handler(sig, engine.request_stop)
     # 2. endpoints
     control = metrics = None
+    keeper: LeaseKeeper | None = None
     control_port = metrics_port = 0
     if args.control_port:
         assert token is not None
@@ -182,8 +240,10 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
         metrics = MetricsServer(engine.metrics, port=args.metrics_port)
         metrics_port = await metrics.start()
     try:
-        # 3. engine
+        # 3. engine, lease
         await engine.start()
+        if lease is not None:
+            keeper = start_lease_keeper(engine, lease)
         # 4. ready
         print(f"multilane-worker ready worker_id={cfg.worker_id} control_port={control_port} "
               f"metrics_port={metrics_port}", flush=True)
@@ -192,6 +252,8 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
     finally:
         # 5. stop
         try:
+            if keeper is not None:
+                await keeper.stop()
             await engine.stop()
             if control is not None:
                 await control.stop()
@@ -209,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = build_config(args)
         check_state_args(args)
+        lease = lease_settings(args)
         processor = load_processor(args.processor)
         token: str | None = None
         if args.control_port:
@@ -222,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"multilane worker: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(args, cfg, processor, token))
+        return asyncio.run(_serve(args, cfg, processor, token, lease))
     except KeyboardInterrupt:
         return 0
     except Exception:

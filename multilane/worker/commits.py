@@ -51,6 +51,9 @@ class CommitCycle:
         self._progress_timeout_s = progress_timeout_s
         self.last_progress_bytes = 0
         self.commit_errors = 0
+        # Set by ``Engine.fence()`` (lease lost): while True no commit request is sent, not even by a
+        # cycle that was already running when it was set (checked right before each commit).
+        self.fenced = False
 
     async def run(self, parts: Sequence[PartitionRuntime], *,
                   final: bool = False) -> list[PartitionRuntime]:
@@ -67,6 +70,8 @@ class CommitCycle:
            when ``final``.
         """
         loop = asyncio.get_running_loop()
+        if self.fenced:
+            return []  # no progress record and no commit while fenced
         # 1. snapshot
         batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
         for part in parts:
@@ -110,7 +115,10 @@ class CommitCycle:
                 except (KafkaException, TimeoutError) as exc:
                     log.warning("progress record for %s/%d not written (%s); committing without it",
                                 part.topic, part.partition, exc)
-        # 4. commit
+        # 4. commit (never while fenced: the partitions may already belong to another worker)
+        if self.fenced:
+            log.warning("fenced: not committing %s", [(p.topic, p.partition) for p, _, _ in batch])
+            return lost
         offsets = []
         for part, c, encoded in batch:
             meta = ProgressStore.metadata_for(encoded) if encoded is not None else None
@@ -176,7 +184,10 @@ class CommitCycle:
             for f in futs:
                 if not f.done() or f.exception() is not None:
                     log.warning("progress record not written before revoke commit; committing without it")
-        # 4. commit
+        # 4. commit (never while fenced)
+        if self.fenced:
+            log.warning("fenced: not committing %s", [(p.topic, p.partition) for p, _, _ in batch])
+            return lost
         offsets = []
         for part, c, enc in batch:
             meta = ProgressStore.metadata_for(enc) if enc is not None else None

@@ -31,6 +31,9 @@ class Phase:
     LEARNING = "learning"
     PROMOTING = "promoting"
     STARTING = "starting"
+    # Lease lost (``Engine.fence``): lanes closed, fetch paused, never committed again; only an
+    # assignment with a higher generation replaces the partition (with a fresh runtime).
+    FENCED = "fenced"
 
 
 _KEY_CACHE_MAX = 200_000

@@ -1,0 +1,181 @@
+"""Worker side of fencing: a worker that cannot renew its Lease stops processing and committing at
+once, and resumes only with an assignment of a higher generation.
+
+Emulated: the API server (tests/operator/emulator.py), which is made to fail the worker's Lease
+calls. Real: the embedded Kafka broker, the engine, ``LeaseKeeper`` and the CLI's wiring of the two
+(``multilane.worker.cli.start_lease_keeper``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import kmock
+import pytest
+
+from multilane.operator.children import ConsumerRef, lease_manifest
+from multilane.operator.kube import KubeClient, api_path
+from multilane.testing.broker import EmbeddedBroker
+from multilane.testing.checkers import assert_all, check_delivery
+from multilane.testing.processors import EventRecorder, ProcessorConfig
+from multilane.worker.cli import lease_settings, start_lease_keeper
+from multilane.worker.config import ConfigError
+from multilane.worker.engine import Engine, FencingError
+from multilane.worker.lease import LeaseSettings
+from tests.integration.test_engine_harness import committed_offset, config, produce
+from tests.operator.conftest import NS
+from tests.operator.doubles import wait_for
+from tests.operator.emulator import ApiServerEmulator
+
+REF = ConsumerRef(name="app", namespace=NS, uid="uid-1")
+N = 3000
+
+
+class CommitSpy:
+    """Stands in for the engine's consumer inside its commit cycle: records when commits are sent."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self.commits: list[float] = []  # time.monotonic() of each commit request
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self.commits.append(time.monotonic())
+        return self._consumer.commit(*args, **kwargs)
+
+
+@pytest.mark.broker
+@pytest.mark.asyncio(loop_scope="function")
+async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation(
+    api: tuple[ApiServerEmulator, str], kube: KubeClient, broker: EmbeddedBroker, topic_name: str
+) -> None:
+    emu, url = api
+    await kube.create(api_path("coordination.k8s.io/v1", "leases", NS), lease_manifest(REF, "app-0"))
+    await asyncio.to_thread(broker.create_topic, topic_name, 1)
+    produced = await asyncio.to_thread(produce, broker, topic_name, N, 50)
+    group = f"g-{topic_name}"
+    # Periodic commits only after an hour: every commit in this test is a release's final commit, so
+    # a fenced worker that committed on release would show up in the committed offset.
+    cfg = config(broker, topic_name, group, partitions=[0], factor=4, commit_interval_ms=3_600_000)
+    rec = EventRecorder(ProcessorConfig(sleep_s=0.004))
+    engine = Engine(cfg, rec.async_processor)
+    await engine.start()
+    assert engine._commits is not None
+    spy = CommitSpy(engine._commits._consumer)
+    engine._commits._consumer = spy
+    keeper = start_lease_keeper(engine, LeaseSettings(
+        api_url=url, namespace=NS, name="app-0", holder="app-0",
+        lease_duration_s=3.0, stop_margin_s=1.0, renew_interval_s=0.3))
+    api_down = False
+
+    def fail_leases(request: Any) -> Any:
+        if api_down and request.name == "app-0" and request.resource is not None \
+                and request.resource.group == "coordination.k8s.io":
+            raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="test: API down")
+        raise NotImplementedError  # fall through to the emulator
+
+    emu["get"] << fail_leases
+    try:
+        await wait_for(lambda: keeper.renewals >= 2, what="lease renewed")
+        await wait_for(lambda: len({e.offset for e in rec.snapshot() if e.kind == "end"}) >= 300,
+                       what="300 records processed")
+
+        # 1. The worker cannot renew: fenced before the Lease expires.
+        api_down = True
+        await wait_for(lambda: engine.fenced, timeout=20, what="fenced")
+        fenced_at = time.time()
+        assert keeper.lost
+        status = engine.status()
+        assert status["fenced"] is True and status["generation"] == 0
+        assert [p["phase"] for p in status["partitions"]] == ["fenced"]
+        done_before = {e.offset for e in rec.snapshot() if e.kind == "end"}
+        assert 300 <= len(done_before) < N, "processing must have been cut short by the fence"
+
+        # 2. No processor call starts after the fence and nothing is committed, renewal or not.
+        await asyncio.sleep(1.5)
+        api_down = False
+        await wait_for(lambda: not keeper.lost, timeout=10, what="lease renewed again")
+        await asyncio.sleep(0.5)
+        assert [e for e in rec.snapshot() if e.kind == "start" and e.time > fenced_at] == []
+        assert engine.fenced, "a renewal alone must not resume processing"
+        assert spy.commits == []
+        assert await asyncio.to_thread(committed_offset, broker, group, topic_name) is None
+
+        # 3. The generation held when fenced (or lower) is refused.
+        with pytest.raises(FencingError):
+            await engine.assign([(topic_name, 0)], generation=0)
+        assert engine.fenced
+
+        # 4. A higher generation: the fenced partition is dropped without a commit and taken again
+        #    from the committed offset (none: replay from 0); processing resumes.
+        rec.mark_incarnation_end()  # for the checkers: the fenced ownership ended here (a replay follows)
+        resumed_at = time.time()
+        assert await engine.assign([(topic_name, 0)], generation=1) == []
+        assert not engine.fenced and engine.status()["partitions"][0]["phase"] == "active"
+        assert spy.commits == []
+        await wait_for(lambda: {e.offset for e in rec.snapshot() if e.kind == "end"} >= set(range(N)),
+                       timeout=120, what="every record processed after the fence was lifted")
+        replayed = {e.offset for e in rec.snapshot() if e.kind == "start" and e.time > resumed_at}
+        assert min(done_before) in replayed, "records of the fenced ownership must be replayed"
+    finally:
+        await keeper.stop()
+        await engine.stop()
+
+    # 5. Commits work again after the fence was lifted: the final commit covers everything.
+    assert spy.commits, "the final commit after the fence was lifted must be sent"
+    assert await asyncio.to_thread(committed_offset, broker, group, topic_name) == N
+    assert_all(check_delivery(produced, rec.snapshot(), mode="key"))
+
+
+@pytest.mark.broker
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_fenced_worker_does_not_commit_on_stop(broker: EmbeddedBroker, topic_name: str) -> None:
+    await asyncio.to_thread(broker.create_topic, topic_name, 1)
+    await asyncio.to_thread(produce, broker, topic_name, 500, 20)
+    group = f"g-{topic_name}"
+    cfg = config(broker, topic_name, group, partitions=[0], commit_interval_ms=3_600_000)
+    rec = EventRecorder(ProcessorConfig())
+    engine = Engine(cfg, rec.async_processor)
+    await engine.start()
+    try:
+        await wait_for(lambda: len({e.offset for e in rec.snapshot() if e.kind == "end"}) >= 500,
+                       what="all processed")
+        engine.fence()
+        engine.resume()  # a user resume does not lift the fence
+        assert engine.status()["partitions"][0]["phase"] == "fenced"
+    finally:
+        await engine.stop()
+    # Without the fence, stop() would commit 500 (its release's final commit).
+    assert await asyncio.to_thread(committed_offset, broker, group, topic_name) is None
+
+
+def _args(lease: str, assign: str | None = "") -> argparse.Namespace:
+    return argparse.Namespace(lease=lease, assign=assign)
+
+
+def test_lease_flag_and_pod_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    pod_env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "MULTILANE_POD_NAME": "app-3",
+               "MULTILANE_POD_NAMESPACE": NS}
+    # auto: only in operator mode with the pod environment
+    assert lease_settings(_args("auto"), environ={}) is None
+    assert lease_settings(_args("auto", assign=None), environ=pod_env) is None
+    assert lease_settings(_args("off"), environ=pod_env) is None
+    with pytest.raises(ConfigError, match="MULTILANE_POD_NAME"):
+        lease_settings(_args("on"), environ={"KUBERNETES_SERVICE_HOST": "x", "MULTILANE_POD_NAMESPACE": NS})
+    with pytest.raises(ConfigError, match="operator mode"):
+        lease_settings(_args("on", assign=None), environ=pod_env)
+    # with the environment: the settings of LeaseSettings.from_environment()
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("tok\n")
+    (sa / "ca.crt").write_text("")
+    monkeypatch.setattr("multilane.worker.lease.SA_DIR", sa)
+    for k, v in {**pod_env, "MULTILANE_LEASE_DURATION_SECONDS": "30"}.items():
+        monkeypatch.setenv(k, v)
+    s = lease_settings(_args("auto"), environ=pod_env)
+    assert s is not None
+    assert (s.api_url, s.namespace, s.name, s.holder, s.token) == ("https://10.0.0.1:443", NS, "app-3",
+                                                                   "app-3", "tok")
+    assert (s.lease_duration_s, s.stop_margin_s, s.renew_interval_s) == (30.0, 10.0, 6.0)
