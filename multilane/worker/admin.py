@@ -7,17 +7,15 @@ from collections.abc import Iterable, Mapping
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-__all__ = ["SECURITY_KEYS", "ensure_topic", "max_partition_count", "security_config"]
+from multilane.worker.config import security_settings
 
-# Client settings that every client of the worker shares (the rest of --consumer-config is the
-# consumer's own).
-SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username",
-                 "sasl.password", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
-                 "ssl.key.password")
+__all__ = ["ensure_topic", "max_partition_count", "security_config"]
 
 
 def security_config(overrides: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in overrides.items() if k in SECURITY_KEYS}
+    """The settings every client of the worker shares (``security.protocol``, ``sasl.*``, ``ssl.*``);
+    the rest of the overrides are the consumer's own."""
+    return security_settings(overrides)
 
 
 def _admin(bootstrap: str, security: Mapping[str, str]) -> AdminClient:

@@ -18,11 +18,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from multilane.api import OrderingMode, ProcessorLoadError, load_processor
-from multilane.worker.config import ConfigError, EngineConfig
+from multilane.worker.config import (
+    OWNED_CLIENT_KEYS,
+    ConfigError,
+    EngineConfig,
+    kafka_settings_from_environment,
+    security_settings,
+)
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
-__all__ = ["add_arguments", "build_config", "check_state_args", "lease_settings", "run",
-           "start_lease_keeper"]
+__all__ = ["add_arguments", "build_config", "check_state_args", "client_settings", "lease_settings",
+           "run", "start_lease_keeper"]
 
 log = logging.getLogger("multilane.worker")
 
@@ -93,8 +99,34 @@ def _parse_kv(items: list[str], flag: str = "--consumer-config") -> dict[str, st
     return out
 
 
-def build_config(args: argparse.Namespace) -> EngineConfig:
-    """The engine configuration named by the command line; ConfigError on bad values."""
+def client_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The extra librdkafka settings (steps 1-3); ConfigError naming keys, never values.
+
+    1. ``MULTILANE_KAFKA_<key>`` variables (the credentials Secret, by ``envFrom``):
+       :func:`~multilane.worker.config.kafka_settings_from_environment`.
+    2. ``--consumer-config KEY=VALUE`` (the CR's non-secret ``spec.kafka.config``).
+    3. Neither may set an owned setting, nor may both set the same key (a credential is never
+       silently replaced). The security settings among them reach every client (consumer, producer,
+       admin, state store); the others only the consumer.
+    """
+    # 1. environment
+    from_env = kafka_settings_from_environment(os.environ if environ is None else environ)
+    # 2. command line
+    from_args = _parse_kv(args.consumer_config)
+    # 3. owned keys, conflicts
+    owned = sorted(k for k in from_args if k in OWNED_CLIENT_KEYS)
+    if owned:
+        raise ConfigError(f"--consumer-config may not set {', '.join(owned)} (set by multilane)")
+    both = sorted(set(from_env) & set(from_args))
+    if both:
+        raise ConfigError(f"{', '.join(both)} set both by --consumer-config and by a MULTILANE_KAFKA_ "
+                          "variable")
+    return {**from_env, **from_args}
+
+
+def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> EngineConfig:
+    """The engine configuration named by the command line and the ``MULTILANE_KAFKA_*`` environment
+    (``environ``, default ``os.environ``); ConfigError on bad values."""
     operator_mode = args.assign is not None
     if operator_mode and args.topic:
         raise ConfigError("use either --topic (standalone) or --assign (operator mode), not both")
@@ -119,7 +151,7 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         commit_interval_ms=args.commit_interval_ms,
         stall_threshold_s=args.stall_threshold_s,
         drain_timeout_s=args.drain_timeout_s,
-        consumer_overrides=_parse_kv(args.consumer_config),
+        consumer_overrides=client_settings(args, environ),
         **extra,
     )
 
@@ -198,8 +230,7 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
         return None
     from multilane.worker.state.manager import StateManager
 
-    security = {k: v for k, v in cfg.consumer_overrides.items()
-                if k.startswith(("sasl.", "ssl.", "security."))}
+    security = security_settings(cfg.consumer_overrides)
     return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
                         producer_config=security, consumer_config=security, admin_config=security,
                         changelog_topic_config=_parse_kv(args.changelog_config, "--changelog-config"),

@@ -9,17 +9,63 @@ stays bounded by the back-pressure limits, not by librdkafka's 64 MiB default.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from multilane.api import OrderingMode
 
-__all__ = ["ConfigError", "EngineConfig", "TopicPartitionId"]
+__all__ = ["KAFKA_ENV_PREFIX", "OWNED_CLIENT_KEYS", "ConfigError", "EngineConfig", "TopicPartitionId",
+           "is_security_key", "kafka_settings_from_environment", "security_settings"]
 
 TopicPartitionId = tuple[str, int]
+
+# Environment variables ``MULTILANE_KAFKA_<key>`` carry client settings, credentials included: the
+# operator's StatefulSet fills them from the credentials Secret (``envFrom`` with this prefix; the same
+# constant as ``multilane.operator.children.KAFKA_ENV_PREFIX``).
+KAFKA_ENV_PREFIX = "MULTILANE_KAFKA_"
+# Client settings multilane owns: never taken from the environment or --consumer-config.
+OWNED_CLIENT_KEYS = ("bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store")
+# Settings every Kafka client of the worker shares (consumer, producer, admin, state store clients).
+_SECURITY_PREFIXES = ("security.", "sasl.", "ssl.", "ssl_")
 
 
 class ConfigError(ValueError):
     """An engine setting is invalid; the message names the setting."""
+
+
+def is_security_key(key: str) -> bool:
+    """True for ``security.protocol`` and the ``sasl.*`` / ``ssl.*`` settings (credentials included)."""
+    return key.startswith(_SECURITY_PREFIXES)
+
+
+def security_settings(settings: Mapping[str, str]) -> dict[str, str]:
+    """The settings of ``settings`` that every client of the worker needs to reach the cluster."""
+    return {k: v for k, v in settings.items() if is_security_key(k)}
+
+
+def kafka_settings_from_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Client settings from ``MULTILANE_KAFKA_<key>`` variables (values are never logged or shown).
+
+    ``<key>`` is the Secret's key as written (``MULTILANE_KAFKA_sasl.password`` -> ``sasl.password``:
+    Kubernetes allows dots in variable names); a key written in upper case with ``_`` for ``.``
+    (``MULTILANE_KAFKA_SASL_PASSWORD``, for shells that cannot set dotted names) is lower-cased and
+    its ``_`` become ``.``. ConfigError (naming keys only) for an owned setting or for two variables
+    that name the same setting.
+    """
+    out: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for name in sorted(environ):
+        if not name.startswith(KAFKA_ENV_PREFIX) or len(name) == len(KAFKA_ENV_PREFIX):
+            continue
+        raw = name[len(KAFKA_ENV_PREFIX):]
+        key = raw.lower().replace("_", ".") if raw.isupper() and "." not in raw else raw
+        if key in OWNED_CLIENT_KEYS:
+            raise ConfigError(f"{name}: {key} is set by multilane and may not come from the environment")
+        if key in out:
+            raise ConfigError(f"{source[key]} and {name} both set the client setting {key}")
+        out[key] = environ[name]
+        source[key] = name
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,7 +102,8 @@ class EngineConfig:
     # and the default (700) makes the collector run every few hundred records, scanning everything
     # in flight. Process-wide.
     gc_threshold: int = 50_000
-    consumer_overrides: dict[str, str] = field(default_factory=dict)
+    # may hold credentials: kept out of repr() so that a logged config never shows them
+    consumer_overrides: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float) -> None:
@@ -149,9 +196,5 @@ class EngineConfig:
             "enable.idempotence": False,
             "message.timeout.ms": 30_000,
         }
-        for key in ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username",
-                    "sasl.password", "ssl.ca.location", "ssl.certificate.location",
-                    "ssl.key.location", "ssl.key.password"):
-            if key in self.consumer_overrides:
-                conf[key] = self.consumer_overrides[key]
+        conf.update(security_settings(self.consumer_overrides))
         return conf
