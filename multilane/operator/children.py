@@ -142,8 +142,15 @@ def worker_args(spec: Mapping[str, Any]) -> list[str]:
         args += ["--dead-letter-topic", workload["deadLetterTopic"]]
     for key, value in sorted((kafka.get("config") or {}).items()):
         args += ["--consumer-config", f"{key}={value}"]
-    if (spec.get("state") or {}).get("enabled"):
+    state = spec.get("state") or {}
+    if state.get("enabled"):
+        # The state flags need --state-dir (the worker refuses them without it): only when enabled.
         args += ["--state-dir", STATE_DIR]
+        uri = str((state.get("snapshot") or {}).get("uri") or "")
+        if uri:
+            args += ["--snapshot-uri", uri]
+        for key, value in sorted((state.get("changelogConfig") or {}).items()):
+            args += ["--changelog-config", f"{key}={value}"]
     return args
 
 

@@ -108,6 +108,33 @@ def test_state_enabled_adds_a_volume_claim() -> None:
     assert "--state-dir" in sts["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_state_flags_come_from_the_spec_and_parse_with_the_worker_cli() -> None:
+    import argparse
+
+    from multilane.worker import cli
+
+    state = {"enabled": True, "snapshot": {"uri": "s3://bucket/snaps", "schedule": "0 * * * *"},
+             "changelogConfig": {"min.insync.replicas": "2", "retention.ms": "-1"}}
+    args = ch.worker_args({**SPEC, "state": state})
+    assert args[args.index("--state-dir") + 1] == ch.STATE_DIR
+    assert args[args.index("--snapshot-uri") + 1] == "s3://bucket/snaps"
+    changelog = [args[i + 1] for i, a in enumerate(args) if a == "--changelog-config"]
+    assert changelog == ["min.insync.replicas=2", "retention.ms=-1"]
+    # the worker's own parser takes them as they are
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    parsed = parser.parse_args(args[1:])
+    assert parsed.snapshot_uri == "s3://bucket/snaps" and parsed.state_dir == ch.STATE_DIR
+    assert parsed.changelog_config == changelog
+    # no snapshot URI, no changelog config: no flags
+    bare = ch.worker_args({**SPEC, "state": {"enabled": True, "snapshot": {"uri": ""}}})
+    assert "--snapshot-uri" not in bare and "--changelog-config" not in bare and "--state-dir" in bare
+    # state disabled: none of the state flags (the worker refuses them without --state-dir)
+    off = ch.worker_args({**SPEC, "state": {**state, "enabled": False}})
+    assert not {"--state-dir", "--snapshot-uri", "--changelog-config"} & set(off)
+    cli.check_state_args(parser.parse_args(off[1:]))
+
+
 def test_role_allows_only_get_update_of_the_workers_own_leases() -> None:
     (rule,) = ch.role(REF, 3)["rules"]
     assert rule == {
