@@ -143,8 +143,13 @@ class Engine:
         self.ready = asyncio.Event()
         self.user_paused = False
         self.processing_rate = 0.0
+        # Average number of records being processed at once (busy lanes), smoothed like
+        # processing_rate over the same samples: processing seconds completed per second (Little's
+        # law), so processing_rate / busy_lanes is the service rate of one busy lane.
+        self.busy_lanes = 0.0
         self._released_total = 0  # processed counts of released partitions (for processed_total)
         self._last_rate_sample: tuple[float, int] = (time.monotonic(), 0)
+        self._last_busy_sample = 0.0  # the latency histogram's sum at the last rate sample
         self._errors = ErrorLog()
         self._fetch: FetchLoop | None = None
         # True when partitions of more than one topic may be assigned (fetch runs compare topics).
@@ -533,6 +538,7 @@ class Engine:
             "partitions": entries,
             "processed_total": self.processed_total(),
             "processing_rate": round(self.processing_rate, 3),
+            "busy_lanes": round(self.busy_lanes, 3),
             "in_flight": self._flow.records,
             "in_flight_bytes": self._flow.bytes,
             "peak_in_flight": self._flow.peak_records,
@@ -1001,6 +1007,10 @@ class Engine:
             prev = self.processing_rate
             self.processing_rate = rate if prev == 0 else 0.5 * prev + 0.5 * rate
             self._last_rate_sample = (now, n)
+            busy_s = self._hist.sum
+            busy = (busy_s - self._last_busy_sample) / (now - t0)
+            self.busy_lanes = busy if self.busy_lanes == 0 else 0.5 * self.busy_lanes + 0.5 * busy
+            self._last_busy_sample = busy_s
 
     async def _producer_loop(self) -> None:
         producer = self._producer
