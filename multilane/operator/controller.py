@@ -18,6 +18,7 @@ A pass (:meth:`ConsumerController.tick`), numbered as in the code:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -29,7 +30,7 @@ from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
 from multilane.operator.children import ConsumerRef
 from multilane.operator.conditions import condition, now_iso, set_condition
 from multilane.operator.planner import AssignmentPlanner, parse_partition
-from multilane.operator.platform import Platform, parse_time
+from multilane.operator.platform import Platform, WorkerInfo, parse_time
 from multilane.operator.policy import AutoscalePolicy, Observation, PolicyConfig, PolicyState
 from multilane.operator.sources import (
     MetricSample,
@@ -39,6 +40,7 @@ from multilane.operator.sources import (
     QueryContext,
 )
 from multilane.operator.validation import ConsumerSpec
+from multilane.operator.workers import WorkerUnreachableError
 
 __all__ = ["ConsumerController", "EventRecord", "TickResult", "policy_config"]
 
@@ -160,6 +162,8 @@ class ConsumerController:
                         len(alive),
                         now,
                         stamp,
+                        busy_lanes=await self._busy_lanes(alive, sample),
+                        rebalancing=_rebalancing(status, workers, target_replicas),
                     )
                     result.status["lastDecision"] = decision_status
                     result.events.append(event)
@@ -261,6 +265,40 @@ class ConsumerController:
         )
         return result
 
+    async def _busy_lanes(self, alive: Sequence[WorkerInfo], sample: MetricSample) -> float | None:
+        """Lanes busy on average, for the policy's per-lane rate (steps 1-3); None when unknown.
+
+        1. Ask every alive worker for ``/v1/status`` (in parallel): its ``busy_lanes`` (processing
+           seconds completed per second) and ``processing_rate``, over the same window.
+        2. Unknown (None) when a worker does not answer or report them, or nothing was processed:
+           the policy then falls back to its own estimate.
+        3. Scale to the metric source's processing rate: ``busy = sample rate / (sum of worker rates /
+           sum of busy lanes)``, so that ``processing_rate / busy_lanes`` in the policy is exactly
+           the per-lane rate the workers measured, whatever window the source uses.
+        """
+        if not alive or not sample.processing_rate:
+            return None
+
+        # 1. statuses
+        async def one(worker: WorkerInfo) -> tuple[float, float] | None:
+            try:
+                st = await self.control.status(worker.control_url)
+                return float(st["busy_lanes"]), float(st["processing_rate"])
+            except (WorkerUnreachableError, KeyError, TypeError, ValueError) as exc:
+                log.info("no busy lanes from %s: %s", worker.name, exc)
+                return None
+
+        answers = await asyncio.gather(*(one(w) for w in alive))
+        # 2. unknown?
+        if any(a is None for a in answers):
+            return None
+        busy = sum(a[0] for a in answers if a is not None)
+        rate = sum(a[1] for a in answers if a is not None)
+        if not (math.isfinite(busy) and math.isfinite(rate)) or busy <= 0 or rate <= 0:
+            return None
+        # 3. per-lane rate of the workers, applied to the source's rate
+        return float(sample.processing_rate) * busy / rate
+
     @staticmethod
     def _sample_status(sample: MetricSample) -> dict[str, Any]:
         out: dict[str, Any] = {"lag": sample.total_lag}
@@ -281,6 +319,8 @@ class ConsumerController:
         alive: int,
         now: float,
         stamp: str,
+        busy_lanes: float | None = None,
+        rebalancing: bool = False,
     ) -> tuple[dict[str, Any], EventRecord, PolicyState]:
         index = _global_index(partitions)
         obs = Observation(
@@ -290,11 +330,13 @@ class ConsumerController:
             processing_rate=float(sample.processing_rate or 0.0),
             replicas=replicas,
             factor=factor,
+            busy_lanes=busy_lanes,
+            rebalancing=rebalancing,
         )
         policy = AutoscalePolicy(policy_config(spec, len(partitions)))
         decision, new_state = policy.decide(obs, state)
         inputs = {k: v for k, v in decision.inputs.items() if _json_safe(v)}
-        inputs.update({"aliveWorkers": alive, "totalLag": sample.total_lag})
+        inputs.update({"aliveWorkers": alive, "totalLag": sample.total_lag, "rebalancing": rebalancing})
         status = {
             "time": stamp,
             "replicas": decision.replicas,
@@ -311,6 +353,16 @@ class ConsumerController:
             f"{decision.reason}",
         )
         return status, event, new_state
+
+
+def _rebalancing(status: Mapping[str, Any], workers: Sequence[WorkerInfo], replicas: int) -> bool:
+    """Pods are starting or partitions moving, as of the last pass: an assignment change is pending
+    (``status.assignment.pending``), a restore-before-handoff rollout runs (``status.rollout``), or a
+    worker the decided size includes is not alive (starting or restarting)."""
+    if AssignmentState.from_status(status.get("assignment")).pending is not None or status.get("rollout"):
+        return True
+    alive = {w.ordinal for w in workers if w.alive}
+    return any(i not in alive for i in range(replicas))
 
 
 def _json_safe(value: Any) -> bool:
