@@ -280,9 +280,12 @@ class Engine:
         self._stopping = True
         if self._fetch is not None:
             self._fetch.stopping = True
-        for t in self._tasks:
+        background = [*self._tasks, *self._reopens.values()]
+        if self._learners_refresh is not None:
+            background.append(self._learners_refresh)
+        for t in background:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*background, return_exceptions=True)
         if self._dlq is not None:
             self._dlq.close()
         await self._run_io(self._producer.flush, 10.0)
