@@ -10,9 +10,11 @@ A pass (:meth:`ConsumerController.tick`), numbered as in the code:
    decision (``status.lastDecision``, an Event, the new PolicyState).
 2. Replicas: scale up at once (``ensure_workers``); scale down only after the assignment no longer
    gives partitions to the workers that go away (release before removal).
-3. Assignment: one step of the :class:`AssignmentCoordinator` protocol over the workers that stay;
-   when no change is pending, ``sync`` re-pushes the assignment and the factor where a worker
-   disagrees (restarted workers).
+3. Assignment: one step of the :class:`AssignmentCoordinator` protocol over the workers that stay
+   (or, when a :class:`~multilane.operator.handoff.HandoffExecutor` is given -- state enabled -- one
+   step of its restore-before-handoff rollout, persisted in ``status.rollout``); when no change is
+   pending, ``sync`` re-pushes the assignment and the factor where a worker disagrees (restarted
+   workers).
 4. Status: replicas, factor, lag, rates, conditions Ready/Scaling/Rebalancing/Degraded.
 """
 
@@ -26,12 +28,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from multilane.operator.assignment import AssignmentCoordinator, AssignmentState, Persist, WorkerControl
+from multilane.operator.assignment import (
+    AssignmentCoordinator,
+    AssignmentState,
+    Persist,
+    StepResult,
+    WorkerControl,
+)
 from multilane.operator.children import ConsumerRef
 from multilane.operator.conditions import condition, now_iso, set_condition
+from multilane.operator.handoff import HandoffExecutor
 from multilane.operator.planner import AssignmentPlanner, parse_partition
 from multilane.operator.platform import Platform, WorkerInfo, parse_time
 from multilane.operator.policy import AutoscalePolicy, Observation, PolicyConfig, PolicyState
+from multilane.operator.rollout import Rollout
 from multilane.operator.sources import (
     MetricSample,
     MetricsInvalidError,
@@ -99,11 +109,14 @@ class ConsumerController:
         control: WorkerControl,
         release_deadline_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        handoff: HandoffExecutor | None = None,
     ) -> None:
         self.platform = platform
         self.control = control
         self.release_deadline_s = release_deadline_s
         self.clock = clock
+        # With state enabled: restore-before-handoff rollouts replace the eager change of step 3.
+        self.handoff = handoff
 
     async def tick(
         self,
@@ -194,7 +207,29 @@ class ConsumerController:
             persist_assignment,
             release_deadline_s=self.release_deadline_s,
         )
-        step = await coordinator.step(assignment, workers, partitions, eligible=stays)
+        if self.handoff is not None:
+            rollout_status = status.get("rollout")
+            hstep = await self.handoff.step(
+                assignment,
+                Rollout.from_dict(rollout_status) if rollout_status else None,
+                workers,
+                partitions,
+                eligible=stays,
+                replicas=target_replicas,
+            )
+            result.status["rollout"] = hstep.rollout.to_dict() if hstep.rollout is not None else None
+            result.events.extend(EventRecord(k, r, m) for k, r, m in hstep.events)
+            step = StepResult(
+                state=hstep.assignment,
+                in_progress=hstep.in_progress,
+                committed=bool(hstep.handoffs),
+                moves=len(hstep.handoffs),
+                blocked=hstep.blocked,
+            )
+            rollout_running = hstep.rollout is not None
+        else:
+            step = await coordinator.step(assignment, workers, partitions, eligible=stays)
+            rollout_running = False
         assignment = step.state
         sync_problems: list[str] = []
         if assignment.pending is None:
@@ -229,7 +264,7 @@ class ConsumerController:
             f"{len(alive)} of {target_replicas} workers alive" if scaling else f"{target_replicas} workers",
             now=stamp,
         )
-        rebalancing = assignment.pending is not None
+        rebalancing = assignment.pending is not None or rollout_running
         conditions = set_condition(
             conditions,
             "Rebalancing",

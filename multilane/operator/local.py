@@ -17,7 +17,7 @@
   and committed offsets (a partition paused by back-pressure fetches nothing, so its fetch-based
   high watermark stops moving): per partition the larger of the two.
 - :class:`LocalControlPlane` runs the same ``ConsumerController.tick`` as the Kubernetes handlers,
-  plus the ``HandoffExecutor`` for restore-before-handoff, every ``tick_s``; status (assignment,
+  given a ``HandoffExecutor`` (restore-before-handoff), every ``tick_s``; status (assignment,
   rollout, decisions, policy state) is persisted in ``ROOT/status.json`` after every change, so a
   killed control plane resumes the rollout it was running.
 """
@@ -51,7 +51,6 @@ from multilane.operator.handoff import (
     HandoffControlClient,
     HandoffExecutor,
     HandoffRecord,
-    HandoffStep,
 )
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.planner import format_partition
@@ -535,44 +534,18 @@ class WorkerStatusSource:
         )
 
 
-class _HandoffView:
-    """The platform as ``ConsumerController`` sees it while the :class:`HandoffExecutor` owns the
-    assignment: every worker is *terminating* (alive, never a receiver), so the controller's eager
-    ``AssignmentCoordinator.step`` plans nothing; its scaling, replica gating (scale down only once the
-    leaving workers own nothing), sync (re-push, factor) and conditions run unchanged.
-
-    Interim composition until ``ConsumerController`` takes the executor for its step 3.
-    """
-
-    def __init__(self, platform: LocalPlatform) -> None:
-        self.platform = platform
-
-    async def ensure_workers(self, ref: ConsumerRef, replicas: int) -> None:
-        await self.platform.ensure_workers(ref, replicas)
-
-    async def current_workers(self, ref: ConsumerRef) -> int:
-        return await self.platform.current_workers(ref)
-
-    async def list_workers(self, ref: ConsumerRef) -> list[WorkerInfo]:
-        return [
-            WorkerInfo(w.name, w.ordinal, w.alive, w.control_url, True, w.reason)
-            for w in await self.platform.list_workers(ref)
-        ]
-
-
 @dataclass
 class TickReport:
     """What one control-plane tick did (for the demo's display and tests)."""
 
     status: dict[str, Any]
     events: list[tuple[str, str, str]]
-    handoffs: list[HandoffRecord]
-    step: HandoffStep | None
+    handoffs: list[HandoffRecord]  # moves completed in this pass
     workers: list[WorkerInfo]
 
 
 class LocalControlPlane:
-    """Runs ``ConsumerController.tick`` + ``HandoffExecutor.step`` against a :class:`LocalPlatform`.
+    """Runs ``ConsumerController.tick`` (with a ``HandoffExecutor``) against a :class:`LocalPlatform`.
 
     State in ``ROOT/status.json``: ``status`` (the ParallelConsumer status: assignment, rollout,
     lastDecision, factor, conditions, ...) and ``policyState``. Invariant: the file is rewritten
@@ -603,27 +576,16 @@ class LocalControlPlane:
         self.source = WorkerStatusSource(self.platform, self.control, self.ref, self.admin)
         # restore_before_handoff=False: the controller's eager release-then-grant moves (the new owner
         # restores after it took the partition over); used by the handoff benchmark as the baseline.
-        self.controller = ConsumerController(
-            _HandoffView(self.platform) if restore_before_handoff else self.platform,
-            self.control,
-            release_deadline_s=handoff.release_deadline_s,
-            clock=self._decision_clock,
-        )
         self.executor: HandoffExecutor | None = None
         if restore_before_handoff:
             self.executor = HandoffExecutor(self.control, self._persist_handoff, handoff)
+        self.controller = ConsumerController(
+            self.platform, self.control, release_deadline_s=handoff.release_deadline_s, handoff=self.executor
+        )
         self.status: dict[str, Any] = {}
         self.policy_state = PolicyState()
         self.events: list[tuple[float, str, str, str]] = []
         self._load()
-
-    def _decision_clock(self) -> float:
-        """Wall time rounded to the scaling interval. Works around ``AutoscalePolicy`` pruning its
-        history to exactly ``scale_down_delay_s`` and then requiring an entry at least that old: with
-        a free-running clock no entry ever is, and scale-down never happens. On a grid of the interval
-        (and a delay that is a multiple of it) the oldest kept entry is exactly that old."""
-        step = max(1.0, self.spec.interval_s)
-        return round(time.time() / step) * step
 
     # -- persistence -----------------------------------------------------------------------------------
 
@@ -663,14 +625,15 @@ class LocalControlPlane:
         await self.platform.ensure_workers(self.ref, max(replicas, self.spec.min_replicas))
 
     async def tick(self) -> TickReport:
-        """One pass (steps 1-3).
+        """One pass (steps 1-2).
 
-        1. ``ConsumerController.tick``: scaling decision when due, scale-up, sync and factor, replica
-           gating of scale-down, status and conditions.
-        2. ``HandoffExecutor.step``: placements and the restore-before-handoff rollout over the workers
-           that stay (ordinals below the decided replicas); scale down once it removed the leaving ones.
-        3. Persist the status.
+        1. ``ConsumerController.tick`` -- the same pass as on Kubernetes: scaling decision when due,
+           scale-up, the ``HandoffExecutor``'s placements and restore-before-handoff rollout over the
+           workers that stay, sync and factor, scale-down once the leaving workers own nothing,
+           status and conditions.
+        2. Persist the status.
         """
+        done_before = len(self.executor.completed) if self.executor is not None else 0
         # 1.
         result: TickResult = await self.controller.tick(
             self.ref,
@@ -685,46 +648,14 @@ class LocalControlPlane:
         if result.policy_state is not None:
             self.policy_state = result.policy_state
         events = [(e.type, e.reason, e.message) for e in result.events]
+        handoffs = self.executor.completed[done_before:] if self.executor is not None else []
         # 2.
-        step: HandoffStep | None = None
-        handoffs: list[HandoffRecord] = []
-        workers = await self.platform.list_workers(self.ref)
-        if self.executor is not None:
-            step = await self._handoff_step(workers)
-            events += step.events
-            handoffs = step.handoffs
-        # 3.
         self.save()
         now = time.time()
         for e in events:
             self.events.append((now, *e))
             log.info("%s %s: %s", e[0], e[1], e[2])
-        return TickReport(self.status, events, handoffs, step, workers)
-
-    async def _handoff_step(self, workers: list[WorkerInfo]) -> HandoffStep:
-        assert self.executor is not None
-        replicas = int((self.status.get("lastDecision") or {}).get("replicas") or self.platform.replicas)
-        replicas = max(self.spec.min_replicas, min(self.spec.max_replicas, replicas))
-        if self.spec.replicas is not None:
-            replicas = self.spec.replicas
-        eligible = {w.name for w in workers if w.ordinal < replicas}
-        rollout_status = self.status.get("rollout")
-        rollout = Rollout.from_dict(rollout_status) if rollout_status else None
-        step = await self.executor.step(
-            AssignmentState.from_status(self.status.get("assignment")),
-            rollout,
-            workers,
-            self.partitions,
-            eligible,
-            replicas,
-        )
-        if step.remove_to is not None and await self.platform.current_workers(self.ref) > step.remove_to:
-            await self.platform.ensure_workers(self.ref, step.remove_to)
-        self.status["assignment"] = step.assignment.to_status()
-        self.status["rollout"] = step.rollout.to_dict() if step.rollout is not None else None
-        if step.rollout is not None or step.blocked:
-            self._rebalancing_condition(step)
-        return step
+        return TickReport(self.status, events, handoffs, await self.platform.list_workers(self.ref))
 
     def _ensure_progress_topic(self) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
@@ -744,19 +675,6 @@ class LocalControlPlane:
         )
         with contextlib.suppress(Exception):  # it exists already: the workers share what is there
             futures[topic].result(10)
-
-    def _rebalancing_condition(self, step: HandoffStep) -> None:
-        from multilane.operator.conditions import set_condition
-
-        message = step.blocked or (
-            "rollout: " + ", ".join(f"{p} {ph}" for p, ph in step.rollout.phases().items())
-            if step.rollout is not None
-            else ""
-        )
-        conditions = list(self.status.get("conditions") or [])
-        self.status["conditions"] = set_condition(
-            conditions, "Rebalancing", True, "HandoffInProgress", message[:1000]
-        )
 
     async def run(self, stop: asyncio.Event, on_tick: Callable[[TickReport], None] | None = None) -> None:
         """Tick every ``tick_s`` until ``stop`` is set (a failing tick is logged and retried)."""
