@@ -32,7 +32,9 @@ that was not released) and plans again at the next step.
 
 :meth:`AssignmentCoordinator.sync` (run when no change is pending) re-pushes the assignment in force
 to any alive worker that reports a lower generation or a different partition set (it restarted), and
-sets the decided factor on workers that report another one.
+sets the decided factor on workers that report another one. A worker that reports ``fenced`` (it lost
+its Lease and stopped; it accepts only a generation above the one it holds) is moved to a new
+generation with the same members (:meth:`AssignmentCoordinator._unfence`).
 """
 
 from __future__ import annotations
@@ -286,12 +288,16 @@ class AssignmentCoordinator:
         problems: list[str] = []
         if state.pending is not None:
             return problems
+        fenced: list[tuple[WorkerInfo, int]] = []
         for worker in workers:
             if not worker.alive:
                 continue
             want = sorted(state.members.get(worker.name, ()))
             try:
                 status = await self.control.status(worker.control_url)
+                if status.get("fenced"):
+                    fenced.append((worker, int(status.get("generation", 0))))
+                    continue
                 have = sorted(
                     format_partition(str(p["topic"]), int(p["partition"]))
                     for p in status.get("partitions") or []
@@ -309,4 +315,34 @@ class AssignmentCoordinator:
                 problems.append(f"{worker.name}: {exc}")
             except (KeyError, TypeError, ValueError) as exc:
                 problems.append(f"{worker.name}: malformed status: {exc}")
+        if fenced:
+            problems += await self._unfence(state, fenced)
+        return problems
+
+    async def _unfence(self, state: AssignmentState, fenced: Sequence[tuple[WorkerInfo, int]]) -> list[str]:
+        """Give fenced workers (lease lost, then renewed, partitions not moved) a higher generation
+        (steps 1-3); ``state`` is updated in place. Returns problems.
+
+        1. New generation: above the state's and every fenced worker's.
+        2. Persist it with the same members (no partition moves). The other workers still hold the old
+           generation: like restarted workers, the next ``sync`` re-pushes them their same partitions.
+        3. Push each fenced worker its partitions with the new generation (it drops its fenced
+           partitions without committing and takes them again from their committed offsets).
+        """
+        # 1.
+        generation = max([state.generation, *(g for _, g in fenced)]) + 1
+        # 2.
+        state.generation = generation
+        await self.persist(state)
+        problems: list[str] = []
+        # 3.
+        for worker, _ in fenced:
+            log.warning("worker %s is fenced: pushing generation %d", worker.name, generation)
+            try:
+                await self.control.assign(
+                    worker.control_url, generation, sorted(state.members.get(worker.name, ())),
+                    self.release_deadline_s,
+                )
+            except (WorkerFencedError, WorkerUnreachableError) as exc:
+                problems.append(f"{worker.name}: fenced, new generation {generation} not taken: {exc}")
         return problems

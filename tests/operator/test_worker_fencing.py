@@ -16,8 +16,12 @@ from typing import Any
 import kmock
 import pytest
 
+from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
 from multilane.operator.children import ConsumerRef, lease_manifest
 from multilane.operator.kube import KubeClient, api_path
+from multilane.operator.planner import AssignmentPlanner, format_partition, parse_partition
+from multilane.operator.platform import WorkerInfo
+from multilane.operator.workers import ReleasedPartition, WorkerFencedError
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.testing.processors import EventRecorder, ProcessorConfig
@@ -32,6 +36,29 @@ from tests.operator.emulator import ApiServerEmulator
 
 REF = ConsumerRef(name="app", namespace=NS, uid="uid-1")
 N = 3000
+
+
+class InProcessControl:
+    """The operator's ``WorkerControl`` over an engine in this process (what ``/v1/...`` maps to)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def status(self, base_url: str) -> dict[str, Any]:
+        return self.engine.status()
+
+    async def assign(self, base_url: str, generation: int, partitions: Any,
+                     release_deadline_s: float) -> list[ReleasedPartition]:
+        try:
+            released = await self.engine.assign([parse_partition(p) for p in partitions], generation,
+                                                 release_deadline_s)
+        except FencingError as exc:
+            raise WorkerFencedError(str(exc)) from exc
+        return [ReleasedPartition(format_partition(r.topic, r.partition), r.committed_offset)
+                for r in released]
+
+    async def set_factor(self, base_url: str, factor: int) -> int:
+        return await self.engine.set_factor(factor)
 
 
 class CommitSpy:
@@ -108,11 +135,23 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
             await engine.assign([(topic_name, 0)], generation=0)
         assert engine.fenced
 
-        # 4. A higher generation: the fenced partition is dropped without a commit and taken again
-        #    from the committed offset (none: replay from 0); processing resumes.
+        # 4. The operator's sync sees the worker fenced (it never saw the Lease expire, so nothing
+        #    moved) and pushes a higher generation with the same partitions: the fenced partition is
+        #    dropped without a commit and taken again from the committed offset (none: replay from 0).
         rec.mark_incarnation_end()  # for the checkers: the fenced ownership ended here (a replay follows)
         resumed_at = time.time()
-        assert await engine.assign([(topic_name, 0)], generation=1) == []
+        persisted: list[AssignmentState] = []
+
+        async def persist(state: AssignmentState) -> None:
+            persisted.append(AssignmentState.from_status(state.to_status()))
+
+        coordinator = AssignmentCoordinator(InProcessControl(engine), AssignmentPlanner(), persist)
+        state = AssignmentState(generation=0, members={"app-0": (format_partition(topic_name, 0),)})
+        problems = await coordinator.sync(state, [WorkerInfo("app-0", 0, True, "in-process")], None)
+        assert problems == []
+        assert state.generation == 1 and [s.generation for s in persisted] == [1]
+        assert persisted[0].members == state.members
+        assert engine.generation == 1
         assert not engine.fenced and engine.status()["partitions"][0]["phase"] == "active"
         assert spy.commits == []
         await wait_for(lambda: {e.offset for e in rec.snapshot() if e.kind == "end"} >= set(range(N)),
