@@ -351,3 +351,31 @@ def test_no_committed_offset_first_records_under_back_pressure(
     firsts = {(e.partition, e.offset) for e in rec.snapshot() if e.kind == "end" and e.offset == 0}
     assert firsts == {(p, 0) for p in range(parts)}
     assert_all(check_delivery(produced, rec.snapshot(), mode="key"))
+
+
+def test_durability_error_reopens_in_standalone_mode(broker: EmbeddedBroker, topic_name: str) -> None:
+    """Standalone (group) mode: the partition stays in the group's assignment; the engine drops and
+    retakes it locally, and replays from the committed offset."""
+    broker.create_topic(topic_name, 1)
+    n = 200
+    produced = produce(broker, topic_name, n, keys=10)
+    failed: list[int] = []
+
+    def fail_once(topic: str, partition: int, offset: int) -> bool:
+        if not failed and offset > 0:
+            failed.append(offset)
+            return True
+        return False
+
+    hooks = FakeStateHooks(fail_commit=fail_once)
+    rec = recorder()
+    group = f"g-{topic_name}"
+    with running(_standalone(broker, topic_name, group, "a"), rec.async_processor, hooks):
+        wait_for(lambda: len(hooks.of("open")) >= 2, 60, what="the partition reopened")
+        wait_for(lambda: committed_offset(broker, group, topic_name) == n, 60, what="commit of n")
+    assert failed
+    i = hooks.calls.index(("before_commit_failed", topic_name, 0, failed[0]))
+    assert hooks.calls[i + 1] == ("close", topic_name, 0, False)
+    assert hooks.calls[i + 2][:3] == ("open", topic_name, 0)
+    assert hooks.violations == []
+    assert_all(check_delivery(produced, rec.snapshot(), mode="key", rewind_within_incarnation=True))
