@@ -35,7 +35,7 @@ from tests.operator.doubles import wait_for
 from tests.operator.emulator import ApiServerEmulator
 
 REF = ConsumerRef(name="app", namespace=NS, uid="uid-1")
-N = 3000
+N = 6000
 
 
 class InProcessControl:
@@ -108,6 +108,9 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
         await wait_for(lambda: keeper.renewals >= 2, what="lease renewed")
         await wait_for(lambda: len({e.offset for e in rec.snapshot() if e.kind == "end"}) >= 300,
                        what="300 records processed")
+        # busy lanes (for the operator's per-lane rate): 4 lanes, each running 4 ms records
+        await wait_for(lambda: engine.status()["busy_lanes"] >= 1.0, timeout=10, what="busy lanes")
+        assert engine.status()["busy_lanes"] <= 4.4
 
         # 1. The worker cannot renew: fenced before the Lease expires.
         api_down = True
