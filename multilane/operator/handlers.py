@@ -42,15 +42,16 @@ from multilane.operator import children as ch
 from multilane.operator.assignment import AssignmentState, WorkerControl
 from multilane.operator.conditions import condition, now_iso, set_condition
 from multilane.operator.controller import ConsumerController, EventRecord
+from multilane.operator.handoff import HandoffConfig, HandoffControl, HandoffControlClient, HandoffExecutor
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.planner import format_partition
 from multilane.operator.platform import KubernetesPlatform, Platform
 from multilane.operator.policy import PolicyState
+from multilane.operator.rollout import Rollout
 from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSource
 from multilane.operator.validation import ConsumerSpec, Problem, check_environment, validate_spec
-from multilane.operator.workers import WorkerControlClient
 
 __all__ = [
     "GROUP",
@@ -133,7 +134,7 @@ class OperatorHandlers:
         self.platform = platform or KubernetesPlatform(kube)
         self.metrics = metrics or OperatorMetrics()
         self.control_factory = control_factory or (
-            lambda token: WorkerControlClient(token, timeout_s=self.settings.worker_timeout_s)
+            lambda token: HandoffControlClient(token, timeout_s=self.settings.worker_timeout_s)
         )
         self._admin_factory = admin_factory or (
             lambda config: KafkaAdminClient(config, timeout_s=self.settings.kafka_timeout_s)
@@ -144,6 +145,8 @@ class OperatorHandlers:
         self._locks: dict[str, asyncio.Lock] = {}
         self._sources: dict[str, tuple[Any, MetricSource]] = {}
         self._controls: dict[str, tuple[str, WorkerControl]] = {}
+        # uid -> (control, config, executor): one executor per consumer while its inputs stay the same
+        self._handoffs: dict[str, tuple[WorkerControl, HandoffConfig, HandoffExecutor]] = {}
         self._last_errors: dict[str, str] = {}  # uid -> last control-loop error (Events only on change)
 
     # ---- kopf wiring ------------------------------------------------------------------------------
@@ -454,6 +457,34 @@ class OperatorHandlers:
             finally:
                 log.debug("%s/%s: pass took %.2fs", ref.namespace, ref.name, time.monotonic() - started)
 
+    def _handoff(
+        self, ref: ch.ConsumerRef, spec: ConsumerSpec, control: WorkerControl
+    ) -> HandoffExecutor | None:
+        """The restore-before-handoff executor of a consumer with state enabled (None otherwise, or
+        when the control client cannot make workers learn). It persists ``status.assignment`` and
+        ``status.rollout`` together before every ownership change."""
+        if not spec.state_enabled or not isinstance(control, HandoffControl):
+            self._handoffs.pop(ref.uid, None)
+            return None
+        config = HandoffConfig(
+            acceptable_recovery_lag=spec.acceptable_recovery_lag,
+            learner_timeout_s=spec.learner_timeout_s,
+            max_concurrent_warmups=spec.max_moves,
+            release_deadline_s=self.settings.release_deadline_s,
+        )
+        cached = self._handoffs.get(ref.uid)
+        if cached is not None and cached[0] is control and cached[1] == config:
+            return cached[2]
+
+        async def persist(state: AssignmentState, rollout: Rollout | None) -> None:
+            await self._patch_status(
+                ref, {"assignment": state.to_status(), "rollout": rollout.to_dict() if rollout else None}
+            )
+
+        executor = HandoffExecutor(control, persist, config)
+        self._handoffs[ref.uid] = (control, config, executor)
+        return executor
+
     async def _tick(
         self, ref: ch.ConsumerRef, body: Mapping[str, Any], spec: ConsumerSpec, status: dict[str, Any]
     ) -> None:
@@ -476,7 +507,10 @@ class OperatorHandlers:
             await self._patch_status(ref, {"assignment": state.to_status()})
 
         controller = ConsumerController(
-            self.platform, control, release_deadline_s=self.settings.release_deadline_s
+            self.platform,
+            control,
+            release_deadline_s=self.settings.release_deadline_s,
+            handoff=self._handoff(ref, spec, control),
         )
         result = await controller.tick(
             ref, spec, status, policy_state, partitions, self._source(ref, spec, config), persist

@@ -44,7 +44,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from multilane.operator.assignment import AssignmentCoordinator, AssignmentState, WorkerControl
 from multilane.operator.planner import AssignmentPlanner, format_partition
@@ -80,6 +80,7 @@ log = logging.getLogger(__name__)
 _LEARNING_PHASES = ("restoring", "learning")
 
 
+@runtime_checkable
 class HandoffControl(WorkerControl, Protocol):
     """The worker control calls the executor needs (the assignment calls plus the learner calls)."""
 

@@ -63,6 +63,9 @@ class ConsumerSpec:
     interval_s: float
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     kafka_config: Mapping[str, str] = field(default_factory=dict)
+    state_enabled: bool = False  # spec.state.enabled: restore-before-handoff rollouts
+    acceptable_recovery_lag: int = 10_000  # spec.state.acceptableRecoveryLag, >= 0
+    learner_timeout_s: float = 600.0  # spec.state.learnerTimeoutSeconds, > 0
 
 
 def _int(section: Mapping[str, Any], key: str, default: int | None, problems: list[Problem]) -> int | None:
@@ -167,6 +170,14 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
             Problem("InvalidSpec", "scaling.metrics.prometheus.url is required for source prometheus")
         )
 
+    state = spec.get("state") or {}
+    recovery_lag = _int(state, "acceptableRecoveryLag", 10_000, problems)
+    learner_timeout = _num(state, "learnerTimeoutSeconds", 600, problems)
+    if recovery_lag is None or recovery_lag < 0 or learner_timeout <= 0:
+        problems.append(
+            Problem("InvalidSpec", "state.acceptableRecoveryLag must be >= 0 and learnerTimeoutSeconds > 0")
+        )
+
     if problems:
         return None, problems
     return (
@@ -195,6 +206,9 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
                 rate_query=prom.get("rateQuery", "") or "",
             ),
             kafka_config=dict(config),
+            state_enabled=bool(state.get("enabled", False)),
+            acceptable_recovery_lag=int(recovery_lag or 0),
+            learner_timeout_s=learner_timeout,
         ),
         [],
     )

@@ -251,3 +251,27 @@ def test_write_json_atomic(tmp_path: Path) -> None:
     write_json_atomic(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 2}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_spec_state_fields_drive_the_handoff_config() -> None:
+    from multilane.operator.validation import validate_spec
+
+    base = {
+        "kafka": {"bootstrapServers": "k:9092", "topics": ["t"], "consumerGroup": "g"},
+        "workload": {"image": "i", "processor": "m:f"},
+        "scaling": {"maxPartitionsMovedAtOnce": 2},
+    }
+    spec, problems = validate_spec(base)
+    assert spec is not None and not problems
+    assert (spec.state_enabled, spec.acceptable_recovery_lag, spec.learner_timeout_s) == (
+        False,
+        10_000,
+        600.0,
+    )
+    spec, _ = validate_spec(
+        {**base, "state": {"enabled": True, "acceptableRecoveryLag": 5, "learnerTimeoutSeconds": 30}}
+    )
+    assert spec is not None
+    assert (spec.state_enabled, spec.acceptable_recovery_lag, spec.learner_timeout_s) == (True, 5, 30.0)
+    spec, problems = validate_spec({**base, "state": {"learnerTimeoutSeconds": 0}})
+    assert spec is None and any("learnerTimeoutSeconds" in p.message for p in problems)
