@@ -692,6 +692,7 @@ class Engine:
             if self._fetch is not None:
                 self._fetch.multi_topic = True
         self._parts[(rt.topic, rt.partition)] = rt
+        self._flow.set_partitions(len(self._parts))
         rt.lanes.start()
         rt.phase = Phase.ACTIVE
         if self.user_paused:
@@ -810,6 +811,7 @@ class Engine:
         out = []
         for p in parts:
             self._parts.pop((p.topic, p.partition), None)
+            self._flow.set_partitions(len(self._parts))
             self._released_total += p.processed
             out.append(ReleasedPartition(p.topic, p.partition, p.committed))
         log.info("released %s", [r.to_dict() for r in out])
@@ -886,6 +888,7 @@ class Engine:
         for p in parts:
             self._close_state_quietly((p.topic, p.partition), clean[id(p)] and _fully_committed(p))
             self._parts.pop((p.topic, p.partition), None)
+            self._flow.set_partitions(len(self._parts))
             self._released_total += p.processed
         log.info("group revoked %s", [(p.topic, p.partition, p.committed) for p in parts])
 
@@ -894,6 +897,7 @@ class Engine:
         self._reopen_pending.difference_update((tp.topic, tp.partition) for tp in partitions)
         for tp in partitions:
             p = self._parts.pop((tp.topic, tp.partition), None)
+            self._flow.set_partitions(len(self._parts))
             if p is not None:
                 p.close()
                 self._released_total += p.processed
