@@ -8,7 +8,13 @@ them with it. Children:
 - ServiceAccount ``NAME-worker`` with Role/RoleBinding ``NAME-worker``: get/update of the workers'
   own Leases only (the operator creates the Leases; ``create`` cannot be limited by name in RBAC);
 - Secret ``NAME-control-token`` (key ``token``): created once, never overwritten
-  (see :func:`control_token_secret`; the caller supplies the random token).
+  (see :func:`control_token_secret`; the caller supplies the random token);
+- CronJob ``NAME-snapshot`` (batch/v1), only when ``spec.state.enabled`` and
+  ``spec.state.snapshot.schedule`` and ``.uri`` are set: rendered by
+  :func:`multilane.pipeline.k8s.render_snapshot_cronjob` in the workload image (which must include
+  ``multilane[pipeline]`` and a JRE; the CRD has no separate snapshot image). When the schedule goes,
+  the operator suspends it (``spec.suspend: true``) rather than deleting it: see
+  :func:`snapshot_cronjob`.
 
 Worker pods run non-root with a read-only root filesystem; Kafka credentials reach them only by
 reference (``envFrom`` the referenced Secret, prefixed ``MULTILANE_KAFKA_``), never copied.
@@ -20,6 +26,8 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from multilane.pipeline import k8s as snapshot_k8s
 
 __all__ = [
     "CONSUMER_LABEL",
@@ -38,6 +46,8 @@ __all__ = [
     "selector_labels",
     "service",
     "service_account",
+    "snapshot_cronjob",
+    "snapshot_cronjob_name",
     "stateful_set",
     "worker_args",
 ]
@@ -340,10 +350,42 @@ def lease_manifest(ref: ConsumerRef, pod: str) -> dict[str, Any]:
     }
 
 
+def snapshot_cronjob_name(ref: ConsumerRef) -> str:
+    """``NAME-snapshot`` (cut with a hash to fit the CronJob name limit, as the renderer does)."""
+    return snapshot_k8s._dns_name(ref.name, "snapshot", 52)
+
+
+def snapshot_cronjob(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The scheduled-snapshot CronJob, or None when state is disabled or no uri/schedule is set.
+
+    ``spec.suspend`` is always False here, so that setting a schedule again resumes a CronJob the
+    operator suspended when the schedule was removed. Removal suspends instead of deleting: the
+    operator already needs ``patch`` on cronjobs, so it needs no ``delete`` (least privilege); the
+    suspended CronJob goes with its owner through the garbage collector.
+    """
+    state = spec.get("state") or {}
+    snapshot = state.get("snapshot") or {}
+    if not state.get("enabled") or not snapshot.get("uri") or not str(snapshot.get("schedule") or "").strip():
+        return None
+    pc = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        "spec": dict(spec),
+    }
+    cronjob = snapshot_k8s.render_snapshot_cronjob(pc)
+    if cronjob is None:
+        return None
+    cronjob["metadata"]["labels"] = {**cronjob["metadata"]["labels"], **_labels(ref, "snapshot")}
+    cronjob["metadata"]["ownerReferences"] = [owner_reference(ref)]
+    cronjob["spec"]["suspend"] = False
+    return cronjob
+
+
 def children(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> list[dict[str, Any]]:
     """Every child except the token Secret and the Leases, in creation order (dependencies first)."""
     max_replicas = int((spec.get("scaling") or {}).get("maxReplicas", 10))
-    return [
+    built = [
         service_account(ref),
         role(ref, max_replicas),
         role_binding(ref),
@@ -351,3 +393,7 @@ def children(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> list[d
         pod_disruption_budget(ref),
         stateful_set(ref, spec, replicas),
     ]
+    cronjob = snapshot_cronjob(ref, spec)
+    if cronjob is not None:
+        built.append(cronjob)
+    return built

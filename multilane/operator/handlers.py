@@ -13,8 +13,10 @@ registry:
   4. On any problem: condition Ready=False / Degraded=True with the reason, a Warning Event per problem,
      and return without touching a child (never a half-applied change). The timer re-checks later.
   5. Apply the children: the control-token Secret only if missing (never overwritten), then
-     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet (create, or
-     merge-patch when they exist; the StatefulSet keeps the replicas the operator decided).
+     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet and, with a
+     snapshot schedule, the CronJob NAME-snapshot (create, or merge-patch when they exist; the
+     StatefulSet keeps the replicas the operator decided). Without a schedule an existing
+     NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted.
   6. Status: observedGeneration, labelSelector, conditions.
 
 - ``timer`` (every ``tick_s``) -> :meth:`OperatorHandlers.tick`: re-reads the object, honours Paused,
@@ -363,6 +365,7 @@ class OperatorHandlers:
                 "Service": "services",
                 "PodDisruptionBudget": "poddisruptionbudgets",
                 "StatefulSet": "statefulsets",
+                "CronJob": "cronjobs",
             }[kind]
             collection = api_path(api_version, plural, ref.namespace)
             try:
@@ -371,6 +374,13 @@ class OperatorHandlers:
                 await self.kube.patch(
                     api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"]), manifest
                 )
+        if ch.snapshot_cronjob(ref, raw_spec) is None:
+            # Scheduled snapshots off: suspend a CronJob left from an earlier spec. Not deleted: the
+            # operator holds no delete on cronjobs (least privilege); it goes with its owner.
+            cronjob_path = api_path("batch/v1", "cronjobs", ref.namespace, ch.snapshot_cronjob_name(ref))
+            existing_cronjob = await self.kube.get(cronjob_path)
+            if existing_cronjob is not None and not (existing_cronjob.get("spec") or {}).get("suspend"):
+                await self.kube.patch(cronjob_path, {"spec": {"suspend": True}})
 
     # ---- the control loop -------------------------------------------------------------------------
 

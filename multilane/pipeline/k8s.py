@@ -23,6 +23,7 @@ __all__ = [
 
 CREDENTIALS_MOUNT = "/etc/multilane/kafka"
 SCRATCH_MOUNT = "/scratch"
+TMP_MOUNT = "/tmp"  # the JVM's java.io.tmpdir: writable although the root filesystem is read-only
 API_VERSION = "multilane.dev/v1alpha1"
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "1", "memory": "2Gi"},
@@ -149,8 +150,11 @@ def _job_spec(
         {"name": "SPARK_LOCAL_DIRS", "value": SCRATCH_MOUNT},
         {"name": "HOME", "value": SCRATCH_MOUNT},
     ]
-    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": SCRATCH_MOUNT}]
-    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "scratch", "mountPath": SCRATCH_MOUNT},
+        {"name": "tmp", "mountPath": TMP_MOUNT},
+    ]
+    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     secret = (kafka.get("credentialsSecretRef") or {}).get("name")
     if secret:
         mounts.append({"name": "kafka-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True})
@@ -166,6 +170,7 @@ def _job_spec(
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         },
     }
@@ -178,6 +183,14 @@ def _job_spec(
             "spec": {
                 "restartPolicy": "Never",
                 "serviceAccountName": f"{name}-worker",
+                # Same non-root identity as the worker pods (numeric, so runAsNonRoot is verifiable).
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                    "fsGroup": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
                 "containers": [container],
                 "volumes": volumes,
             },

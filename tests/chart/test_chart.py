@@ -286,12 +286,14 @@ def test_operator_can_create_every_child_the_controller_builds(render: Any) -> N
         "kafka": {"bootstrapServers": "kafka:9092", "topics": ["orders"], "consumerGroup": "g"},
         "workload": {"image": "app:1", "processor": "app:process"},
         "scaling": {"maxReplicas": 4},
+        "state": {"enabled": True, "snapshot": {"uri": "s3://b/p", "schedule": "0 * * * *"}},
     }
     built = [
         *ch.children(ref, spec, 2),
         ch.control_token_secret(ref, "t" * 48),
         ch.lease_manifest(ref, "orders-0"),
     ]
+    assert "CronJob" in [m["kind"] for m in built]
     rules = _operator_rules(render())
     plurals = {"Role": "roles", "RoleBinding": "rolebindings", "Service": "services", "Secret": "secrets"}
     for manifest in built:

@@ -152,3 +152,55 @@ def test_service_is_headless_and_token_must_be_long() -> None:
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     with pytest.raises(ValueError):
         ch.control_token_secret(REF, "short")
+
+
+STATE_SPEC: dict[str, Any] = {
+    **SPEC,
+    "state": {
+        "enabled": True,
+        "snapshot": {"uri": "s3://bucket/orders", "schedule": "0 * * * *", "retention": 5},
+    },
+}
+
+
+def test_snapshot_cronjob_is_a_child_when_a_schedule_is_set() -> None:
+    built = ch.children(REF, STATE_SPEC, 2)
+    assert [m["kind"] for m in built][-1] == "CronJob"
+    cronjob = built[-1]
+    assert cronjob["apiVersion"] == "batch/v1"
+    meta = cronjob["metadata"]
+    assert meta["name"] == "orders-snapshot" == ch.snapshot_cronjob_name(REF)
+    assert meta["namespace"] == "team-a"
+    assert meta["labels"][ch.CONSUMER_LABEL] == "orders"
+    assert meta["ownerReferences"] == [ch.owner_reference(REF)]
+    assert cronjob["spec"]["schedule"] == "0 * * * *"
+    assert cronjob["spec"]["suspend"] is False
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/example/app:1.0"  # the workload image (needs pyspark + JRE)
+    assert container["command"][:2] == ["multilane", "snapshot"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert {"/tmp", "/scratch"} <= writable
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        {"enabled": False, "snapshot": {"uri": "s3://b/p", "schedule": "0 * * * *"}},
+        {"enabled": True, "snapshot": {"uri": "s3://b/p", "schedule": ""}},
+        {"enabled": True, "snapshot": {"uri": "", "schedule": "0 * * * *"}},
+        {"enabled": True},
+    ],
+)
+def test_no_snapshot_cronjob_without_a_schedule(state: Any) -> None:
+    spec = {**SPEC, "state": state} if state is not None else SPEC
+    assert ch.snapshot_cronjob(REF, spec) is None
+    assert "CronJob" not in [m["kind"] for m in ch.children(REF, spec, 2)]

@@ -93,6 +93,11 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]
+# CronJob NAME-snapshot (scheduled state snapshots). Removing the schedule suspends it (patch), so
+# no delete here either.
+- apiGroups: [batch]
+  resources: [cronjobs]
+  verbs: [get, create, patch]
 # Secrets: the operator creates NAME-control-token once and reads it back (bearer token of the
 # workers' control port); it reads spec.kafka.credentialsSecretRef to reach the Kafka admin API.
 # No list/watch: it can only read Secrets whose names it is given.
