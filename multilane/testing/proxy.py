@@ -86,7 +86,8 @@ class TcpProxy:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.accepted = 0  # connections accepted, for tests
-        self.bytes_forwarded = 0
+        self.bytes_forwarded = 0  # guarded by _count_lock: both pump threads of a link add to it
+        self._count_lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -226,7 +227,8 @@ class TcpProxy:
                 if not self._wait_open():
                     break
                 dst.sendall(data)
-                self.bytes_forwarded += len(data)
+                with self._count_lock:
+                    self.bytes_forwarded += len(data)
         except OSError:
             pass
         finally:
