@@ -1,7 +1,7 @@
 """``ApiServerEmulator``: a ``kmock.KubernetesEmulator`` with the API-server behaviours kopf and the
 operator rely on. A test double for kube-apiserver, not a cluster.
 
-Emulated here (kmock 0.8 lacks them; see /work/shared/FACTS.md):
+Emulated here (kmock 0.8 lacks them; see FACTS.md in the shared reference folder):
 
 - on create: ``metadata.namespace`` stamped from the URL (kmock's watch drops objects without it),
   ``uid``, ``resourceVersion`` (one global counter), ``generation: 1``, ``creationTimestamp``,
