@@ -81,9 +81,13 @@ class EmbeddedBroker:
     has not been reaped; ``stop()`` kills it by PID and waits for it.
     """
 
-    def __init__(self, port: int | None = None, log_path: str | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, log_path: str | None = None, advertised_port: int | None = None
+    ) -> None:
         self.port: int = port or free_port()
-        self.bootstrap: str = f"127.0.0.1:{self.port}"
+        # The port clients are told to use (metadata); another port when a proxy sits in front.
+        self.advertised_port: int = advertised_port or self.port
+        self.bootstrap: str = f"127.0.0.1:{self.advertised_port}"
         self._log_path = log_path
         self._log_file: object | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -101,6 +105,7 @@ class EmbeddedBroker:
         """
         binary = resolve_broker_binary()
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         log_path = self._log_path or os.path.join(
             tempfile.gettempdir(), f"multilane-broker-{self.port}.log"
         )
@@ -108,7 +113,7 @@ class EmbeddedBroker:
         self._log_file = log
         # 1. spawn
         self._proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

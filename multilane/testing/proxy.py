@@ -27,15 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import os
 import socket
-import subprocess
-import tempfile
 import threading
-import time
 from types import TracebackType
 
-from multilane.testing.broker import BrokerError, EmbeddedBroker, free_port, resolve_broker_binary
+from multilane.testing.broker import EmbeddedBroker, free_port
 
 __all__ = ["LinkState", "ProxiedBroker", "TcpProxy", "start_broker_behind_proxy"]
 
@@ -243,7 +239,8 @@ class ProxiedBroker:
     """
 
     def __init__(self, listen_port: int | None = None, advertised_port: int | None = None) -> None:
-        self.broker = _AdvertisingBroker(listen_port or free_port(), advertised_port or free_port())
+        self.broker = EmbeddedBroker(listen_port or free_port(),
+                                     advertised_port=advertised_port or free_port())
         self.proxy = TcpProxy(self.broker.advertised_port, ("127.0.0.1", self.broker.port))
 
     @property
@@ -281,60 +278,6 @@ class ProxiedBroker:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-class _AdvertisingBroker(EmbeddedBroker):
-    """EmbeddedBroker whose advertised listener is another port; its ``bootstrap`` is that port."""
-
-    def __init__(self, port: int, advertised_port: int) -> None:
-        super().__init__(port)
-        self.advertised_port = advertised_port
-        self.bootstrap = f"127.0.0.1:{advertised_port}"
-
-    def start(self, timeout: float = 20.0) -> _AdvertisingBroker:
-        """Like :meth:`EmbeddedBroker.start` (steps 1-3), with a separate advertised listener.
-
-        1. Spawn the binary listening on ``port`` and advertising ``advertised_port``.
-        2. Poll until a metadata request through the advertised address (the proxy) succeeds.
-        3. If the process exits or the deadline passes, stop it and raise :class:`BrokerError`.
-        """
-        log_path = os.path.join(tempfile.gettempdir(), f"multilane-broker-{self.port}.log")
-        log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._log_file = log
-        # 1.
-        self._proc = subprocess.Popen(
-            [
-                resolve_broker_binary(),
-                "broker",
-                "--listener-url",
-                f"tcp://127.0.0.1:{self.port}",
-                "--advertised-listener-url",
-                f"tcp://127.0.0.1:{self.advertised_port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        # 2.
-        deadline = time.monotonic() + timeout
-        last_error = "no answer"
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self.stop()
-                raise BrokerError(f"broker exited with code {code}; see {log_path}")
-            try:
-                self._probe()
-                return self
-            except Exception as exc:  # any failure means "not ready yet"
-                last_error = str(exc)
-                time.sleep(0.05)
-        # 3.
-        self.stop()
-        raise BrokerError(
-            f"broker on {self.port} (advertising {self.advertised_port}) not ready: {last_error}"
-        )
 
 
 def start_broker_behind_proxy(timeout: float = 20.0) -> ProxiedBroker:
