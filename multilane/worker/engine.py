@@ -115,6 +115,10 @@ class Engine:
         # Invariant: disjoint from ``_parts``; any control call or rebalance that decides a
         # partition's ownership removes it (the reopen then stops retrying).
         self._reopen_pending: set[TopicPartitionId] = set()
+        # State closes running after a release answered (``_release_parts(close_after=True)``).
+        # Invariant: an entry lives until its close finished; opening or learning the partition again,
+        # and stop(), wait for it first.
+        self._closing: dict[TopicPartitionId, asyncio.Future[Any]] = {}
         self._flow = FlowController(config.max_in_flight, config.max_in_flight_bytes,
                                     config.partition_max_records, config.partition_max_bytes,
                                     config.resume_fraction)
@@ -276,6 +280,7 @@ class Engine:
                                           unassign=self.config.operator_mode)
         except Exception:
             log.exception("error while releasing partitions at shutdown")
+        await self._closed(list(self._closing))
         # 3. loops and producer
         self._stopping = True
         if self._fetch is not None:
@@ -346,7 +351,8 @@ class Engine:
                 self._commits.fenced = False
                 log.info("fence lifted by generation %d", generation)
             gone = [p for tp, p in self._parts.items() if tp not in wanted]
-            released = await self._release_parts(gone, release_deadline_s, unassign=True)
+            released = await self._release_parts(gone, release_deadline_s, unassign=True,
+                                                 close_after=True)
             # 3. add
             new = [tp for tp in wanted if tp not in self._parts]
             if new:
@@ -364,7 +370,8 @@ class Engine:
             if unknown:
                 log.info("release of partitions not owned: %s", unknown)
             parts = [self._parts[tp] for tp in tps if tp in self._parts]
-            return await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode)
+            return await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode,
+                                             close_after=self.config.operator_mode)
 
     async def set_factor(self, factor: int) -> int:
         """Change lanes per partition at run time (quiesce + re-route; see LaneGroup.resize)."""
@@ -452,6 +459,7 @@ class Engine:
         fn = self._state_call("learn")
         self._require_started()
         async with self._control_lock:
+            await self._closed(tps)
             for tp in tps:
                 await self._run_io(fn, tp[0], tp[1])
         return tps
@@ -483,7 +491,8 @@ class Engine:
             self._reopen_pending.difference_update(tps)
             parts = [self._parts[tp] for tp in tps if tp in self._parts]
             released = await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode)
-            # 2. learn
+            # 2. learn (after any background close of an earlier release)
+            await self._closed(tps)
             for tp in tps:
                 await self._run_io(fn, tp[0], tp[1])
         return released
@@ -495,6 +504,7 @@ class Engine:
         fn = self._state_call("drop")
         self._require_started()
         async with self._control_lock:
+            await self._closed(tps)
             for tp in tps:
                 await self._run_io(fn, tp[0], tp[1])
         return tps
@@ -648,6 +658,7 @@ class Engine:
         are closed uncleanly and the first error is raised. ``_opening`` lists them meanwhile."""
         hooks = self.hooks
         assert hooks is not None
+        await self._closed([tp for tp, _, _ in items])
         for tp, _, _ in items:
             self._opening.add(tp)
         try:
@@ -663,6 +674,12 @@ class Engine:
                 if not isinstance(r, BaseException):
                     await self._run_io(self._close_state_quietly, tp, False)
             raise errors[0]
+
+    async def _closed(self, tps: Iterable[TopicPartitionId]) -> None:
+        """Wait for the background state closes of ``tps`` (see ``_release_parts``, step 5)."""
+        pending = [f for tp in tps if (f := self._closing.pop(tp, None)) is not None]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _close_state_quietly(self, tp: TopicPartitionId, clean: bool) -> None:
         """``hooks.close_partition`` (blocking), logging instead of raising."""
@@ -745,17 +762,24 @@ class Engine:
                                partition=tp[1], committed=off)
 
     async def _release_parts(self, parts: list[PartitionRuntime], deadline_s: float,
-                             unassign: bool, commit: bool = True) -> list[ReleasedPartition]:
-        """Drain, commit and drop ``parts`` (steps 1-6).
+                             unassign: bool, commit: bool = True,
+                             close_after: bool = False) -> list[ReleasedPartition]:
+        """Stop, commit and drop ``parts`` (steps 1-6).
 
         1. Phase ``releasing``; pause fetching (records fetched later are ignored).
-        2. Wait until their in-flight records finished, or the deadline passed.
+        2. Hold their lanes (no queued record starts any more) and wait until the records already
+           *running* finished, or the deadline passed. Queued records are not waited for: they are
+           above the committed offset and not marked done by the progress record, so the next owner
+           runs them (nothing is lost, and nothing that completed runs again). The deadline bounds
+           only slow running records.
         3. Stop their lanes (records still running are abandoned; the next owner replays them).
         4. Final synchronous commit of the committable offsets, with progress records (skipped when
            not ``commit``: a partition whose changelog lost a record is reopened without one).
-        5. ``close_partition``: clean only when nothing was abandoned and the final commit succeeded
-           (a partition whose ``before_commit`` raised :class:`StateDurabilityError` is not committed
-           and closes uncleanly).
+        5. ``close_partition``: clean only when no running record was abandoned and the final commit
+           succeeded (a partition whose ``before_commit`` raised :class:`StateDurabilityError` is not
+           committed and closes uncleanly). With ``close_after``, this runs in the background after
+           the call returned (closing a large store flushes its memtables: the caller need not wait
+           for it); a later open of the same partition, a learn, and :meth:`stop` wait for it.
         6. ``incremental_unassign`` (operator mode) and forget them.
         """
         if not parts:
@@ -765,15 +789,21 @@ class Engine:
         for p in parts:
             p.phase = Phase.RELEASING
         self._fetcher().pause_fetch(parts)
-        # 2. drain
-        deadline = time.monotonic() + max(0.0, deadline_s)
-        while any(p.in_flight for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        clean = {id(p): p.in_flight == 0 for p in parts}
+        # 2. hold the lanes; wait for running records (and dead letters being written) only
         for p in parts:
-            if p.in_flight:
-                log.warning("releasing %s/%d with %d records unfinished after %.1fs; they will be "
-                            "replayed by the next owner", p.topic, p.partition, p.in_flight, deadline_s)
+            p.lanes.hold()
+        deadline = time.monotonic() + max(0.0, deadline_s)
+        while any(_busy(p) for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        clean = {id(p): not _busy(p) for p in parts}
+        for p in parts:
+            if _busy(p):
+                log.warning("releasing %s/%d with %d records still running after %.1fs; they will be "
+                            "replayed by the next owner", p.topic, p.partition, p.lanes.running,
+                            deadline_s)
+            elif p.in_flight:
+                log.info("releasing %s/%d: %d queued records go to the next owner", p.topic,
+                         p.partition, p.in_flight)
         # 3. stop lanes (keep the tracker: completed work is still committed); records running on
         #    the thread pool cannot be cancelled: give them until the deadline (at least a moment)
         #    to return, so that the next owner does not run a key while we still do
@@ -797,11 +827,16 @@ class Engine:
                 clean = dict.fromkeys(clean, False)
         else:
             clean = dict.fromkeys(clean, False)
-        # 5. state hooks
+        # 5. state hooks (now, or after the answer)
         if self.hooks is not None:
             for p in parts:
                 clean[id(p)] = clean[id(p)] and _fully_committed(p)
-                await self._run_io(self.hooks.close_partition, p.topic, p.partition, clean[id(p)])
+                tp = (p.topic, p.partition)
+                if close_after:
+                    self._closing[tp] = asyncio.ensure_future(
+                        self._run_io(self._close_state_quietly, tp, clean[id(p)]))
+                else:
+                    await self._run_io(self.hooks.close_partition, p.topic, p.partition, clean[id(p)])
         # 6. unassign and forget
         if unassign:
             try:
@@ -1042,6 +1077,11 @@ class Engine:
         """Create a dead-letter topic if it does not exist (blocking, short timeout)."""
         cfg = self.config
         ensure_topic(cfg.bootstrap_servers, topic, security_config(cfg.consumer_overrides))
+
+
+def _busy(part: PartitionRuntime) -> bool:
+    """Records of ``part`` still running, or dead letters still being written."""
+    return part.lanes.running > 0 or bool(part.dlq_pending)
 
 
 def _fully_committed(part: PartitionRuntime) -> bool:

@@ -505,6 +505,12 @@ class LaneGroup:
         for lane in self.lanes:
             lane.close()
 
+    def hold(self) -> None:
+        """Start no queued record any more (records running now finish); for a release, which hands
+        the queued records to the next owner. Irreversible short of :meth:`close`."""
+        for lane in self.lanes:
+            lane.holding = True
+
     def route(self, work: Work) -> None:
         lanes = self.lanes
         if len(lanes) == 1:
