@@ -135,7 +135,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     "scaleDownDelaySeconds": 2 * round(max(10.0, args.duration * 0.15) / 2),  # whole ticks
                     "stabilisationSeconds": 4,
                     "intervalSeconds": 2,
-                    "maxPartitionsMovedAtOnce": 1,
+                    "maxPartitionsMovedAtOnce": 4,
                 },
             }
         )
@@ -198,7 +198,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     await asyncio.sleep(0.5)
                     continue
                 for _kind, reason, message in report.events:
-                    if reason != "ScalingDecision" or "scale:" in message:
+                    if reason != "ScalingDecision" or message.startswith("scale "):
                         timeline.events.append((now, reason, message))
                         live.event(now, reason, message)
                 for record in report.handoffs:

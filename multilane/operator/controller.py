@@ -367,6 +367,7 @@ class ConsumerController:
             factor=factor,
             busy_lanes=busy_lanes,
             rebalancing=rebalancing,
+            ready_replicas=alive,
         )
         policy = AutoscalePolicy(policy_config(spec, len(partitions)))
         decision, new_state = policy.decide(obs, state)
@@ -376,6 +377,7 @@ class ConsumerController:
             "time": stamp,
             "replicas": decision.replicas,
             "factor": decision.factor,
+            "rule": decision.rule,
             "reason": decision.reason,
             "inputs": inputs,
             "warnings": list(decision.warnings),
@@ -384,8 +386,8 @@ class ConsumerController:
         event = EventRecord(
             "Normal",
             "ScalingDecision",
-            f"{verb}: replicas {replicas}->{decision.replicas}, factor {factor}->{decision.factor}: "
-            f"{decision.reason}",
+            f"{verb} [{decision.rule}]: replicas {replicas}->{decision.replicas}, factor "
+            f"{factor}->{decision.factor}: {decision.reason}",
         )
         return status, event, new_state
 

@@ -23,12 +23,15 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
    partition whose alive owner differs from its target owner becomes a move (scale-down: the staying
    workers learn the partitions of the leaving ones, which are removed only after the last move).
 5. Advance the rollout: ``RolloutCoordinator.step`` and carry out its actions, repeated while they
-   make progress (so a release is followed by its promotion in the same step):
+   make progress (so a release is followed by its promotion in the same step). Up to
+   ``max_concurrent_warmups`` moves run at once; each round's actions are batched into one call per
+   worker and kind, and the calls to different workers run concurrently:
 
    - ``LEARN``: ``POST /v1/learn`` on the target (restore from snapshot/changelog as a learner);
    - ``RELEASE``: generation + 1, the source's members without P persisted, then the source is pushed
-     that assignment (it stops fetching P, drains up to ``release_deadline_s``, commits, closes the
-     store) and answers the final committed offset;
+     that assignment (it stops fetching P, lets the records already running finish within
+     ``release_deadline_s``, commits with progress, answers the final committed offset, and closes
+     its store afterwards; queued records go to the target through the commit and the progress);
    - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted,
      then the target is pushed its assignment: opening a learning partition is the promotion (it
      applies the last changelog records and processes from the committed offset);
@@ -105,7 +108,7 @@ class HandoffConfig:
 
     acceptable_recovery_lag: int = 10_000  # spec.state.acceptableRecoveryLag
     learner_timeout_s: float = 600.0  # spec.state.learnerTimeoutSeconds
-    max_concurrent_warmups: int = 1  # spec.scaling.maxPartitionsMovedAtOnce
+    max_concurrent_warmups: int = 4  # spec.scaling.maxPartitionsMovedAtOnce
     release_deadline_s: float = 30.0  # drain budget of a releasing worker
 
     def coordinator(self) -> RolloutCoordinator:
@@ -389,32 +392,73 @@ class HandoffExecutor:
         replicas: int,
         result: HandoffStep,
     ) -> AssignmentState:
-        for a in actions:
-            if self.on_action is not None:
+        """Carry out one round of actions, batched (steps 1-5): one call per worker and kind, the
+        calls to different workers at once, so that ``max_concurrent_warmups`` moves advance together
+        instead of one after the other.
+
+        1. ``LEARN``: one ``/v1/learn`` per target with all its partitions.
+        2. ``RELEASE``: one new generation for every release of the round (persisted first), then one
+           assignment push per source.
+        3. ``PROMOTE``: the targets' members (persisted first), then one push per target.
+        4. ``DROP_LEARNER``: one ``/v1/drop`` per worker.
+        5. ``REMOVE_WORKERS`` and ``EVENT`` for the caller; moves that reached DONE become handoffs.
+        """
+        if self.on_action is not None:
+            for a in actions:
                 await self.on_action(a)
-            if a.kind is ActionKind.LEARN:
-                self._learn_started.setdefault(a.partition, time.monotonic())
-                try:
-                    await self.control.learn(by_name[a.worker].control_url, [a.partition])
-                except (WorkerUnreachableError, WorkerFencedError) as exc:
-                    # 409: the worker refuses (e.g. it processes P already); the rollout sees its state
-                    log.warning("learn %s on %s: %s", a.partition, a.worker, exc)
-            elif a.kind is ActionKind.RELEASE:
-                assignment = await self._release(a, assignment, rollout, by_name, result)
-            elif a.kind is ActionKind.PROMOTE:
-                assignment = await self._promote(a, assignment, rollout, by_name, result)
-            elif a.kind is ActionKind.DROP_LEARNER:
-                try:
-                    await self.control.drop(by_name[a.worker].control_url, [a.partition])
-                except (WorkerUnreachableError, WorkerFencedError, KeyError) as exc:
-                    log.warning("drop %s on %s: %s", a.partition, a.worker, exc)
-            elif a.kind is ActionKind.REMOVE_WORKERS:
+        kinds: dict[ActionKind, list[Action]] = {}
+        for a in actions:
+            kinds.setdefault(a.kind, []).append(a)
+        # 1.
+        learn = _by_worker(kinds.get(ActionKind.LEARN, ()))
+        for ps in learn.values():
+            for partition in ps:
+                self._learn_started.setdefault(partition, time.monotonic())
+        await self._each(learn, by_name, self.control.learn, "learn")
+        # 2.
+        if ActionKind.RELEASE in kinds:
+            assignment = await self._release(kinds[ActionKind.RELEASE], assignment, rollout, by_name, result)
+        # 3.
+        if ActionKind.PROMOTE in kinds:
+            assignment = await self._promote(kinds[ActionKind.PROMOTE], assignment, rollout, by_name, result)
+        # 4.
+        drops = _by_worker(kinds.get(ActionKind.DROP_LEARNER, ()))
+        await self._each(drops, by_name, self.control.drop, "drop")
+        # 5.
+        for a in actions:
+            if a.kind is ActionKind.REMOVE_WORKERS:
                 result.remove_to = replicas
                 result.events.append(("Normal", "WorkersRemoved", f"removing {', '.join(a.workers)}"))
             elif a.kind is ActionKind.EVENT:
                 kind = "Warning" if a.reason in ("LearnerTimeout", "HandoffTargetLost") else "Normal"
                 result.events.append((kind, a.reason, a.message))
-        # moves that reached DONE
+        self._record_done(rollout, result)
+        return assignment
+
+    async def _each(
+        self,
+        calls: Mapping[str, list[str]],
+        by_name: Mapping[str, WorkerInfo],
+        fn: Callable[[str, Iterable[str]], Awaitable[None]],
+        verb: str,
+    ) -> None:
+        """``fn(url, partitions)`` on every worker of ``calls`` at once; failures are logged (the
+        rollout sees the worker's state at the next observation and re-sends)."""
+
+        async def one(worker: str, partitions: list[str]) -> None:
+            info = by_name.get(worker)
+            if info is None:
+                return
+            try:
+                await fn(info.control_url, partitions)
+            except (WorkerUnreachableError, WorkerFencedError) as exc:
+                # 409: the worker refuses (e.g. it processes P already); the rollout sees its state
+                log.warning("%s %s on %s: %s", verb, partitions, worker, exc)
+
+        await asyncio.gather(*(one(w, ps) for w, ps in sorted(calls.items())))
+
+    def _record_done(self, rollout: Rollout, result: HandoffStep) -> None:
+        """Moves that reached DONE become :class:`HandoffRecord` s and ``HandedOff`` events."""
         for m in rollout.moves:
             if m.phase is MovePhase.DONE and m.partition in self._release_started:
                 started = self._release_started.pop(m.partition)
@@ -442,7 +486,6 @@ class HandoffExecutor:
                         + (" (eager fallback)" if m.eager else ""),
                     )
                 )
-        return assignment
 
     def _drop_orphaned_pending(self, rollout: Rollout, obs: Mapping[str, WorkerObservation]) -> Rollout:
         """Abandon pending moves whose source is known dead: the partition has no owner, so it is
@@ -489,77 +532,120 @@ class HandoffExecutor:
 
     async def _release(
         self,
-        a: Action,
+        actions: Sequence[Action],
         assignment: AssignmentState,
         rollout: Rollout,
         by_name: Mapping[str, WorkerInfo],
         result: HandoffStep,
     ) -> AssignmentState:
-        source = by_name.get(a.worker)
-        if source is None:
-            return assignment
+        """Release every partition of ``actions`` on its source (steps 1-3)."""
         members = dict(assignment.members)
-        keep = tuple(p for p in members.get(a.worker, ()) if p != a.partition)
-        if keep != members.get(a.worker, ()) or a.partition not in self._release_started:
-            # 1. intent: a new generation without P on the source
-            members[a.worker] = keep
+        bump = False
+        by_source = _by_worker(a for a in actions if a.worker in by_name)
+        for source, parts in by_source.items():
+            keep = tuple(p for p in members.get(source, ()) if p not in parts)
+            if keep != members.get(source, ()) or any(p not in self._release_started for p in parts):
+                bump = True
+            members[source] = keep
+        if not by_source:
+            return assignment
+        if bump:
+            # 1. intent: one new generation without the released partitions on their sources
             assignment = AssignmentState(generation=assignment.generation + 1, members=members)
             await self.persist(assignment, rollout)
-        self._release_started.setdefault(a.partition, time.monotonic())
-        self._wall.setdefault(("released", a.partition), time.time())
-        t0 = time.monotonic()
-        try:
-            # 2. the source drains, commits and closes P
-            released = await self.control.assign(
-                source.control_url, assignment.generation, keep, self.config.release_deadline_s
-            )
-        except WorkerFencedError as exc:
-            result.blocked = f"{a.worker}: {exc}"
+        for parts in by_source.values():
+            for p in parts:
+                self._release_started.setdefault(p, time.monotonic())
+                self._wall.setdefault(("released", p), time.time())
+
+        async def push(source: str, parts: list[str]) -> bool:
+            t0 = time.monotonic()
+            try:
+                # 2. the source stops fetching, lets running records finish, commits, answers
+                released = await self.control.assign(
+                    by_name[source].control_url,
+                    assignment.generation,
+                    members[source],
+                    self.config.release_deadline_s,
+                )
+            except WorkerFencedError as exc:
+                result.blocked = f"{source}: {exc}"
+                return True
+            except WorkerUnreachableError as exc:
+                result.blocked = f"{source}: {exc}"
+                log.warning("release of %s on %s: %s", parts, source, exc)
+                return False
+            offsets = {r.partition: r.committed_offset for r in released}
+            for p in parts:
+                self._call_s[("release", p)] = round(time.monotonic() - t0, 3)
+                # 3. remembered for the next observation: the rollout promotes the target
+                self._released[(source, p)] = offsets.get(p)
+            return False
+
+        fenced = await asyncio.gather(*(push(w, ps) for w, ps in sorted(by_source.items())))
+        if any(fenced):
             return AssignmentState(generation=assignment.generation + 1, members=members)
-        except WorkerUnreachableError as exc:
-            result.blocked = f"{a.worker}: {exc}"
-            log.warning("release of %s on %s: %s", a.partition, a.worker, exc)
-            return assignment
-        self._call_s[("release", a.partition)] = round(time.monotonic() - t0, 3)
-        offsets = {r.partition: r.committed_offset for r in released}
-        # 3. remembered for the next observation: the rollout promotes the target
-        self._released[(a.worker, a.partition)] = offsets.get(a.partition)
         return assignment
 
     async def _promote(
         self,
-        a: Action,
+        actions: Sequence[Action],
         assignment: AssignmentState,
         rollout: Rollout,
         by_name: Mapping[str, WorkerInfo],
         result: HandoffStep,
     ) -> AssignmentState:
-        target = by_name.get(a.worker)
-        if target is None:
+        """Promote every partition of ``actions`` on its target (steps 1-2)."""
+        by_target = _by_worker(a for a in actions if a.worker in by_name)
+        if not by_target:
             return assignment
-        self._release_started.setdefault(a.partition, time.monotonic())
-        members = {w: tuple(p for p in ps if p != a.partition) for w, ps in assignment.members.items()}
-        members[a.worker] = tuple(sorted(set(assignment.members.get(a.worker, ())) | {a.partition}))
+        moving = {p for ps in by_target.values() for p in ps}
+        for p in moving:
+            self._release_started.setdefault(p, time.monotonic())
+        members = {w: tuple(p for p in ps if p not in moving) for w, ps in assignment.members.items()}
+        for target, parts in by_target.items():
+            members[target] = tuple(sorted(set(assignment.members.get(target, ())) | set(parts)))
         if members != assignment.members:
-            # 1. intent: P belongs to the target (and no longer to a dead source)
+            # 1. intent: the partitions belong to their targets (and no longer to dead sources)
             assignment = AssignmentState(generation=assignment.generation, members=members)
             await self.persist(assignment, rollout)
-        t0 = time.monotonic()
-        try:
-            # 2. opening a learning partition promotes it (tail applied, processing from the commit)
-            await self.control.assign(
-                target.control_url, assignment.generation, members[a.worker], self.config.release_deadline_s
-            )
-        except WorkerFencedError as exc:
-            result.blocked = f"{a.worker}: {exc}"
+
+        async def push(target: str, parts: list[str]) -> bool:
+            t0 = time.monotonic()
+            try:
+                # 2. opening a learning partition promotes it (tail applied, processing from the commit)
+                await self.control.assign(
+                    by_name[target].control_url,
+                    assignment.generation,
+                    members[target],
+                    self.config.release_deadline_s,
+                )
+            except WorkerFencedError as exc:
+                result.blocked = f"{target}: {exc}"
+                return True
+            except WorkerUnreachableError as exc:
+                result.blocked = f"{target}: {exc}"
+                log.warning("promotion of %s on %s: %s", parts, target, exc)
+                return False
+            for p in parts:
+                self._call_s[("promote", p)] = round(time.monotonic() - t0, 3)
+                self._wall[("promoted", p)] = time.time()
+                self._pause_end[p] = time.monotonic()
+                for key in [k for k in self._released if k[1] == p]:
+                    del self._released[key]
+            return False
+
+        fenced = await asyncio.gather(*(push(w, ps) for w, ps in sorted(by_target.items())))
+        if any(fenced):
             return AssignmentState(generation=assignment.generation + 1, members=members)
-        except WorkerUnreachableError as exc:
-            result.blocked = f"{a.worker}: {exc}"
-            log.warning("promotion of %s on %s: %s", a.partition, a.worker, exc)
-            return assignment
-        self._call_s[("promote", a.partition)] = round(time.monotonic() - t0, 3)
-        self._wall[("promoted", a.partition)] = time.time()
-        self._pause_end[a.partition] = time.monotonic()
-        for key in [k for k in self._released if k[1] == a.partition]:
-            del self._released[key]
         return assignment
+
+
+def _by_worker(actions: Iterable[Action]) -> dict[str, list[str]]:
+    """Partitions of ``actions`` per worker, in order, without repeats."""
+    out: dict[str, list[str]] = {}
+    for a in actions:
+        ps = out.setdefault(a.worker, [])
+        if a.partition not in ps:
+            ps.append(a.partition)
+    return out

@@ -5,44 +5,36 @@ Pure: no I/O. The operator calls :meth:`AutoscalePolicy.decide` once per scaling
 (JSON via ``to_dict``/``from_dict``) for the next call. The simulator (``multilane.sim``) calls the
 same method unchanged.
 
-The model is rate-based, in the manner of the Flink Kubernetes operator's autoscaler, not a lag
-threshold:
+The capacity model (needed rate, lane rate, replicas x factor that cover it) is in
+:mod:`multilane.operator.capacity`; this module adds the damping. The policy has two speeds:
 
-- needed capacity (rec/s) = ``input_rate / target_utilisation + backlog / target_catchup_s``; when
-  ``max_lag`` is set and the backlog exceeds it, at least ``input_rate + (backlog - max_lag) /
-  max_lag_catchup_s`` (the excess over the bound is cleared faster than the rest);
-- ``r`` = processing rate of one lane, observed as ``processing_rate / busy_lanes``
-  (see :func:`estimate_lane_rate`);
-- lanes needed ``L = ceil(needed / r)``; concurrency is ``partitions x F``, so
-  ``F = clamp(ceil(L / partitions), min_factor, max_factor)``, raised so that the busiest partition's
-  own need (its input / utilisation + its lag / catch-up time) fits in its F lanes;
-- replicas carry CPU and memory, not concurrency: ``R`` is the smallest replica count (at least
-  ``min_replicas``, at most ``min(max_replicas, partitions)``) that keeps every pod within
-  ``max_lanes_per_replica`` lanes, where a pod holds ``ceil(partitions / R)`` partitions, and, when
-  the pods' CPU use is observed, that runs ``input_rate + backlog / target_catchup_s`` at
-  ``target_cpu_utilisation`` (a pod's capacity is extrapolated as ``processing_rate / (ready pods x
-  cpu_utilisation)``; the lane headroom is not applied twice). Choosing the
-  smallest R for a given ``ceil(partitions / R)`` makes the shares as equal as they can be (R divides
-  the partition count whenever some R with that share does).
-
-Damping (all state lives in :class:`PolicyState`):
-
-- scale-up needs evidence: either the recommendation stayed above the current size for the whole
-  ``stabilisation_s`` window (then the size goes to the lowest recommendation of the window, so a
-  single noisy sample does not count), or the lag is a backlog and grew since the previous
-  observation (a real shortfall, scaled to immediately);
-- scale-down waits ``scale_down_delay_s`` after the last change, needs a history that covers that
-  window, and goes to the highest recommendation within it; never while a backlog is draining;
-- after a scale-up, further scale-ups wait ``settle_s`` and, while the rollout runs, until it ends
-  (at most ``bottleneck_retry_s``): new pods start, partitions move, lanes fill;
-- a scale-up that did not raise the processing rate after ``settle_s`` (and after the rollout it
-  started, ``Observation.rebalancing``) while the backlog stayed is reported as a bottleneck: the
-  recommendation is capped at the size before that scale-up (no further scale-up; the useless
-  lanes/pods go after the scale-down delay) until the processing rate rises; after
-  ``bottleneck_retry_s`` one probe up to twice that size is allowed, and each failed probe doubles
-  the hold;
+- **the factor first**: a shortfall (lag rising, or the input above the processing rate) is answered
+  at the next decision by raising the factor in place, up to what the pods running now carry within
+  ``max_lanes_per_replica`` (:func:`~multilane.operator.capacity.factor_for_pods`); the replicas the
+  recommendation needs are asked for in the same decision, for CPU and memory, and the factor
+  follows them to the full recommendation as they become ready;
+- **a scale-up goes to the current need**, not to the lowest recommendation of a window, when the
+  lag rises; without lag evidence a scale-up still needs the whole ``stabilisation_s`` window (then
+  to the window's lowest recommendation, so a single noisy sample does not count);
+- **settle and effectiveness checks apply only to the demand a scale-up was sized for**: while a
+  scale-up settles (``settle_s``, and its rollout), further scale-ups wait, unless the needed rate
+  is clearly beyond what the pending scale-up was sized for (its input rate more than
+  ``shortfall_margin`` above the input the scale-up was sized for) while the lag rises, which is
+  acted on at once; likewise a bottleneck (a settled scale-up that did not raise the processing
+  rate) caps the size only while the input stays within that margin of what the ineffective
+  scale-up was sized for (a backlog growing at the same input is no new demand). After
+  ``bottleneck_retry_s`` one probe up to twice the last effective size is allowed, and each failed
+  probe doubles the hold;
+- **scale-down** waits ``scale_down_delay_s`` after the last change, needs a history that covers
+  that window, goes to the highest recommendation within it, never while a backlog drains, and
+  never while the window's highest needed rate is within ``scale_down_tolerance`` of the rate the
+  current size was chosen for (a dip of the measured input during a sustained burst does not shrink
+  the group);
 - an invalid observation (negative lag, NaN or negative rates, missing partitions) holds the last
   decision with the reason.
+
+Every :class:`Decision` names the rule that fired (``Decision.rule``, one of :data:`RULES`) and
+explains itself in ``reason`` with the inputs it used.
 """
 
 from __future__ import annotations
@@ -52,7 +44,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from multilane.operator.capacity import (
+    MIN_LANE_RATE,
+    LaneRateEstimate,
+    Recommendation,
+    backlog_threshold,
+    estimate_lane_rate,
+    estimate_pod_rate,
+    factor_for_pods,
+    hottest_partition_need,
+    needed_capacity,
+    recommend,
+    replicas_for,
+)
+
 __all__ = [
+    "MIN_LANE_RATE",
+    "RULES",
     "AutoscalePolicy",
     "Decision",
     "LaneRateEstimate",
@@ -61,10 +69,31 @@ __all__ = [
     "PolicyState",
     "Recommendation",
     "ScaleUpRecord",
+    "backlog_threshold",
     "estimate_lane_rate",
+    "estimate_pod_rate",
+    "hottest_partition_need",
     "needed_capacity",
     "recommend",
+    "replicas_for",
 ]
+
+RULES: dict[str, str] = {
+    "shortfall": "scale up at once to the current need: the lag is rising",
+    "beyond-pending": "scale up at once: the need is clearly beyond what the pending scale-up was sized for",
+    "factor-follows": "raise the factor toward the pending scale-up's target as its pods become ready",
+    "stabilised": "scale up: recommended throughout the stabilisation window",
+    "settling": "hold: a scale-up is settling (and its rollout running)",
+    "stabilising": "hold: a scale-up without lag evidence waits for the stabilisation window",
+    "at-recommendation": "hold: the size is the recommendation",
+    "draining": "hold: no scale-down while a backlog drains",
+    "scale-down-delay": "hold: a scale-down waits for the scale-down delay",
+    "within-tolerance": "hold: the need is within the scale-down tolerance of what the size was chosen for",
+    "recently-higher": "hold: a higher size was recommended within the scale-down delay",
+    "scale-down": "scale down to the highest recommendation of the scale-down delay",
+    "invalid-observation": "hold the last decision: the observation cannot be used",
+}
+"""The rules a decision can name (``Decision.rule``), with what each means."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +143,18 @@ class PolicyConfig:
     target_cpu_utilisation: float = 0.7
     """In (0, 1]: replicas are added so that the pods' CPU stays at or below this share of their
     limit at the needed rate (only when the observation reports CPU)."""
+    shortfall_margin: float = 0.25
+    """>= 0: an input rate more than this share above the input the pending (or the bottlenecked)
+    scale-up was sized for is new demand: with the lag rising it is acted on at once instead of
+    waiting for that scale-up to settle (and a bottleneck's cap no longer applies)."""
+    scale_down_tolerance: float = 0.1
+    """In [0, 1): no scale-down while the highest needed rate of the scale-down window is within
+    this share below the needed rate the current size was chosen for (as the HPA's tolerance)."""
+    shortfall_input_ratio: float = 1.1
+    """>= 1: with the lag rising, input above this multiple of the processing rate is a shortfall
+    even before the lag reaches ``rising_lag_threshold_s`` of input."""
+    rising_lag_threshold_s: float = 1.0
+    """>= 0: a rising lag above this many seconds of input (and above 100 records) is a shortfall."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -141,6 +182,10 @@ class PolicyConfig:
             problems.append("target_cpu_utilisation must be in (0, 1]")
         if not self.bottleneck_retry_s > 0:
             problems.append("bottleneck_retry_s must be > 0")
+        if self.shortfall_margin < 0 or not 0 <= self.scale_down_tolerance < 1:
+            problems.append("shortfall_margin >= 0 and scale_down_tolerance in [0, 1)")
+        if self.shortfall_input_ratio < 1 or self.rising_lag_threshold_s < 0:
+            problems.append("shortfall_input_ratio >= 1 and rising_lag_threshold_s >= 0")
         if problems:
             raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
 
@@ -195,30 +240,8 @@ class Decision:
     inputs: dict[str, Any]
     changed: bool
     warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class LaneRateEstimate:
-    """The records/s one lane completes, and where the number came from."""
-
-    rate: float
-    """> 0."""
-    source: str
-    """``observed`` (rate / busy lanes), ``saturated`` (rate / all lanes while a backlog stands),
-    ``previous`` (last estimate) or ``default`` (configured; nothing observed yet)."""
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The unconstrained-by-history answer for one observation."""
-
-    replicas: int
-    factor: int
-    needed_rate: float
-    lanes_needed: int
-    capacity: float
-    """partitions x factor x lane rate."""
-    warnings: tuple[str, ...] = ()
+    rule: str = "at-recommendation"
+    """The rule that fired: a key of :data:`RULES`."""
 
 
 @dataclass
@@ -231,6 +254,16 @@ class ScaleUpRecord:
     lanes_after: int
     replicas_before: int
     replicas_after: int
+    sized_for: float = 0.0
+    """The input rate (rec/s) the scale-up was sized for: its settle and effectiveness checks apply
+    to this demand only (0: unknown, from an older state). A backlog that grows while the input
+    stays is not new demand (it is what an ineffective scale-up looks like)."""
+    factor_target: int = 0
+    """The factor recommended when it was decided; the factor follows the new pods up to it."""
+
+    def beyond(self, input_rate: float, margin: float) -> bool:
+        """True when ``input_rate`` is clearly beyond the demand this scale-up was sized for."""
+        return self.sized_for > 0 and input_rate > self.sized_for * (1.0 + margin)
 
     def expected_gain(self) -> float:
         """Relative processing-rate rise the scale-up should bring (0 when it added nothing)."""
@@ -248,8 +281,11 @@ class PolicyState:
     older than that (so that whether the history covers the window is known on any clock).
     """
 
-    history: list[tuple[float, int, int]] = field(default_factory=list)
-    """(time, recommended replicas, recommended factor), oldest first."""
+    history: list[tuple[float, int, int, float]] = field(default_factory=list)
+    """(time, recommended replicas, recommended factor, needed rate), oldest first."""
+    sized_need: float | None = None
+    """The needed rate (rec/s) when the current size was chosen (the last change); the scale-down
+    tolerance is measured against it."""
     last_lag: int | None = None
     last_time: float | None = None
     lane_rate: float | None = None
@@ -286,6 +322,7 @@ class PolicyState:
             "bottleneck": rec(self.bottleneck),
             "bottleneck_hold_until": self.bottleneck_hold_until,
             "bottleneck_strikes": self.bottleneck_strikes,
+            "sized_need": self.sized_need,
         }
 
     @classmethod
@@ -298,7 +335,7 @@ class PolicyState:
             return None if d is None else ScaleUpRecord(**d)
 
         return cls(
-            history=[(float(t), int(r), int(f)) for t, r, f in data.get("history", [])],
+            history=[_history_entry(h) for h in data.get("history", [])],
             last_lag=data.get("last_lag"),
             last_time=data.get("last_time"),
             lane_rate=data.get("lane_rate"),
@@ -310,11 +347,13 @@ class PolicyState:
             bottleneck=rec(data.get("bottleneck")),
             bottleneck_hold_until=data.get("bottleneck_hold_until"),
             bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
+            sized_need=data.get("sized_need"),
         )
 
 
-MIN_LANE_RATE = 1e-6
-"""Records/s; lane-rate estimates below this are treated as "not observed" (they would explode L)."""
+def _history_entry(h: Any) -> tuple[float, int, int, float]:
+    """A history entry from JSON; entries of older states have no needed rate (0.0)."""
+    return float(h[0]), int(h[1]), int(h[2]), float(h[3]) if len(h) > 3 else 0.0
 
 
 def _finite_nonneg(x: float) -> bool:
@@ -322,8 +361,8 @@ def _finite_nonneg(x: float) -> bool:
 
 
 def prune_history(
-    history: list[tuple[float, int, int]], now: float, horizon: float
-) -> list[tuple[float, int, int]]:
+    history: list[tuple[float, int, int, float]], now: float, horizon: float
+) -> list[tuple[float, int, int, float]]:
     """Entries within ``horizon`` before ``now`` (none from the future), plus the newest one older
     than that: on a free-running clock no entry lands exactly ``horizon`` ago, and without it the
     history would never be seen to cover the window."""
@@ -362,163 +401,6 @@ def validate_observation(obs: Observation, config: PolicyConfig) -> list[str]:
     return problems
 
 
-def backlog_threshold(config: PolicyConfig, input_rate: float) -> float:
-    """The lag (records) above which the lag counts as a backlog, not as records in flight."""
-    return max(100.0, input_rate * config.backlog_threshold_s)
-
-
-def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float | None) -> LaneRateEstimate:
-    """Records/s one lane completes (the key input of the policy).
-
-    1. ``processing_rate / busy_lanes`` when busy lanes are reported (>= 0.5 lane busy on average)
-       and records were processed: the service rate of a busy lane, independent of the load.
-    2. Else, while a backlog stands, every lane is busy: ``processing_rate / (partitions x factor)``.
-    3. Else the previous estimate, else ``config.default_lane_rate``.
-
-    Estimates below :data:`MIN_LANE_RATE` are discarded at each step.
-    """
-    lanes = config.partitions * max(obs.factor, 1)
-    backlog = sum(obs.lag_by_partition.values())
-    # 1.
-    if obs.busy_lanes is not None and obs.busy_lanes >= 0.5:
-        rate = obs.processing_rate / obs.busy_lanes
-        if rate >= MIN_LANE_RATE:
-            return LaneRateEstimate(rate, "observed")
-    # 2.
-    if backlog > backlog_threshold(config, obs.input_rate) and obs.replicas > 0:
-        rate = obs.processing_rate / lanes
-        if rate >= MIN_LANE_RATE:
-            return LaneRateEstimate(rate, "saturated")
-    # 3.
-    if previous is not None and previous >= MIN_LANE_RATE:
-        return LaneRateEstimate(previous, "previous")
-    return LaneRateEstimate(config.default_lane_rate, "default")
-
-
-MIN_CPU_FOR_ESTIMATE = 0.05
-"""CPU utilisation below this is too small to extrapolate a pod's capacity from."""
-
-
-def estimate_pod_rate(obs: Observation, previous: float | None) -> float | None:
-    """Records/s one pod would handle at 100 % of its CPU limit: ``processing_rate / (ready pods x
-    cpu_utilisation)`` when CPU is reported and high enough to extrapolate; else the previous value."""
-    ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
-    cpu = obs.cpu_utilisation
-    if cpu is not None and cpu >= MIN_CPU_FOR_ESTIMATE and ready > 0 and obs.processing_rate > 0:
-        rate = obs.processing_rate / (ready * cpu)
-        if rate >= MIN_LANE_RATE:
-            return rate
-    return previous
-
-
-def needed_capacity(
-    config: PolicyConfig, input_rate: float, backlog: float, utilisation: float | None = None
-) -> float:
-    """Records/s the group must be able to process (see the module docstring).
-
-    ``utilisation`` overrides ``config.target_utilisation`` (1.0 gives the rate to be processed,
-    without headroom: the CPU sizing applies its own target to it)."""
-    u = config.target_utilisation if utilisation is None else utilisation
-    needed = input_rate / u + backlog / config.target_catchup_s
-    if config.max_lag is not None and backlog > config.max_lag:
-        needed = max(needed, input_rate + (backlog - config.max_lag) / config.max_lag_catchup_s)
-    return needed
-
-
-def hottest_partition_need(config: PolicyConfig, obs: Observation) -> float:
-    """Records/s the busiest partition needs: its input at the target utilisation plus its own
-    backlog cleared within the catch-up time (input spread evenly when per-partition rates are
-    unknown)."""
-    even = obs.input_rate / config.partitions
-    by_p = obs.input_rate_by_partition or {}
-    return max(
-        by_p.get(p, even) / config.target_utilisation
-        + obs.lag_by_partition.get(p, 0) / config.target_catchup_s
-        for p in range(config.partitions)
-    )
-
-
-def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
-    """The smallest replica count that keeps every pod within the lane budget.
-
-    Returns (replicas, within_budget). Candidates are, for each share size ``s`` (partitions per
-    pod), ``ceil(partitions / s)``: the fewest pods giving that share, hence the most even split.
-    """
-    p = config.partitions
-    for r in range(config.replica_floor, config.replica_ceiling + 1):
-        share = -(-p // r)
-        if share * factor <= config.max_lanes_per_replica:
-            return r, True
-    return config.replica_ceiling, False
-
-
-def recommend(
-    config: PolicyConfig,
-    needed: float,
-    lane_rate: float,
-    hottest_needed: float = 0.0,
-    pod_rate: float | None = None,
-    cpu_needed: float | None = None,
-) -> Recommendation:
-    """Replicas and factor whose capacity covers ``needed`` (or the maximum, with a warning).
-
-    ``hottest_needed`` is the rate the busiest partition alone needs: lanes belong to one partition,
-    so a skewed load needs ``F >= hottest_needed / lane_rate`` even when the total is covered.
-
-    1. lanes needed ``L = ceil(needed / lane_rate)`` (at least one lane per partition);
-    2. ``F = clamp(max(ceil(L / partitions), ceil(hottest_needed / lane_rate)), min_factor,
-       max_factor)`` (rounded up: never one step short);
-    3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to
-       ``ceil(cpu_needed / (pod_rate x target_cpu_utilisation))`` when a pod's CPU capacity is known
-       (``cpu_needed``: the rate without the lane headroom; defaults to ``needed``).
-    """
-    warnings: list[str] = []
-    p = config.partitions
-    # 1. (a ratio beyond the maximum lane count is cut there: it can only mean "the maximum")
-    ratio = needed / max(lane_rate, MIN_LANE_RATE)
-    lanes_needed = max(math.ceil(min(ratio, float(p * config.max_factor + 1))), p)
-    # 2.
-    hot_ratio = hottest_needed / max(lane_rate, MIN_LANE_RATE)
-    hot_factor = math.ceil(min(hot_ratio, float(config.max_factor + 1)))
-    factor = max(-(-lanes_needed // p), hot_factor)
-    if hot_factor > config.max_factor:
-        warnings.append(
-            f"the busiest partition needs {hottest_needed:.1f} rec/s, above "
-            f"{config.max_factor * lane_rate:.1f} rec/s of max_factor={config.max_factor} lanes"
-        )
-    if -(-lanes_needed // p) > config.max_factor:
-        warnings.append(
-            f"demand {needed:.1f} rec/s exceeds the maximum capacity "
-            f"{p * config.max_factor * lane_rate:.1f} rec/s (max_factor={config.max_factor})"
-        )
-    factor = min(max(factor, config.min_factor), config.max_factor)
-    # 3.
-    replicas, within = replicas_for(config, factor)
-    if not within:
-        warnings.append(
-            f"{-(-p // replicas) * factor} lanes per pod exceed max_lanes_per_replica="
-            f"{config.max_lanes_per_replica} at max replicas {replicas}"
-        )
-    if pod_rate is not None and pod_rate > 0:
-        cpu_rate = needed if cpu_needed is None else cpu_needed
-        cpu_ratio = cpu_rate / (pod_rate * config.target_cpu_utilisation)
-        for_cpu = math.ceil(min(cpu_ratio, float(config.partitions + 1)))
-        if for_cpu > config.replica_ceiling:
-            warnings.append(
-                f"CPU: {cpu_rate:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "
-                f"target_cpu_utilisation={config.target_cpu_utilisation}; at most {config.replica_ceiling}"
-            )
-        replicas = min(max(replicas, for_cpu), config.replica_ceiling)
-    return Recommendation(
-        replicas=replicas,
-        factor=factor,
-        needed_rate=needed,
-        lanes_needed=lanes_needed,
-        capacity=p * factor * lane_rate,
-        warnings=tuple(warnings),
-    )
-
-
 class AutoscalePolicy:
     """Decides replicas x factor from one observation and the remembered state. Pure."""
 
@@ -531,13 +413,14 @@ class AutoscalePolicy:
         1. Validate the observation; on a problem hold the last decision.
         2. Estimate the lane rate and the needed capacity; compute the recommendation.
         3. Judge a pending scale-up (settled, rollout over: did the rate rise?); set or clear the
-           bottleneck; while it is set, cap the recommendation at the size before the ineffective
-           scale-up (so that size is also where a later scale-down returns).
-        4. Record the recommendation in the history window.
-        5. Choose: scale up (confirmed by lag growth or a full stabilisation window, not within the
-           settle time of the last scale-up), scale down (delay passed, window covered, not draining,
-           to the window max), or hold.
-        6. Update the state and return the decision.
+           bottleneck; while it is set and the need stays within ``shortfall_margin`` of what the
+           ineffective scale-up was sized for, cap the recommendation at the size before it.
+        4. Record the recommendation (and the needed rate) in the history window.
+        5. Choose (:meth:`_choose`): scale up (a shortfall at once, the factor first; without lag
+           evidence after a full stabilisation window; not while a scale-up settles unless the need
+           is clearly beyond it), let the factor follow new pods, scale down (delay passed, window
+           covered, not draining, beyond the tolerance, to the window max), or hold.
+        6. Update the state and return the decision, naming the rule that fired.
         """
         cfg = self.config
         st = PolicyState.from_dict(state.to_dict())  # never mutate the caller's state
@@ -554,6 +437,10 @@ class AutoscalePolicy:
         has_backlog = backlog > threshold
         lag_rising = st.last_lag is not None and backlog > st.last_lag
         draining = has_backlog and st.last_lag is not None and backlog < st.last_lag
+        shortfall = lag_rising and (
+            backlog > max(100.0, obs.input_rate * cfg.rising_lag_threshold_s)
+            or obs.input_rate > obs.processing_rate * cfg.shortfall_input_ratio
+        )
         # 2.
         est = estimate_lane_rate(obs, cfg, st.lane_rate)
         # The observed input rate is used as is: inferring the input from lag growth reacts faster
@@ -567,6 +454,7 @@ class AutoscalePolicy:
         warnings = list(rec.warnings)
         if est.source == "default":
             warnings.append(f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}")
+        ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
         inputs: dict[str, Any] = {
             "backlog": backlog,
             "backlog_threshold": round(threshold, 1),
@@ -584,44 +472,40 @@ class AutoscalePolicy:
             "recommended_factor": rec.factor,
             "current_replicas": cur_r,
             "current_factor": cur_f,
+            "ready_replicas": ready,
+            "lag_rising": lag_rising,
+            "shortfall": shortfall,
         }
         # 3.
         self._judge_scale_up(obs, st, has_backlog, cur_lanes, warnings)
         if st.bottleneck is not None:
-            b = st.bottleneck
-            warnings.append(
-                f"scale-up at t={b.time:.0f}s from {b.lanes_before} to {b.lanes_after} lanes "
-                f"({b.replicas_before}->{b.replicas_after} replicas) did not raise the processing rate "
-                f"(before {b.rate_before:.1f} rec/s, now {obs.processing_rate:.1f} rec/s): "
-                "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
-            )
-            cap_f = max(cfg.min_factor, -(-b.lanes_before // cfg.partitions))
-            cap_r = max(cfg.replica_floor, b.replicas_before)
-            if st.bottleneck_hold_until is not None and now >= st.bottleneck_hold_until:
-                # the hold is over: one probe, at most twice the last effective size
-                cap_f = min(2 * cap_f, cfg.max_factor)
-                cap_r = min(2 * cap_r, cfg.replica_ceiling)
-            if rec.factor > cap_f or rec.replicas > cap_r:
-                rec = replace(rec, replicas=min(rec.replicas, cap_r), factor=min(rec.factor, cap_f))
-                inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
-                inputs["capped_by_bottleneck"] = f"{cap_r}x{cap_f}"
+            rec = self._cap_by_bottleneck(st, rec, obs.input_rate, now, obs.processing_rate, warnings, inputs)
         # 4.
         st.history = prune_history(st.history, now, max(cfg.scale_down_delay_s, cfg.stabilisation_s))
-        st.history.append((now, rec.replicas, rec.factor))
+        st.history.append((now, rec.replicas, rec.factor, needed))
         # 5.
-        new_r, new_f, reason = self._choose(obs, st, rec, has_backlog, lag_rising, draining, inputs)
+        choice = self._choose(obs, st, rec, needed, has_backlog, shortfall, draining, ready, inputs)
+        new_r, new_f = choice.replicas, choice.factor
         # 6.
         if (new_r, new_f) != (cur_r, cur_f):
             st.last_change_time = now
+            st.sized_need = choice.sized_for if choice.sized_for is not None else needed
             if cfg.partitions * new_f > cur_lanes or new_r > cur_r:
-                st.pending_scale_up = ScaleUpRecord(
-                    time=now,
-                    rate_before=obs.processing_rate,
-                    lanes_before=cur_lanes,
-                    lanes_after=cfg.partitions * new_f,
-                    replicas_before=cur_r,
-                    replicas_after=new_r,
-                )
+                p = st.pending_scale_up
+                if choice.rule == "factor-follows" and p is not None:
+                    # the same scale-up, completed as its pods became ready
+                    p.lanes_after = cfg.partitions * new_f
+                else:
+                    st.pending_scale_up = ScaleUpRecord(
+                        time=now,
+                        rate_before=obs.processing_rate,
+                        lanes_before=cur_lanes,
+                        lanes_after=cfg.partitions * new_f,
+                        replicas_before=cur_r,
+                        replicas_after=new_r,
+                        sized_for=obs.input_rate,
+                        factor_target=rec.factor,
+                    )
             else:
                 st.pending_scale_up = None
         elif st.last_change_time is None:
@@ -635,10 +519,11 @@ class AutoscalePolicy:
         decision = Decision(
             replicas=new_r,
             factor=new_f,
-            reason=reason,
+            reason=choice.reason,
             inputs=inputs,
             changed=(new_r, new_f) != (cur_r, cur_f),
             warnings=warnings,
+            rule=choice.rule,
         )
         return decision, st
 
@@ -662,8 +547,48 @@ class AutoscalePolicy:
             inputs={"problems": problems, "current_replicas": obs.replicas, "current_factor": obs.factor},
             changed=(r, f) != (obs.replicas, obs.factor),
             warnings=[reason],
+            rule="invalid-observation",
         )
         return decision, st
+
+    def _cap_by_bottleneck(
+        self,
+        st: PolicyState,
+        rec: Recommendation,
+        input_rate: float,
+        now: float,
+        processing_rate: float,
+        warnings: list[str],
+        inputs: dict[str, Any],
+    ) -> Recommendation:
+        """Step 3: cap the recommendation at the last effective size while a bottleneck holds and the
+        input stays within ``shortfall_margin`` of what the ineffective scale-up was sized for."""
+        cfg = self.config
+        b = st.bottleneck
+        assert b is not None
+        warnings.append(
+            f"scale-up at t={b.time:.0f}s from {b.lanes_before} to {b.lanes_after} lanes "
+            f"({b.replicas_before}->{b.replicas_after} replicas) did not raise the processing rate "
+            f"(before {b.rate_before:.1f} rec/s, now {processing_rate:.1f} rec/s): "
+            "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
+        )
+        if b.beyond(input_rate, cfg.shortfall_margin):
+            inputs["bottleneck_lifted"] = (
+                f"input {input_rate:.1f} rec/s is beyond the {b.sized_for:.1f} rec/s the ineffective "
+                "scale-up was sized for"
+            )
+            return rec
+        cap_f = max(cfg.min_factor, -(-b.lanes_before // cfg.partitions))
+        cap_r = max(cfg.replica_floor, b.replicas_before)
+        if st.bottleneck_hold_until is not None and now >= st.bottleneck_hold_until:
+            # the hold is over: one probe, at most twice the last effective size
+            cap_f = min(2 * cap_f, cfg.max_factor)
+            cap_r = min(2 * cap_r, cfg.replica_ceiling)
+        if rec.factor > cap_f or rec.replicas > cap_r:
+            rec = replace(rec, replicas=min(rec.replicas, cap_r), factor=min(rec.factor, cap_f))
+            inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
+            inputs["capped_by_bottleneck"] = f"{cap_r}x{cap_f}"
+        return rec
 
     def _judge_scale_up(
         self,
@@ -707,123 +632,211 @@ class AutoscalePolicy:
         obs: Observation,
         st: PolicyState,
         rec: Recommendation,
+        needed: float,
         has_backlog: bool,
-        lag_rising: bool,
+        shortfall: bool,
         draining: bool,
+        ready: int,
         inputs: dict[str, Any],
-    ) -> tuple[int, int, str]:
+    ) -> _Choice:
+        """Step 5: bounds first (a size outside the, possibly edited, bounds is corrected at once and
+        the rest of the step starts from the corrected size), then up, follow, down or hold."""
         cfg = self.config
-        now = float(obs.now)
-        # Bounds first: a size outside the (possibly edited) bounds is corrected at once, and the
-        # rest of the step starts from the corrected size.
         cur_r = min(max(obs.replicas, cfg.replica_floor), cfg.replica_ceiling)
         cur_f = min(max(obs.factor, cfg.min_factor), cfg.max_factor)
-        prefix = ""
+        ctx = _Context(
+            now=float(obs.now),
+            cur_r=cur_r,
+            cur_f=cur_f,
+            ready=ready,
+            needed=needed,
+            input_rate=obs.input_rate,
+            rebalancing=obs.rebalancing,
+            capped="capped_by_bottleneck" in inputs,
+            summary=_summary(rec, inputs),
+        )
+        if rec.factor > cur_f or rec.replicas > cur_r:
+            choice = self._up(ctx, st, rec, shortfall)
+        elif rec.factor < cur_f or rec.replicas < cur_r:
+            choice = self._down(ctx, st, rec, draining)
+        else:
+            choice = _Choice(
+                cur_r, cur_f, "at-recommendation", f"hold {cur_r}x{cur_f}: at the recommendation"
+            )
+        choice.reason += f"; {ctx.summary}"
         if (cur_r, cur_f) != (obs.replicas, obs.factor):
-            prefix = f"clamp {obs.replicas}x{obs.factor} into bounds -> {cur_r}x{cur_f}; "
-        r, f, reason = self._choose_within_bounds(
-            now, cur_r, cur_f, st, rec, has_backlog, lag_rising, draining, obs.rebalancing, inputs
-        )
-        return r, f, prefix + reason
+            choice.reason = (
+                f"clamp {obs.replicas}x{obs.factor} into bounds -> {cur_r}x{cur_f}; " + choice.reason
+            )
+        return choice
 
-    def _choose_within_bounds(
-        self,
-        now: float,
-        cur_r: int,
-        cur_f: int,
-        st: PolicyState,
-        rec: Recommendation,
-        has_backlog: bool,
-        lag_rising: bool,
-        draining: bool,
-        rebalancing: bool,
-        inputs: dict[str, Any],
-    ) -> tuple[int, int, str]:
+    def _up(self, c: _Context, st: PolicyState, rec: Recommendation, shortfall: bool) -> _Choice:
+        """A scale-up is recommended: settle, follow, at once, after the window, or hold."""
         cfg = self.config
-        summary = (
-            f"need {rec.needed_rate:.1f} rec/s = {rec.lanes_needed} lanes at "
-            f"{inputs['lane_rate']} rec/s/lane ({inputs['lane_rate_source']}); backlog {inputs['backlog']}"
-        )
-        if "capped_by_bottleneck" in inputs:
-            summary += (
-                f"; capped at {inputs['capped_by_bottleneck']}: the last scale-up did not raise the "
-                "processing rate (bottleneck)"
-            )
-        up = rec.factor > cur_f or rec.replicas > cur_r
-        if up:
-            p = st.pending_scale_up
-            age = now - p.time if p is not None else math.inf
-            if p is not None and (age < cfg.settle_s or (rebalancing and age < cfg.bottleneck_retry_s)):
-                return (
-                    cur_r,
-                    cur_f,
-                    f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
-                    f"scale-up at t={p.time:.0f}s has settled ({cfg.settle_s:.0f}s, rollout "
-                    f"{'in progress' if rebalancing else 'done'}); {summary}",
-                )
-            # The history holds at least this observation; right after a (re)start it is short and
-            # the window is whatever has been seen (as in the HPA).
-            window = [h for h in st.history if h[0] >= now - cfg.stabilisation_s]
-            low_r = min(h[1] for h in window)
-            low_f = min(h[2] for h in window)
-            if has_backlog and lag_rising:
-                r, f = max(rec.replicas, cur_r), max(rec.factor, cur_f)
-                return r, f, f"scale up {cur_r}x{cur_f} -> {r}x{f}: lag is rising; {summary}"
-            if low_f > cur_f or low_r > cur_r:
-                span = now - window[0][0]
-                seen = (
-                    f"recommended throughout the {cfg.stabilisation_s:.0f}s stabilisation window"
-                    if span >= cfg.stabilisation_s
-                    else f"recommended by every observation so far ({len(window)} in {span:.0f}s)"
-                )
-                r, f = max(low_r, cur_r), max(low_f, cur_f)
-                return (
-                    r,
+        p = st.pending_scale_up
+        age = c.now - p.time if p is not None else math.inf
+        settling = p is not None and (age < cfg.settle_s or (c.rebalancing and age < cfg.bottleneck_retry_s))
+        if settling and p is not None and not p.beyond(c.input_rate, cfg.shortfall_margin):
+            # the pending scale-up covers this demand: its factor follows its pods, nothing more
+            target = min(rec.factor, max(p.factor_target, c.cur_f))
+            f = self._factor_now(c, c.cur_r, target)
+            if f > c.cur_f:
+                return _Choice(
+                    c.cur_r,
                     f,
-                    (f"scale up {cur_r}x{cur_f} -> {r}x{f}: {seen}; {summary}"),
+                    "factor-follows",
+                    f"factor {c.cur_f} -> {f}: {c.ready} of {c.cur_r} pods ready for the scale-up at "
+                    f"t={p.time:.0f}s (target factor {p.factor_target})",
                 )
-            return (
-                cur_r,
-                cur_f,
-                (
-                    f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
-                    f"{cfg.stabilisation_s:.0f}s stabilisation window; {summary}"
-                ),
+            return _Choice(
+                c.cur_r,
+                c.cur_f,
+                "settling",
+                f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
+                f"scale-up at t={p.time:.0f}s (sized for {p.sized_for:.1f} rec/s) has settled "
+                f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
             )
-        down = rec.factor < cur_f or rec.replicas < cur_r
-        if not down:
-            return cur_r, cur_f, f"hold {cur_r}x{cur_f}: at the recommendation; {summary}"
+        if shortfall:
+            r = max(rec.replicas, c.cur_r)
+            f = self._factor_now(c, r, max(rec.factor, c.cur_f))
+            if settling and p is not None:
+                rule = "beyond-pending"
+                why = (
+                    f"input {c.input_rate:.1f} rec/s is more than {cfg.shortfall_margin:.0%} above the "
+                    f"{p.sized_for:.1f} rec/s the scale-up at t={p.time:.0f}s was sized for"
+                )
+            else:
+                rule, why = "shortfall", "lag is rising"
+            return _Choice(
+                r, f, rule, f"scale up {c.cur_r}x{c.cur_f} -> {r}x{f}: {why}" + _pods_note(c, r, f, rec)
+            )
+        # The history holds at least this observation; right after a (re)start it is short and
+        # the window is whatever has been seen (as in the HPA).
+        window = [h for h in st.history if h[0] >= c.now - cfg.stabilisation_s]
+        low_r = min(h[1] for h in window)
+        low_f = min(h[2] for h in window)
+        if low_f > c.cur_f or low_r > c.cur_r:
+            span = c.now - window[0][0]
+            seen = (
+                f"recommended throughout the {cfg.stabilisation_s:.0f}s stabilisation window"
+                if span >= cfg.stabilisation_s
+                else f"recommended by every observation so far ({len(window)} in {span:.0f}s)"
+            )
+            r = max(low_r, c.cur_r)
+            f = self._factor_now(c, r, max(low_f, c.cur_f))
+            return _Choice(
+                r,
+                f,
+                "stabilised",
+                f"scale up {c.cur_r}x{c.cur_f} -> {r}x{f}: {seen}" + _pods_note(c, r, f, rec),
+                sized_for=min(h[3] for h in window),  # the need the window's lowest answers
+            )
+        return _Choice(
+            c.cur_r,
+            c.cur_f,
+            "stabilising",
+            f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
+            f"{cfg.stabilisation_s:.0f}s stabilisation window",
+        )
+
+    def _factor_now(self, c: _Context, replicas: int, wanted: int) -> int:
+        """The factor to run now: ``wanted``, or what the ready pods carry while more are coming."""
+        if replicas > c.ready:
+            return factor_for_pods(self.config, c.ready, wanted, c.cur_f)
+        return wanted
+
+    def _down(self, c: _Context, st: PolicyState, rec: Recommendation, draining: bool) -> _Choice:
+        """A smaller size is recommended: delay, tolerance and window max decide."""
+        cfg = self.config
+        hold = f"hold {c.cur_r}x{c.cur_f}: scale-down to {rec.replicas}x{rec.factor}"
         if draining:
-            return cur_r, cur_f, f"hold {cur_r}x{cur_f}: no scale-down while a backlog is draining; {summary}"
-        since_change = now - st.last_change_time if st.last_change_time is not None else 0.0
-        covered = bool(st.history) and st.history[0][0] <= now - cfg.scale_down_delay_s
-        if since_change < cfg.scale_down_delay_s or not covered:
-            return (
-                cur_r,
-                cur_f,
-                (
-                    f"hold {cur_r}x{cur_f}: scale-down to {rec.replicas}x{rec.factor} waits for the "
-                    f"{cfg.scale_down_delay_s:.0f}s delay; {summary}"
-                ),
+            return _Choice(
+                c.cur_r, c.cur_f, "draining", f"{hold} waits: no scale-down while a backlog is draining"
             )
-        window = [h for h in st.history if h[0] >= now - cfg.scale_down_delay_s]
+        since_change = c.now - st.last_change_time if st.last_change_time is not None else 0.0
+        covered = bool(st.history) and st.history[0][0] <= c.now - cfg.scale_down_delay_s
+        if since_change < cfg.scale_down_delay_s or not covered:
+            return _Choice(
+                c.cur_r,
+                c.cur_f,
+                "scale-down-delay",
+                f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay",
+            )
+        window = [h for h in st.history if h[0] >= c.now - cfg.scale_down_delay_s]
         high_r = max(h[1] for h in window)
         high_f = max(h[2] for h in window)
-        r, f = min(cur_r, high_r), min(cur_f, high_f)
-        if (r, f) == (cur_r, cur_f):
-            return (
-                cur_r,
-                cur_f,
-                (
-                    f"hold {cur_r}x{cur_f}: a higher size was recommended within the last "
-                    f"{cfg.scale_down_delay_s:.0f}s; {summary}"
-                ),
+        high_need = max(h[3] for h in window)
+        sized = st.sized_need
+        tolerated = sized is not None and high_need >= (1.0 - cfg.scale_down_tolerance) * sized
+        if tolerated and not c.capped:
+            return _Choice(
+                c.cur_r,
+                c.cur_f,
+                "within-tolerance",
+                f"{hold} waits: the highest need of the last {cfg.scale_down_delay_s:.0f}s, "
+                f"{high_need:.1f} rec/s, is within {cfg.scale_down_tolerance:.0%} of the {sized:.1f} rec/s "
+                f"the size was chosen for",
             )
-        return (
+        r, f = min(c.cur_r, high_r), min(c.cur_f, high_f)
+        if (r, f) == (c.cur_r, c.cur_f):
+            return _Choice(
+                c.cur_r,
+                c.cur_f,
+                "recently-higher",
+                f"hold {c.cur_r}x{c.cur_f}: a higher size was recommended within the last "
+                f"{cfg.scale_down_delay_s:.0f}s",
+            )
+        return _Choice(
             r,
             f,
-            (
-                f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last "
-                f"{cfg.scale_down_delay_s:.0f}s; {summary}"
-            ),
+            "scale-down",
+            f"scale down {c.cur_r}x{c.cur_f} -> {r}x{f}: highest recommendation of the last "
+            f"{cfg.scale_down_delay_s:.0f}s",
+            sized_for=high_need,
         )
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What :meth:`AutoscalePolicy._choose` decides from (sizes within bounds)."""
+
+    now: float
+    cur_r: int
+    cur_f: int
+    ready: int
+    needed: float
+    input_rate: float
+    rebalancing: bool
+    capped: bool  # the recommendation is capped by a bottleneck: the lanes above it are useless
+    summary: str
+
+
+@dataclass
+class _Choice:
+    """A chosen size, the rule that fired and why; ``sized_for``: the needed rate the size answers
+    (None: the current need)."""
+
+    replicas: int
+    factor: int
+    rule: str
+    reason: str
+    sized_for: float | None = None
+
+
+def _summary(rec: Recommendation, inputs: Mapping[str, Any]) -> str:
+    summary = (
+        f"need {rec.needed_rate:.1f} rec/s = {rec.lanes_needed} lanes at "
+        f"{inputs['lane_rate']} rec/s/lane ({inputs['lane_rate_source']}); backlog {inputs['backlog']}"
+    )
+    if "capped_by_bottleneck" in inputs:
+        summary += (
+            f"; capped at {inputs['capped_by_bottleneck']}: the last scale-up did not raise the "
+            "processing rate (bottleneck)"
+        )
+    return summary
+
+
+def _pods_note(c: _Context, replicas: int, factor: int, rec: Recommendation) -> str:
+    if factor < rec.factor and replicas > c.ready:
+        return f"; factor {factor} until the new pods are ready ({c.ready} of {replicas}), then {rec.factor}"
+    return ""

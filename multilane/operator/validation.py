@@ -156,7 +156,7 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
     max_lag = _int(scaling, "maxLag", None, problems)
     if max_lag is not None and max_lag < 1:
         problems.append(Problem("InvalidSpec", "maxLag must be >= 1"))
-    max_moves = _int(scaling, "maxPartitionsMovedAtOnce", 1, problems) or 1
+    max_moves = _int(scaling, "maxPartitionsMovedAtOnce", 4, problems) or 4
     interval = _num(scaling, "intervalSeconds", 15, problems)
     if max_moves < 1 or interval < 1:
         problems.append(Problem("InvalidSpec", "maxPartitionsMovedAtOnce and intervalSeconds must be >= 1"))

@@ -83,9 +83,10 @@ class FakeWorkers:
     async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
         w = self.name(base_url)
         self._check(w)
-        for p in partitions:
+        ps = tuple(partitions)
+        for p in ps:
             self.learning[w].setdefault(p, self.learn_ticks)
-            self.calls.append(("learn", w, (p,)))
+        self.calls.append(("learn", w, ps))
 
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
         for p in partitions:
@@ -168,7 +169,12 @@ def test_scale_up_learns_before_release_and_grants_after() -> None:
             )
             assert learn < release < grant, fake.calls
         assert [r.eager for r in ex.completed] == [False, False]
-        assert store.assignment.generation >= 3  # placement + one per release
+        # placement + one generation for the batch of releases; both partitions released in one call
+        assert store.assignment.generation >= 2
+        releases = [c for c in fake.calls if c[0] == "assign" and c[1] == "w-0"]
+        assert len(releases) == 1 and not set(moved) & set(releases[0][2]), fake.calls
+        learns = [c for c in fake.calls if c[0] == "learn"]
+        assert len(learns) == 1 and sorted(learns[0][2]) == moved, fake.calls
 
     asyncio.run(main())
 
@@ -198,16 +204,21 @@ def test_learner_timeout_falls_back_to_eager_handoff() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("crash_after_calls", [1, 2, 3, 4])
-def test_crash_anywhere_then_resume_from_persisted_status(crash_after_calls: int) -> None:
-    """A new executor, given only what was persisted, finishes the rollout; ownership stays exclusive."""
+@pytest.mark.parametrize(
+    ("warmups", "crash_after_calls"), [(4, 1), (4, 2), (1, 1), (1, 2), (1, 3), (1, 4)]
+)
+def test_crash_anywhere_then_resume_from_persisted_status(warmups: int, crash_after_calls: int) -> None:
+    """A new executor, given only what was persisted, finishes the rollout; ownership stays exclusive.
+    With 4 moves at once the two moves take one batched release call and one promotion call; one at
+    a time they take four calls."""
 
     class CrashError(Exception):
         pass
 
     async def main() -> None:
         fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=1), Store()
-        ex = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        config = HandoffConfig(acceptable_recovery_lag=0, max_concurrent_warmups=warmups)
+        ex = HandoffExecutor(fake, store.persist, config)
         await run_until_settled(ex, store, fake, ["w-0"], 1)
         n = [0]
         original = fake.assign
@@ -224,7 +235,7 @@ def test_crash_anywhere_then_resume_from_persisted_status(crash_after_calls: int
             await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
         fake.assign = original  # type: ignore[method-assign]
         # a fresh executor: nothing in memory, only the persisted status
-        resumed = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        resumed = HandoffExecutor(fake, store.persist, config)
         await run_until_settled(resumed, store, fake, ["w-0", "w-1"], 2)
         assert fake.active["w-0"] | fake.active["w-1"] == set(P)
         assert not fake.active["w-0"] & fake.active["w-1"]

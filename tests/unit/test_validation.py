@@ -25,7 +25,7 @@ def test_defaults_match_the_crd() -> None:
     parsed, problems = validate_spec(spec())
     assert problems == [] and parsed is not None
     assert (parsed.min_replicas, parsed.max_replicas, parsed.min_factor, parsed.max_factor) == (1, 10, 1, 64)
-    assert parsed.ordering == "key" and parsed.replicas is None and parsed.max_moves == 1
+    assert parsed.ordering == "key" and parsed.replicas is None and parsed.max_moves == 4
     assert parsed.interval_s == 15 and parsed.metrics.source == "kafka"
 
 
