@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import sys
-import threading
 import time
 import uuid
 from dataclasses import asdict
@@ -58,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--log-level", default="WARNING", help="log level of the control plane (stderr)")
 
 
-def _profile(duration: float, base: float, burst: float) -> tuple[Any, list[tuple[float, str]]]:
+def _profile(duration: float, base: float, burst: float) -> tuple[Any, list[tuple[float, str]], str]:
     from multilane.worker.loadgen import RateProfile, RateStep
 
     warm, peak = 0.1 * duration, 0.3 * duration
@@ -66,7 +65,8 @@ def _profile(duration: float, base: float, burst: float) -> tuple[Any, list[tupl
     marks = [(warm, "lull"), (warm + peak, "burst"), (duration, "lull"), (float("inf"), "drain")]
     # the lull is long: the autoscaler scales down only once the backlog is gone and the
     # scale-down delay passed
-    return RateProfile(steps), marks
+    text = ",".join(f"{st.rate:g}x{st.duration_s:g}" for st in steps)
+    return RateProfile(steps), marks, text
 
 
 def _load_name(marks: list[tuple[float, str]], t: float) -> str:
@@ -96,14 +96,21 @@ def run(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from multilane.demo_check import judge, read_counts
     from multilane.demo_processors import SLEEP_ENV
-    from multilane.demo_report import HandoffPause, Timeline, plot, processing_gap, summary_lines
+    from multilane.demo_report import (
+        HandoffPause,
+        Timeline,
+        burst_figures,
+        plot,
+        processing_gap,
+        summary_lines,
+    )
     from multilane.operator.handoff import HandoffConfig
     from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate, WorkerStatusSource
     from multilane.operator.sources import MetricsUnavailableError, QueryContext
     from multilane.operator.validation import validate_spec
     from multilane.testing.broker import EmbeddedBroker
     from multilane.testing.processors import read_event_log
-    from multilane.worker.loadgen import LoadResult, produce_paced
+    from multilane.worker.loadgen import LoadgenProcess, LoadResult
 
     out: Path = args.out_path
     run_id = uuid.uuid4().hex[:6]
@@ -168,19 +175,14 @@ async def _demo(args: argparse.Namespace) -> int:
             f"1 worker at factor 2; {args.duration:.0f}s of load; output in {out}",
             flush=True,
         )
-        # 3. load
-        profile, marks = _profile(args.duration, args.base_rate, args.burst_rate)
-        stop_load = threading.Event()
+        # 3. load, from its own process (it holds its rate beside the control plane)
+        profile, marks, profile_text = _profile(args.duration, args.base_rate, args.burst_rate)
         load: dict[str, LoadResult] = {}
-
-        def produce() -> None:
-            load["result"] = produce_paced(
-                bootstrap, topic, profile, keys=args.keys, zipf_s=0.0, seed=1, should_stop=stop_load.is_set
-            )
-
-        producer = threading.Thread(target=produce, name="demo-loadgen", daemon=True)
         t0 = time.monotonic()
-        producer.start()
+        producer = LoadgenProcess(
+            bootstrap, topic, profile_text, str(out), keys=args.keys, zipf_s=0.0, seed=1
+        )
+        load_offset = producer.started - t0
         # 4.-5. control loop, display, drain
         peak = {"replicas": 1, "factor": 1}
         live = _Display(tty)
@@ -214,7 +216,9 @@ async def _demo(args: argparse.Namespace) -> int:
                     peak["replicas"] = max(peak["replicas"], sample.replicas)
                     peak["factor"] = max(peak["factor"], sample.factor)
                     live.show(sample, timeline, int(profile.due(min(now, profile.duration_s))))
-                if not producer.is_alive():
+                if not producer.running():
+                    if "result" not in load:
+                        load["result"], _rates = await asyncio.to_thread(producer.finish, 60.0)
                     if drain_deadline is None:
                         drain_deadline = time.monotonic() + 90.0
                         live.event(now, "Drain", "load finished; waiting until everything is committed")
@@ -234,8 +238,11 @@ async def _demo(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.25)
         finally:
             live.stop()
-            stop_load.set()
-            producer.join(60)
+            try:
+                if "result" not in load:
+                    load["result"], _rates = await asyncio.to_thread(producer.finish, 60.0, True)
+            except RuntimeError as exc:
+                print(f"multilane demo: {exc}", file=sys.stderr)
             # 6. stop workers cleanly, then judge
             await cp.close()
         elapsed = time.monotonic() - t0
@@ -257,18 +264,35 @@ async def _demo(args: argparse.Namespace) -> int:
                 gap = processing_gap(ends, r.partition, r.released_at, r.promoted_at)
             timeline.handoffs[i] = HandoffPause(r, hp.at, gap)
         # 7. summary and plot
+        burst = None
+        if result is not None:
+            timeline.offered_per_s = result.offered_per_s
+            timeline.delivered_per_s = result.delivered_per_s
+            onset, end = marks[0][0], marks[1][0]
+            burst = burst_figures(
+                timeline.samples,
+                timeline.events,
+                onset,
+                end,
+                result.offered_per_s,
+                result.delivered_per_s,
+                clock_offset_s=load_offset,
+            )
         png = None
         if timeline.samples:
             png = plot(
                 timeline, out / "demo.png", f"multilane demo: {args.partitions} partitions, stateful IO-bound"
             )
-        lines = summary_lines(verdict, timeline, elapsed, png, peak)
+        lines = summary_lines(verdict, timeline, elapsed, png, peak, burst)
         print("\n".join(lines), flush=True)
         (out / "summary.txt").write_text("\n".join(lines) + "\n")
         (out / "timeline.json").write_text(
             json.dumps(
                 {
                     "samples": [asdict(s) for s in timeline.samples],
+                    "burst": None if burst is None else asdict(burst),
+                    "offered_per_s": timeline.offered_per_s,
+                    "delivered_per_s": timeline.delivered_per_s,
                     "events": timeline.events,
                     "handoffs": [
                         {**asdict(h.record), "at": h.at, "processing_gap_s": h.processing_gap_s}

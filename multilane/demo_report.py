@@ -16,7 +16,17 @@ from rich.text import Text
 
 from multilane.operator.handoff import HandoffRecord
 
-__all__ = ["DemoSample", "HandoffPause", "Timeline", "live_view", "plain_line", "plot", "summary_lines"]
+__all__ = [
+    "BurstFigures",
+    "DemoSample",
+    "HandoffPause",
+    "Timeline",
+    "burst_figures",
+    "live_view",
+    "plain_line",
+    "plot",
+    "summary_lines",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,96 @@ class Timeline:
     samples: list[DemoSample] = field(default_factory=list)
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, reason, message)
     handoffs: list[HandoffPause] = field(default_factory=list)
+    offered_per_s: list[float] = field(default_factory=list)  # the load profile, per second
+    delivered_per_s: list[int] = field(default_factory=list)  # what the generator achieved
+
+
+@dataclass(frozen=True)
+class BurstFigures:
+    """How the control plane met a burst (seconds are relative to the burst's onset).
+
+    ``reaction_s``: onset -> the first scale decision. ``recovery_s``: onset -> the first of
+    ``sustain`` consecutive samples in which processing reached 95 % of the burst's achieved input
+    rate. None: it did not happen within the run.
+    """
+
+    onset_s: float
+    end_s: float
+    offered_rate: float  # mean records/s the profile asked for during the burst
+    achieved_rate: float  # mean records/s delivered during the burst
+    reaction_s: float | None
+    recovery_s: float | None
+    peak_lag: int
+    lag_seconds: float  # integral of the lag over the whole run (records x s)
+    scale_actions: int  # decisions that changed replicas or factor, whole run
+    scale_downs_in_burst: int  # decisions that shrank the group between onset and end
+
+    def lines(self) -> list[str]:
+        def secs(x: float | None) -> str:
+            return "not within the run" if x is None else f"{x:.1f} s"
+
+        short = 1.0 - self.achieved_rate / self.offered_rate if self.offered_rate > 0 else 0.0
+        return [
+            f"burst               t={self.onset_s:.0f}-{self.end_s:.0f}s: "
+            f"offered {self.offered_rate:,.0f} rec/s, "
+            f"achieved {self.achieved_rate:,.0f} rec/s"
+            + (f" (shortfall {short:.0%})" if short > 0.02 else ""),
+            f"reaction            {secs(self.reaction_s)}   (onset -> first scale decision)",
+            f"recovery            {secs(self.recovery_s)}   (onset -> processing >= 95% of the input)",
+            f"peak lag            {self.peak_lag:,}   lag-seconds {self.lag_seconds:,.0f}",
+            f"scaling actions     {self.scale_actions}   "
+            f"(scale-downs during the burst: {self.scale_downs_in_burst})",
+        ]
+
+
+def burst_figures(
+    samples: Sequence[DemoSample],
+    events: Sequence[tuple[float, str, str]],
+    onset_s: float,
+    end_s: float,
+    offered_per_s: Sequence[float],
+    delivered_per_s: Sequence[float],
+    sustain: int = 3,
+    clock_offset_s: float = 0.0,
+) -> BurstFigures:
+    """Reaction, recovery, peak lag, lag-seconds and scaling actions of one burst (pure).
+
+    ``samples`` and ``events`` are on the demo's clock; ``offered_per_s``/``delivered_per_s`` are per
+    second of the load generator's clock, which started ``clock_offset_s`` later.
+    """
+    lo, hi = int(onset_s - clock_offset_s), int(end_s - clock_offset_s)
+    offered = list(offered_per_s[max(lo, 0) : max(hi, 0)])
+    delivered = list(delivered_per_s[max(lo, 0) : max(hi, 0)])
+    offered_rate = sum(offered) / len(offered) if offered else 0.0
+    achieved = sum(delivered) / len(offered) if offered else 0.0
+    decisions = [(t, m) for t, reason, m in events if reason == "ScalingDecision" and m.startswith("scale ")]
+    reaction = next((t - onset_s for t, _ in decisions if t >= onset_s), None)
+    recovery = None
+    run = 0
+    for smp in samples:
+        if smp.t < onset_s:
+            continue
+        run = run + 1 if smp.processing_rate >= 0.95 * achieved > 0 else 0
+        if run >= sustain:
+            recovery = samples[samples.index(smp) - sustain + 1].t - onset_s
+            break
+    lag_seconds = sum((b.t - a.t) * (a.lag + b.lag) / 2 for a, b in itertools.pairwise(samples))
+    downs = 0
+    for t, m in decisions:
+        if onset_s <= t <= end_s and "scale down" in m:
+            downs += 1
+    return BurstFigures(
+        onset_s=onset_s,
+        end_s=end_s,
+        offered_rate=offered_rate,
+        achieved_rate=achieved,
+        reaction_s=reaction,
+        recovery_s=recovery,
+        peak_lag=max((smp.lag for smp in samples if smp.t >= onset_s), default=0),
+        lag_seconds=lag_seconds,
+        scale_actions=len(decisions),
+        scale_downs_in_burst=downs,
+    )
 
 
 _PHASE_STYLE = {
@@ -102,13 +202,19 @@ def plain_line(s: DemoSample) -> str:
 
 
 def summary_lines(
-    verdict: Any, timeline: Timeline, elapsed_s: float, png: Path | None, peak: Mapping[str, int]
+    verdict: Any,
+    timeline: Timeline,
+    elapsed_s: float,
+    png: Path | None,
+    peak: Mapping[str, int],
+    burst: BurstFigures | None = None,
 ) -> list[str]:
     """The end-of-run summary (``verdict``: :class:`multilane.demo_check.Verdict`)."""
     out = [
         "",
         "=== multilane demo: summary ===",
         f"duration            {elapsed_s:.0f} s",
+        *(burst.lines() if burst is not None else []),
         f"produced            {verdict.produced:,}",
         f"processed           {verdict.processed:,}",
         f"replayed            {verdict.replayed:,}   (at-least-once: processed again after a handoff)",
@@ -152,7 +258,14 @@ def plot(timeline: Timeline, path: Path, title: str) -> Path:
     ax_lag.plot(t, [s.lag for s in samples], color="tab:red", label="lag (records)")
     ax_lag.set_ylabel("lag (records)")
     ax_lag.set_title(title)
-    ax_rate.plot(t, [s.input_rate for s in samples], color="tab:blue", label="input rate")
+    if timeline.offered_per_s:
+        start = t[0] if t else 0.0
+        secs = [start + i + 0.5 for i in range(len(timeline.offered_per_s))]
+        ax_rate.step(secs, timeline.offered_per_s, where="mid", color="black", alpha=0.5, linestyle="--",
+                     label="offered (load profile)")  # fmt: skip
+        got = list(timeline.delivered_per_s[: len(secs)])
+        ax_rate.plot(secs[: len(got)], got, color="tab:gray", alpha=0.7, label="achieved (delivered)")
+    ax_rate.plot(t, [s.input_rate for s in samples], color="tab:blue", label="input rate (measured)")
     ax_rate.plot(t, [s.processing_rate for s in samples], color="tab:green", label="processing rate")
     ax_rate.set_ylabel("records/s")
     ax_size.step(t, [s.replicas for s in samples], where="post", color="tab:purple", label="replicas (alive)")

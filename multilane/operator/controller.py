@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from multilane.operator.assignment import (
     AssignmentCoordinator,
@@ -40,7 +40,7 @@ from multilane.operator.conditions import condition, now_iso, set_condition
 from multilane.operator.handoff import HandoffExecutor
 from multilane.operator.planner import AssignmentPlanner, parse_partition
 from multilane.operator.platform import Platform, WorkerInfo, parse_time
-from multilane.operator.policy import AutoscalePolicy, Observation, PolicyConfig, PolicyState
+from multilane.operator.policy import AutoscalePolicy, Decision, Observation, PolicyConfig, PolicyState
 from multilane.operator.rollout import Rollout
 from multilane.operator.sources import (
     MetricSample,
@@ -52,7 +52,7 @@ from multilane.operator.sources import (
 from multilane.operator.validation import ConsumerSpec
 from multilane.operator.workers import WorkerUnreachableError
 
-__all__ = ["ConsumerController", "EventRecord", "TickResult", "policy_config"]
+__all__ = ["ConsumerController", "DecidingPolicy", "EventRecord", "TickResult", "policy_config"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,12 @@ class TickResult:
     policy_state: PolicyState | None = None
     decided: bool = False
     changed: bool = False  # the decision changed replicas or factor
+
+
+class DecidingPolicy(Protocol):
+    """What the controller calls: :class:`AutoscalePolicy` or a baseline with the same shape."""
+
+    def decide(self, obs: Observation, state: PolicyState) -> tuple[Decision, PolicyState]: ...
 
 
 def policy_config(spec: ConsumerSpec, partitions: int) -> PolicyConfig:
@@ -110,6 +116,7 @@ class ConsumerController:
         release_deadline_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         handoff: HandoffExecutor | None = None,
+        policy_factory: Callable[[PolicyConfig], DecidingPolicy] | None = None,
     ) -> None:
         self.platform = platform
         self.control = control
@@ -117,6 +124,8 @@ class ConsumerController:
         self.clock = clock
         # With state enabled: restore-before-handoff rollouts replace the eager change of step 3.
         self.handoff = handoff
+        # The policy for a config: AutoscalePolicy; benchmarks give baselines (same decide shape).
+        self.policy_factory: Callable[[PolicyConfig], DecidingPolicy] = policy_factory or AutoscalePolicy
 
     async def tick(
         self,
@@ -369,7 +378,7 @@ class ConsumerController:
             rebalancing=rebalancing,
             ready_replicas=alive,
         )
-        policy = AutoscalePolicy(policy_config(spec, len(partitions)))
+        policy = self.policy_factory(policy_config(spec, len(partitions)))
         decision, new_state = policy.decide(obs, state)
         inputs = {k: v for k, v in decision.inputs.items() if _json_safe(v)}
         inputs.update({"aliveWorkers": alive, "totalLag": sample.total_lag, "rebalancing": rebalancing})

@@ -45,7 +45,7 @@ import aiohttp
 
 from multilane.operator.assignment import AssignmentState
 from multilane.operator.children import ConsumerRef
-from multilane.operator.controller import ConsumerController, TickResult
+from multilane.operator.controller import ConsumerController, DecidingPolicy, TickResult
 from multilane.operator.handoff import (
     HandoffConfig,
     HandoffControlClient,
@@ -55,7 +55,7 @@ from multilane.operator.handoff import (
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.planner import format_partition
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.policy import PolicyState
+from multilane.operator.policy import PolicyConfig, PolicyState
 from multilane.operator.rollout import Rollout
 from multilane.operator.sources import MetricSample, MetricsUnavailableError, QueryContext
 from multilane.operator.validation import ConsumerSpec
@@ -563,6 +563,7 @@ class LocalControlPlane:
         tick_s: float = 0.5,
         lease_s: float = 6.0,
         restore_before_handoff: bool = True,
+        policy_factory: Callable[[PolicyConfig], DecidingPolicy] | None = None,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -580,7 +581,11 @@ class LocalControlPlane:
         if restore_before_handoff:
             self.executor = HandoffExecutor(self.control, self._persist_handoff, handoff)
         self.controller = ConsumerController(
-            self.platform, self.control, release_deadline_s=handoff.release_deadline_s, handoff=self.executor
+            self.platform,
+            self.control,
+            release_deadline_s=handoff.release_deadline_s,
+            handoff=self.executor,
+            policy_factory=policy_factory,
         )
         self.status: dict[str, Any] = {}
         self.policy_state = PolicyState()

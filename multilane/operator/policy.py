@@ -155,6 +155,10 @@ class PolicyConfig:
     even before the lag reaches ``rising_lag_threshold_s`` of input."""
     rising_lag_threshold_s: float = 1.0
     """>= 0: a rising lag above this many seconds of input (and above 100 records) is a shortfall."""
+    factor_first: bool = True
+    """While pods are added, run only the factor the ready pods carry within their lane budget (the
+    factor follows the new pods). False: the recommended factor at once (the policy before the
+    two-speed change; the burst benchmark's baseline)."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -567,7 +571,7 @@ class AutoscalePolicy:
         b = st.bottleneck
         assert b is not None
         warnings.append(
-            f"scale-up at t={b.time:.0f}s from {b.lanes_before} to {b.lanes_after} lanes "
+            f"scale-up {now - b.time:.0f}s ago from {b.lanes_before} to {b.lanes_after} lanes "
             f"({b.replicas_before}->{b.replicas_after} replicas) did not raise the processing rate "
             f"(before {b.rate_before:.1f} rec/s, now {processing_rate:.1f} rec/s): "
             "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
@@ -685,15 +689,15 @@ class AutoscalePolicy:
                     c.cur_r,
                     f,
                     "factor-follows",
-                    f"factor {c.cur_f} -> {f}: {c.ready} of {c.cur_r} pods ready for the scale-up at "
-                    f"t={p.time:.0f}s (target factor {p.factor_target})",
+                    f"factor {c.cur_f} -> {f}: {c.ready} of {c.cur_r} pods ready for the scale-up "
+                    f"{age:.0f}s ago (target factor {p.factor_target})",
                 )
             return _Choice(
                 c.cur_r,
                 c.cur_f,
                 "settling",
                 f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
-                f"scale-up at t={p.time:.0f}s (sized for {p.sized_for:.1f} rec/s) has settled "
+                f"scale-up {age:.0f}s ago (sized for {p.sized_for:.1f} rec/s) has settled "
                 f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
             )
         if shortfall:
@@ -703,7 +707,7 @@ class AutoscalePolicy:
                 rule = "beyond-pending"
                 why = (
                     f"input {c.input_rate:.1f} rec/s is more than {cfg.shortfall_margin:.0%} above the "
-                    f"{p.sized_for:.1f} rec/s the scale-up at t={p.time:.0f}s was sized for"
+                    f"{p.sized_for:.1f} rec/s the scale-up {age:.0f}s ago was sized for"
                 )
             else:
                 rule, why = "shortfall", "lag is rising"
@@ -741,7 +745,7 @@ class AutoscalePolicy:
 
     def _factor_now(self, c: _Context, replicas: int, wanted: int) -> int:
         """The factor to run now: ``wanted``, or what the ready pods carry while more are coming."""
-        if replicas > c.ready:
+        if replicas > c.ready and self.config.factor_first:
             return factor_for_pods(self.config, c.ready, wanted, c.cur_f)
         return wanted
 

@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="extra topic config of changelog topics created by the worker (repeatable)")
     a("--stall-threshold-s", type=float, default=60.0)
     a("--drain-timeout-s", type=float, default=30.0, help="shutdown: wait this long for in-flight records")
+    a("--release-drain", choices=("running", "queued"), default="running",
+      help="a release waits for the records running (default; queued ones go to the next owner) or for "
+           "every fetched record (queued: the older, slower behaviour, for comparisons)")
     a("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting (repeatable)")
     a("--lease", choices=["auto", "on", "off"], default="auto",
@@ -151,6 +154,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         commit_interval_ms=args.commit_interval_ms,
         stall_threshold_s=args.stall_threshold_s,
         drain_timeout_s=args.drain_timeout_s,
+        release_drain=args.release_drain,
         consumer_overrides=client_settings(args, environ),
         **extra,
     )

@@ -96,6 +96,10 @@ class EngineConfig:
     max_threads: int = 256  # thread pool size bound for sync processors
     yield_every: int = 128  # a lane runner yields to the loop after this many records in a row
     drain_timeout_s: float = 30.0  # shutdown: how long in-flight records may take to finish
+    # What a release waits for before its final commit: "running" (the records the processor runs;
+    # queued ones go to the next owner through the commit and progress) or "queued" (every fetched
+    # record: the behaviour before parallel moves, kept as the burst benchmark's baseline).
+    release_drain: str = "running"
     progress_topic: str | None = None  # None: "multilane-progress.<group>"
     # Raise the garbage collector's generation-0 threshold to this and freeze the objects alive at
     # start (0 = leave the collector alone): the engine makes a few short-lived objects per record,
@@ -120,6 +124,8 @@ class EngineConfig:
             raise ConfigError("standalone mode needs at least one topic (or use operator mode)")
         if not isinstance(self.ordering, OrderingMode):
             raise ConfigError(f"ordering must be an OrderingMode, got {self.ordering!r}")
+        if self.release_drain not in ("running", "queued"):
+            raise ConfigError(f"release_drain must be 'running' or 'queued', got {self.release_drain!r}")
         if not isinstance(self.factor, int) or self.factor < 1 or self.factor > 65536:
             raise ConfigError(f"factor must be an int in [1, 65536], got {self.factor!r}")
         for name in ("max_in_flight", "max_in_flight_bytes", "commit_interval_ms", "consume_batch",

@@ -790,9 +790,12 @@ class Engine:
             p.phase = Phase.RELEASING
         self._fetcher().pause_fetch(parts)
         # 2. hold the lanes; wait for running records (and dead letters being written) only
+        deadline = time.monotonic() + max(0.0, deadline_s)
+        if self.config.release_drain == "queued":  # the older behaviour: drain every fetched record
+            while any(p.in_flight for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         for p in parts:
             p.lanes.hold()
-        deadline = time.monotonic() + max(0.0, deadline_s)
         while any(_busy(p) for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         clean = {id(p): not _busy(p) for p in parts}

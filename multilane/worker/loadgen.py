@@ -26,8 +26,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ from multilane.testing.checkers import ProducedRecord
 
 __all__ = [
     "LoadResult",
+    "LoadgenProcess",
     "RateProfile",
     "RateStep",
     "ZipfKeySampler",
@@ -175,6 +179,14 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)  # the first few delivery errors
     elapsed_s: float = 0.0
     sampler: str = "none"
+    skipped: int = 0
+    """Paced runs: records due that were never produced because the generator fell more than
+    ``max_behind_s`` behind its profile (a shortfall of the offered load, reported, never caught up
+    in a spike)."""
+    delivered_per_s: list[int] = field(default_factory=list)
+    """Paced runs: delivery reports received in each second since the start (the achieved rate)."""
+    offered_per_s: list[float] = field(default_factory=list)
+    """Paced runs: records/s the profile asked for in each second since the start."""
 
     @property
     def delivered(self) -> int:
@@ -192,6 +204,7 @@ class LoadResult:
             "elapsed_s": round(self.elapsed_s, 3),
             "rate": round(self.rate, 1),
             "sampler": self.sampler,
+            "skipped": self.skipped,
             "errors": self.errors[:5],
         }
 
@@ -213,15 +226,24 @@ def _values(value_size: int, seed: int) -> list[bytes]:
     return [blob[i * value_size : (i + 1) * value_size] for i in range(count)]
 
 
-def _producer(bootstrap: str, result: LoadResult, extra: Mapping[str, Any] | None) -> Any:
+def _producer(
+    bootstrap: str, result: LoadResult, extra: Mapping[str, Any] | None, t0: float | None = None
+) -> Any:
+    """A producer whose delivery reports fill ``result`` (with ``t0``: also ``delivered_per_s``)."""
     from confluent_kafka import Producer
 
     records = result.records
     topic = result.topic
+    per_s = result.delivered_per_s
 
     def on_delivery(err: Any, msg: Any) -> None:
         if err is None:
             records.append(ProducedRecord(topic, msg.partition(), msg.offset(), msg.key()))
+            if t0 is not None:
+                second = int(time.monotonic() - t0)
+                if second >= len(per_s):
+                    per_s.extend([0] * (second + 1 - len(per_s)))
+                per_s[second] += 1
         else:
             result.failed += 1
             if len(result.errors) < 10:
@@ -307,12 +329,16 @@ def produce_paced(
     flush_timeout_s: float = 120.0,
     should_stop: Callable[[], bool] | None = None,
     tick_s: float = 0.005,
+    max_behind_s: float = 1.0,
 ) -> LoadResult:
     """Produce following ``profile`` (records/s per step), then wait for every delivery report.
 
     1. Precompute the values and the whole key sequence (``profile.total_records`` keys).
-    2. Every ``tick_s``, produce the records that are due by now (catching up after a stall), until
-       the profile ends or ``should_stop()`` says so.
+    2. Every ``tick_s``, produce the records that are due by now, and serve delivery reports (the
+       achieved rate is what was *delivered*, per second, in ``delivered_per_s``). A generator that
+       fell more than ``max_behind_s`` of the current rate behind (starved of CPU, a slow broker)
+       skips the excess and counts it in ``skipped`` instead of catching up in one spike, so the
+       offered load is never more than the profile says. Until the profile ends or ``should_stop()``.
     3. Flush, as in :func:`produce_records`.
     """
     # 1.
@@ -321,18 +347,29 @@ def produce_paced(
     total = profile.total_records
     key_seq = iter(sampler.key_stream(total))
     result = LoadResult(topic, sampler=sampler.sampler)
-    producer = _producer(bootstrap, result, producer_config)
+    result.offered_per_s = [
+        float(profile.due(i + 1) - profile.due(i)) for i in range(math.ceil(profile.duration_s))
+    ]
     t0 = time.monotonic()
-    sent = 0
+    producer = _producer(bootstrap, result, producer_config, t0=t0)
+    sent = 0  # records produced or skipped
     # 2.
     while sent < total:
         elapsed = time.monotonic() - t0
         if elapsed > profile.duration_s + 1.0 or (should_stop is not None and should_stop()):
             break
         due = min(total, profile.due(elapsed))
+        floor = profile.due(max(0.0, elapsed - max_behind_s))
+        if sent < floor:
+            result.skipped += floor - sent
+            for _ in range(floor - sent):
+                next(key_seq)
+            sent = floor
         while sent < due:
             _produce_one(producer, topic, values[sent % len(values)], next(key_seq), partition)
             sent += 1
+            if sent % 1000 == 0:
+                producer.poll(0)
         producer.poll(0)
         if sent < total:
             time.sleep(tick_s)
@@ -358,6 +395,81 @@ def read_produced(path: str, topic: str) -> list[ProducedRecord]:
     return out
 
 
+class LoadgenProcess:
+    """``multilane loadgen`` with a rate profile, in its own process, so that it holds its rate on a
+    busy machine (a generator thread beside a control plane and a display competes with them for
+    the interpreter and falls behind). Does I/O (a subprocess, files in ``out_dir``).
+
+    :meth:`finish` waits for it (or stops it with SIGTERM: it flushes and writes what was
+    delivered), then returns the exact produced set and the offered/delivered rates per second.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        profile: str,
+        out_dir: str,
+        keys: int = 1000,
+        zipf_s: float = 0.0,
+        seed: int = 1,
+        name: str = "loadgen",
+    ) -> None:
+        import os
+        import subprocess
+
+        self.output = os.path.join(out_dir, f"{name}-produced.tsv")
+        self.timeline_path = os.path.join(out_dir, f"{name}-timeline.json")
+        self.log_path = os.path.join(out_dir, f"{name}.log")
+        self.topic = topic
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in finish()
+        argv = [
+            sys.executable, "-m", "multilane", "loadgen",
+            "--bootstrap-servers", bootstrap, "--topic", topic, "--profile", profile,
+            "--keys", str(keys), "--zipf-s", str(zipf_s), "--seed", str(seed),
+            "--output", self.output, "--timeline", self.timeline_path,
+        ]  # fmt: skip
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def finish(self, timeout_s: float = 120.0, stop: bool = False) -> tuple[LoadResult, dict[str, Any]]:
+        """Wait for the end of the profile (``stop``: end it now), then read what it wrote. Raises
+        RuntimeError (with the log's tail) when the generator failed."""
+        import subprocess
+
+        if stop and self.running():
+            self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._log.close()
+        try:
+            with open(self.timeline_path, encoding="ascii") as f:
+                timeline: dict[str, Any] = json.load(f)
+            records = read_produced(self.output, self.topic)
+        except (OSError, ValueError) as exc:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                tail = f.read()[-2000:]
+            raise RuntimeError(f"load generator failed (exit {code}): {exc}; log: {tail}") from exc
+        summary = timeline.get("summary") or {}
+        result = LoadResult(
+            self.topic,
+            records=records,
+            failed=int(summary.get("failed", 0)),
+            elapsed_s=float(summary.get("elapsed_s", 0.0)),
+            sampler=str(summary.get("sampler", "none")),
+            skipped=int(timeline.get("skipped", 0)),
+            delivered_per_s=[int(x) for x in timeline.get("delivered_per_s", [])],
+            offered_per_s=[float(x) for x in timeline.get("offered_per_s", [])],
+        )
+        return result, timeline
+
+
 # -- CLI --------------------------------------------------------------------------------------------
 
 
@@ -381,6 +493,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--producer-config", action="append", default=[], metavar="KEY=VALUE", help="extra producer settings"
     )
     parser.add_argument("--output", help="write the produced set as TSV lines: partition, offset, key hex")
+    parser.add_argument(
+        "--timeline",
+        help="paced runs: write a JSON file with the offered and the delivered records per second, "
+        "the skipped count and the summary (the demo and the burst benchmark plot it)",
+    )
+    parser.add_argument(
+        "--max-behind-s",
+        type=float,
+        default=1.0,
+        help="paced runs: skip (and count) records due more than this many seconds ago instead of "
+        "catching up in a spike; default 1",
+    )
 
 
 def _parse_config(items: Sequence[str]) -> dict[str, str]:
@@ -429,7 +553,17 @@ def run(args: argparse.Namespace) -> int:
         if profile is None:
             result = produce_records(args.bootstrap_servers, args.topic, args.records, **common)
         else:
-            result = produce_paced(args.bootstrap_servers, args.topic, profile, **common)
+            # SIGTERM ends a paced run early and cleanly: flush, then write the produced set
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            result = produce_paced(
+                args.bootstrap_servers,
+                args.topic,
+                profile,
+                should_stop=stop.is_set,
+                max_behind_s=args.max_behind_s,
+                **common,
+            )
     except ValueError as exc:
         print(f"multilane loadgen: {exc}", file=sys.stderr)
         return 2
@@ -437,5 +571,14 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, "w", encoding="ascii") as f:
             for r in result.records:
                 f.write(f"{r.partition}\t{r.offset}\t{'-' if r.key is None else r.key.hex()}\n")
+    if args.timeline:
+        timeline = {
+            "offered_per_s": result.offered_per_s,
+            "delivered_per_s": result.delivered_per_s,
+            "skipped": result.skipped,
+            "summary": result.summary(),
+        }
+        with open(args.timeline, "w", encoding="ascii") as f:
+            json.dump(timeline, f)
     print(json.dumps(result.summary()))
     return 0 if result.failed == 0 else 1

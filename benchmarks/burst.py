@@ -1,0 +1,381 @@
+"""Burst benchmark: how fast the control plane meets a 10x step burst, on real worker processes.
+
+Does I/O: its own embedded broker, the local control plane with worker subprocesses (the operator's
+``ConsumerController`` and ``HandoffExecutor``), the load generator in its own process, files under a
+temp dir.
+
+Per partition count P (4, 24, 64; ``--quick``: 4) and variant (steps in :func:`_scenario`):
+
+1. A topic of P partitions; one worker at factor 2 runs ``multilane.demo_processors``' stateful,
+   IO-bound processor (a per-key counter in RocksDB and ``--sleep-ms`` of async I/O per record).
+2. The load generator (its own process) offers a lull, a 10x step burst and a lull.
+3. The control plane ticks every 0.25 s and decides every 2 s, as in the demo, until the load
+   ended and the backlog drained.
+4. Figures from 1 s samples of the workers' status: reaction (onset -> first scale decision),
+   recovery (onset -> processing >= 95 % of the burst's achieved input, held 3 s), peak lag,
+   lag-seconds, scaling actions, rollout duration (first release -> last promotion of the moves after
+   the onset), the longest per-move pause, and the delivery checkers on the processing log
+   (at-least-once, per-key order, exclusive key) plus state = the per-key counts of what was
+   produced.
+
+Variants, in the same run:
+
+- ``multilane``: the two-speed policy; up to 4 moves at once (the CR default); a release waits
+  only for running records.
+- ``before``: the policy and rollout before the burst-response change, as settings: a scale-up
+  applies the whole factor at once (``factor_first=False``); it needs 10 s of input of rising lag;
+  a pending scale-up holds every later one until it settled (``shortfall_margin=inf``); no
+  scale-down tolerance; one move at a time; a release waits for every fetched record
+  (``--release-drain queued``).
+- ``keda-hpa``: replicas only, at a fixed factor, as KEDA's Kafka scaler under the HPA would drive
+  the same platform: desired = ceil(total lag / lagThreshold), 15 s sync and polling, 10 %
+  tolerance, scale-up at most max(+100 %, +4 pods) per 15 s, 300 s scale-down window.
+
+Goals (ratios and figures of this run): recovery <= 10 s on 4 and 24 partitions; peak lag of
+``multilane`` <= 1/4 of ``before`` with no more scaling actions; a 12-move rollout <= 8 s; the
+longest per-move pause <= 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import Column, Report, broker_session, log, main, ratio
+
+VARIANTS = ("multilane", "before", "keda-hpa")
+RATES = {4: (150.0, 1500.0), 24: (300.0, 3000.0), 64: (400.0, 4000.0)}  # lull, burst (rec/s, total)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--partitions", default="", help="comma-separated partition counts (default 4,24,64)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run")
+    parser.add_argument("--sleep-ms", type=float, default=50.0, help="simulated remote I/O per record")
+    parser.add_argument("--burst-s", type=float, default=0.0, help="burst length (default 30 s, quick 20 s)")
+    parser.add_argument("--keda-factor", type=int, default=8, help="the keda-hpa baseline's fixed factor")
+    parser.add_argument("--lag-threshold", type=float, default=500.0, help="the keda-hpa lagThreshold")
+    parser.add_argument("--keep", default="", help="keep logs and timelines in this directory")
+
+
+@dataclass
+class _KedaBaseline:
+    """KEDA's Kafka scaler under the HPA (the simulator's :class:`KedaHpaPolicy`), deciding on its own
+    15 s sync period inside the controller's 2 s interval, and keeping the factor it is given."""
+
+    partitions: int
+    lag_threshold: float
+    max_replicas: int
+
+    def __post_init__(self) -> None:
+        from multilane.sim.policies import KedaHpaConfig, KedaHpaPolicy
+
+        config = KedaHpaConfig(
+            lag_threshold=self.lag_threshold, polling_interval_s=15.0, max_replicas=self.max_replicas
+        )
+        self.policy = KedaHpaPolicy(self.partitions, config)
+        self.state: dict[str, Any] = self.policy.initial_state()
+        self.last_sync: float | None = None
+
+    def decide(self, obs: Any, state: Any) -> tuple[Any, Any]:
+        from multilane.operator.policy import Decision
+
+        if self.last_sync is not None and obs.now - self.last_sync < self.policy.config.sync_period_s:
+            hold = Decision(
+                obs.replicas, obs.factor, "keda-hpa: between syncs", {}, False, [], rule="keda-hpa"
+            )
+            return hold, state
+        self.last_sync = obs.now
+        d, self.state = self.policy.decide(obs, self.state)
+        return replace(d, factor=obs.factor, changed=d.replicas != obs.replicas, rule="keda-hpa"), state
+
+
+def _factory(variant: str, partitions: int, args: argparse.Namespace, max_replicas: int) -> Any:
+    from multilane.operator.policy import AutoscalePolicy, PolicyConfig
+
+    if variant == "keda-hpa":
+        baseline = _KedaBaseline(partitions, args.lag_threshold, max_replicas)
+        return lambda _config: baseline
+    if variant == "before":
+
+        def before(config: PolicyConfig) -> AutoscalePolicy:
+            return AutoscalePolicy(
+                replace(
+                    config,
+                    factor_first=False,
+                    shortfall_margin=math.inf,
+                    scale_down_tolerance=0.0,
+                    rising_lag_threshold_s=config.backlog_threshold_s,
+                    shortfall_input_ratio=math.inf,
+                )
+            )
+
+        return before
+    return None
+
+
+async def _scenario(
+    bootstrap: str, partitions: int, variant: str, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring for one (partitions, variant); returns the row."""
+    from multilane.demo import _create_topic, _drained, _sample
+    from multilane.demo_check import judge, read_counts
+    from multilane.demo_processors import SLEEP_ENV
+    from multilane.demo_report import Timeline, burst_figures
+    from multilane.operator.handoff import HandoffConfig
+    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate, WorkerStatusSource
+    from multilane.operator.sources import MetricsUnavailableError, QueryContext
+    from multilane.operator.validation import validate_spec
+    from multilane.testing.processors import read_event_log
+    from multilane.worker.loadgen import LoadgenProcess
+
+    run = uuid.uuid4().hex[:6]
+    topic = group = f"burst-{partitions}-{variant}-{run}"
+    lull, burst = RATES.get(partitions, (10.0 * partitions, 100.0 * partitions))
+    burst_s = args.burst_s or (20.0 if args.quick else 30.0)
+    warm, tail = 10.0, 20.0
+    max_replicas = 3 if partitions <= 4 else 6
+    fixed = variant == "keda-hpa"
+    # 1.
+    await asyncio.to_thread(_create_topic, bootstrap, topic, partitions)
+    names = [f"{topic}/{i}" for i in range(partitions)]
+    spec, problems = validate_spec(
+        {
+            "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": group},
+            "workload": {"image": "local", "processor": "multilane.demo_processors:stateful_io"},
+            "scaling": {
+                "minReplicas": 1,
+                "maxReplicas": max_replicas,
+                "minFactor": args.keda_factor if fixed else 2,
+                "maxFactor": args.keda_factor if fixed else 32,
+                "targetCatchUpSeconds": 5,
+                "scaleDownDelaySeconds": 18,
+                "stabilisationSeconds": 4,
+                "intervalSeconds": 2,
+                "maxPartitionsMovedAtOnce": 1 if variant == "before" else 4,
+            },
+        }
+    )
+    assert spec is not None, problems
+    events_log = workdir / f"events-{run}.log"
+    extra = ("--max-in-flight", "10000") + (("--release-drain", "queued") if variant == "before" else ())
+    template = LocalWorkerTemplate(
+        bootstrap,
+        group,
+        "multilane.demo_processors:stateful_io",
+        factor=args.keda_factor if fixed else 2,
+        drain_timeout_s=10.0,
+        extra_args=extra,
+        env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(args.sleep_ms)},
+    )
+    cp = LocalControlPlane(
+        workdir / f"cp-{run}",
+        spec,
+        template,
+        names,
+        HandoffConfig(
+            acceptable_recovery_lag=2000,
+            learner_timeout_s=30.0,
+            release_deadline_s=2.0,
+            max_concurrent_warmups=spec.max_moves,
+        ),
+        name=f"b{run}",
+        policy_factory=_factory(variant, partitions, args, max_replicas),
+    )
+    sampler = WorkerStatusSource(cp.platform, cp.control, cp.ref, cp.admin)
+    ctx = QueryContext("local", "burst", group, names)
+    timeline = Timeline()
+    profile = f"{lull:g}x{warm:g},{burst:g}x{burst_s:g},{lull:g}x{tail:g}"
+    await cp.start()
+    # wait until the first worker owns every partition (a fair start for every variant)
+    deadline = time.monotonic() + 60
+    while (
+        len({p for m in (cp.status.get("assignment") or {}).get("members") or [] for p in m["partitions"]})
+        < partitions
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the first worker did not take the partitions")
+        await cp.tick()
+        await asyncio.sleep(0.25)
+    t0 = time.monotonic()
+    loadgen = LoadgenProcess(bootstrap, topic, profile, str(workdir), keys=5000, name=f"load-{run}")
+    result = None
+    last_sample = -1.0
+    drained_at: float | None = None
+    try:
+        # 2.-3.
+        while True:
+            now = time.monotonic() - t0
+            report = await cp.tick()
+            for _kind, reason, message in report.events:
+                if reason != "ScalingDecision" or message.startswith("scale "):
+                    timeline.events.append((now, reason, message))
+            if now - last_sample >= 1.0:
+                last_sample = now
+                try:
+                    m = await sampler.sample(ctx)
+                except MetricsUnavailableError:
+                    m = None
+                timeline.samples.append(_sample(now, m, cp.status, report, names, "load"))
+            if result is None and not loadgen.running():
+                result, _rates = await asyncio.to_thread(loadgen.finish, 60.0)
+            if result is not None:
+                if drained_at is None and _drained(sampler.last_statuses, result):
+                    drained_at = now
+                if drained_at is not None and now - drained_at > 3:
+                    break
+            if now > warm + burst_s + tail + 90:
+                raise TimeoutError("the backlog did not drain within 90 s of the end of the load")
+            await asyncio.sleep(0.25)
+    finally:
+        if result is None:
+            result, _rates = await asyncio.to_thread(loadgen.finish, 60.0, True)
+        await cp.close()
+    # 4.
+    events = read_event_log(events_log)
+    counts, _committed = await asyncio.to_thread(read_counts, bootstrap, group, topic, range(partitions))
+    verdict = judge(result.records, events, counts)
+    figures = burst_figures(
+        timeline.samples,
+        timeline.events,
+        warm + (loadgen.started - t0),
+        warm + burst_s + (loadgen.started - t0),
+        result.offered_per_s,
+        result.delivered_per_s,
+        clock_offset_s=loadgen.started - t0,
+    )
+    moves = [h for h in (cp.executor.completed if cp.executor is not None else [])]
+    burst_moves = [h for h in moves if h.released_at is not None]
+    span = None
+    if burst_moves:
+        first = min(h.released_at for h in burst_moves if h.released_at is not None)
+        last = max(h.promoted_at or h.released_at or 0.0 for h in burst_moves)
+        span = last - first
+    checks = (
+        "ok"
+        if verdict.ok
+        else "FAILED: "
+        + "; ".join(c.name for c in verdict.checks if not c.ok)
+        + ("" if verdict.state_ok is not False else "; state")
+    )
+    return {
+        "partitions": partitions,
+        "variant": variant,
+        "offered": round(figures.offered_rate),
+        "achieved": round(figures.achieved_rate),
+        "reaction_s": figures.reaction_s,
+        "recovery_s": figures.recovery_s,
+        "peak_lag": figures.peak_lag,
+        "lag_seconds": round(figures.lag_seconds),
+        "actions": figures.scale_actions,
+        "downs_in_burst": figures.scale_downs_in_burst,
+        "moves": len(moves),
+        "rollout_s": span,
+        "max_pause_s": max((h.pause_s for h in moves), default=None),
+        "lost": verdict.lost,
+        "replayed": verdict.replayed,
+        "checks": checks,
+    }
+
+
+def body(args: argparse.Namespace, report: Report) -> None:
+    sizes = tuple(int(s) for s in args.partitions.split(",") if s) or ((4,) if args.quick else (4, 24, 64))
+    variants = [v for v in args.variants.split(",") if v in VARIANTS]
+    report.params.update(
+        {"partitions": list(sizes), "variants": variants, "sleep_ms": args.sleep_ms, "rates": RATES}
+    )
+    table = report.table(
+        "burst",
+        "A 10x step burst: reaction and recovery of the control plane (real workers, local platform)",
+        [
+            Column("partitions"),
+            Column("variant"),
+            Column("offered", "offered rec/s", fmt=","),
+            Column("achieved", "achieved rec/s", fmt=","),
+            Column("reaction_s", "reaction (s)", fmt=".1f"),
+            Column("recovery_s", "recovery (s)", fmt=".1f"),
+            Column("peak_lag", "peak lag", fmt=","),
+            Column("lag_seconds", "lag x s", fmt=","),
+            Column("actions", "scaling actions"),
+            Column("downs_in_burst", "scale-downs in burst"),
+            Column("moves"),
+            Column("rollout_s", "rollout (s)", fmt=".1f"),
+            Column("max_pause_s", "longest move pause (s)", fmt=".2f"),
+            Column("lost"),
+            Column("replayed"),
+            Column("checks"),
+        ],
+    )
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    with broker_session() as broker, tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch:
+        tmp = Path(args.keep or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        for p in sizes:
+            for variant in variants:
+                log(f"burst: {p} partitions, {variant}")
+                try:
+                    row = asyncio.run(_scenario(broker.bootstrap, p, variant, args, tmp))
+                except Exception as exc:  # a row fails alone
+                    table.add_unavailable(f"{type(exc).__name__}: {exc}", partitions=p, variant=variant)
+                    continue
+                rows[(p, variant)] = table.add(**row)
+    ratios = report.table(
+        "ratios",
+        "multilane against the baselines of the same run (lower is better for multilane)",
+        [
+            Column("partitions"),
+            Column("baseline"),
+            Column("recovery", "recovery ratio", fmt=".2f"),
+            Column("peak_lag", "peak-lag ratio", fmt=".2f"),
+            Column("lag_seconds", "lag x s ratio", fmt=".2f"),
+            Column("actions", "actions (multilane / baseline)"),
+        ],
+    )
+    for p in sizes:
+        ours = rows.get((p, "multilane"))
+        if ours is None:
+            continue
+        for base in ("before", "keda-hpa"):
+            theirs = rows.get((p, base))
+            if theirs is None:
+                continue
+            ratios.add(
+                partitions=p,
+                baseline=base,
+                recovery=ratio(ours["recovery_s"], theirs["recovery_s"]),
+                peak_lag=ratio(ours["peak_lag"], theirs["peak_lag"]),
+                lag_seconds=ratio(ours["lag_seconds"], theirs["lag_seconds"]),
+                actions=f"{ours['actions']} / {theirs['actions']}",
+            )
+        if p in (4, 24):
+            report.goal(f"recovery on {p} partitions (s)", ours["recovery_s"], 10.0, "<=")
+        before = rows.get((p, "before"))
+        if before is not None:
+            report.goal(
+                f"peak lag multilane / before on {p} partitions",
+                ratio(ours["peak_lag"], before["peak_lag"]),
+                0.25,
+                "<=",
+            )
+        report.goal(f"longest move pause on {p} partitions (s)", ours["max_pause_s"], 0.5, "<=")
+        if ours["moves"] >= 12:
+            report.goal(
+                f"rollout of {ours['moves']} moves on {p} partitions (s)", ours["rollout_s"], 8.0, "<="
+            )
+    report.note(
+        "reaction = burst onset -> first scale decision; recovery = onset -> processing >= 95% of the "
+        "burst's achieved input for 3 s; rollout = first release -> last promotion; a move's pause = "
+        "release call -> end of the promotion call (the control plane's figure)."
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(
+        main("burst", "Burst response: the control plane against a 10x step burst.", body, add_arguments)
+    )
