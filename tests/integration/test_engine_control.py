@@ -168,3 +168,35 @@ def test_back_pressure_pauses_partition_and_bounds_memory(broker: EmbeddedBroker
     assert 0 < st["peak_in_flight_bytes"] <= byte_bound
     assert "multilane_partition_paused" in metrics and "multilane_in_flight_records" in metrics
     assert_all(check_delivery(produced, rec.snapshot(), mode="key"))
+
+
+def test_release_waits_for_running_records_only(broker: EmbeddedBroker, topic_name: str) -> None:
+    """A release under a deep queue answers once the records *running* finished: it completes at most
+    one record per lane, and the queued records go to the next owner through the committed offset and
+    the progress record -- none lost, none that completed run again."""
+    broker.create_topic(topic_name, 1)
+    n = 2000
+    produced = produce(broker, topic_name, n, keys=40)
+    group = f"g-{topic_name}"
+    factor = 2
+    first = recorder(sleep_ms=20.0)
+    cfg = config(broker, topic_name, group, factor=factor)
+    with running(cfg, first.async_processor) as (engine, runner):
+        wait_for(lambda: len(ended(first.snapshot())) >= 40, 60, what="processing under way")
+        queued_before = runner.sync(engine.status)["partitions"][0]["in_flight"]
+        before = len(ended(first.snapshot()))
+        released = runner.call(engine.release, [(topic_name, 0)], 10.0)
+        during = len(ended(first.snapshot())) - before
+    assert queued_before > 10 * factor, "the queue should be deep when the release starts"
+    assert during <= factor, f"{during} records completed during the release (at most one per lane)"
+    done_first = ended(first.snapshot())
+    assert len(done_first) < n
+    [rel] = released
+    assert rel.committed_offset < n
+    second = recorder()
+    with running(config(broker, topic_name, group, factor=factor), second.async_processor) as (_e2, _r2):
+        expected = {r.offset for r in produced if r.offset not in done_first}
+        wait_for(lambda: ended(second.snapshot()) >= expected, 90, what="queued records, next owner")
+        wait_for(lambda: committed_offset(broker, group, topic_name) == n, 30, what="commit to the end")
+    assert ended(second.snapshot()) == expected  # nothing that completed ran again
+    assert_all(check_delivery(produced, first.snapshot() + second.snapshot(), mode="key"))

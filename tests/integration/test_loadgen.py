@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.loadgen import (
+    LoadgenProcess,
     RateProfile,
     RateStep,
     ZipfKeySampler,
@@ -120,6 +121,47 @@ def test_paced_profile_follows_rates(broker: EmbeddedBroker, topic_name: str) ->
     assert result.delivered == profile.total_records == 5000
     assert elapsed >= 2.9  # it did pace (3 s profile), and did not run away
     assert elapsed < 30
+
+
+@pytest.mark.broker
+def test_a_stalled_generator_skips_instead_of_spiking(broker: EmbeddedBroker, topic_name: str) -> None:
+    """Starved for 2 s (as a generator thread beside a busy control plane was), the generator skips
+    what fell more than ``max_behind_s`` behind and counts it, instead of producing it in one spike."""
+    broker.create_topic(topic_name, 1)
+    rate = 1000.0
+    profile = RateProfile.constant(rate, 4.0)
+    t0 = time.monotonic()
+    stalled = []
+
+    def stall_once() -> bool:
+        if not stalled and time.monotonic() - t0 > 0.5:
+            stalled.append(True)
+            time.sleep(2.0)
+        return False
+
+    result = produce_paced(
+        broker.bootstrap, topic_name, profile, keys=10, should_stop=stall_once, max_behind_s=1.0
+    )
+    assert stalled
+    assert result.failed == 0
+    assert result.skipped >= 0.8 * rate  # about one second of the two fell beyond the bound
+    assert result.delivered + result.skipped == profile.total_records
+    assert max(result.delivered_per_s) <= 2.3 * rate  # at most one second of catch-up at once
+    assert result.offered_per_s == [rate] * 4
+
+
+@pytest.mark.broker
+def test_loadgen_process_reports_offered_and_delivered(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path
+) -> None:
+    broker.create_topic(topic_name, 2)
+    gen = LoadgenProcess(broker.bootstrap, topic_name, "500x2,0x1", str(tmp_path), keys=20)
+    result, timeline = gen.finish(timeout_s=60)
+    assert result.delivered == 1000 and result.skipped == 0
+    assert len({(r.partition, r.offset) for r in result.records}) == 1000
+    assert result.offered_per_s == [500.0, 500.0, 0.0]
+    assert sum(result.delivered_per_s) == 1000
+    assert timeline["summary"]["delivered"] == 1000
 
 
 @pytest.mark.broker
