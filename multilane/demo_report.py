@@ -81,7 +81,8 @@ class BurstFigures:
     recovery_s: float | None
     peak_lag: int
     lag_seconds: float  # integral of the lag over the whole run (records x s)
-    scale_actions: int  # decisions that changed replicas or factor, whole run
+    scale_actions: int  # scale-ups and scale-downs, whole run (a factor-follows completes its scale-up)
+    size_changes: int  # every decision that changed replicas or factor, whole run
     scale_downs_in_burst: int  # decisions that shrank the group between onset and end
 
     def lines(self) -> list[str]:
@@ -97,8 +98,8 @@ class BurstFigures:
             f"reaction            {secs(self.reaction_s)}   (onset -> first scale decision)",
             f"recovery            {secs(self.recovery_s)}   (onset -> processing >= 95% of the input)",
             f"peak lag            {self.peak_lag:,}   lag-seconds {self.lag_seconds:,.0f}",
-            f"scaling actions     {self.scale_actions}   "
-            f"(scale-downs during the burst: {self.scale_downs_in_burst})",
+            f"scaling actions     {self.scale_actions}   ({self.size_changes} size changes; "
+            f"scale-downs during the burst: {self.scale_downs_in_burst})",
         ]
 
 
@@ -147,7 +148,8 @@ def burst_figures(
         recovery_s=recovery,
         peak_lag=max((smp.lag for smp in samples if smp.t >= onset_s), default=0),
         lag_seconds=lag_seconds,
-        scale_actions=len(decisions),
+        scale_actions=sum(1 for _, m in decisions if not m.startswith("scale [factor-follows]")),
+        size_changes=len(decisions),
         scale_downs_in_burst=downs,
     )
 

@@ -18,6 +18,7 @@ def test_figures_of_a_burst_met_after_four_seconds() -> None:
         (5.0, "ScalingDecision", "scale [stabilised]: replicas 1->1, factor 2->3: ..."),
         (11.5, "ScalingDecision", "scale [shortfall]: replicas 1->2, factor 3->16: ..."),
         (12.0, "ScalingDecision", "hold [settling]: ..."),  # holds are not actions
+        (13.5, "ScalingDecision", "scale [factor-follows]: replicas 2->2, factor 16->28: ..."),
         (30.0, "ScalingDecision", "scale [scale-down]: replicas 2->2, factor 16->12: scale down ..."),
         (45.0, "ScalingDecision", "scale [scale-down]: replicas 2->1, factor 12->3: scale down ..."),
     ]
@@ -27,7 +28,8 @@ def test_figures_of_a_burst_met_after_four_seconds() -> None:
     assert f.reaction_s == 1.5
     assert f.recovery_s == 4.0
     assert f.peak_lag == 4000
-    assert f.scale_actions == 4
+    assert f.scale_actions == 4  # the factor-follows completes the shortfall's scale-up
+    assert f.size_changes == 5
     assert f.scale_downs_in_burst == 1
     assert f.offered_rate == 1000.0
     assert 975 < f.achieved_rate < 1000  # the generator fell short in one second
