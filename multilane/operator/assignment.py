@@ -340,7 +340,9 @@ class AssignmentCoordinator:
             log.warning("worker %s is fenced: pushing generation %d", worker.name, generation)
             try:
                 await self.control.assign(
-                    worker.control_url, generation, sorted(state.members.get(worker.name, ())),
+                    worker.control_url,
+                    generation,
+                    sorted(state.members.get(worker.name, ())),
                     self.release_deadline_s,
                 )
             except (WorkerFencedError, WorkerUnreachableError) as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from multilane.operator.policy import Observation, PolicyConfig
+    from multilane.operator.policy_model import Observation, PolicyConfig
 
 __all__ = [
     "MIN_LANE_RATE",

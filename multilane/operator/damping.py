@@ -1,0 +1,419 @@
+"""The damping state machine of the autoscaling policy: what it remembers between decisions
+(:class:`PolicyState`, a pending :class:`ScaleUpRecord`, the bottleneck) and the rules that turn a
+recommendation into the size to run (:class:`DampingRules`: scale up at once or after the window, let
+the factor follow new pods, settle, probe a bottleneck, scale down after the delay and beyond the
+tolerance, or hold). Pure: no I/O. The module docstring of :mod:`multilane.operator.policy` describes
+the rules; :mod:`multilane.operator.explain` words them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from multilane.operator.capacity import Recommendation, factor_for_pods
+from multilane.operator.explain import pods_note, summary
+from multilane.operator.policy_model import Observation, PolicyConfig
+
+__all__ = ["Choice", "DampingContext", "DampingRules", "PolicyState", "ScaleUpRecord", "prune_history"]
+
+
+@dataclass
+class ScaleUpRecord:
+    """A scale-up whose effect on the processing rate is still to be judged."""
+
+    time: float
+    rate_before: float
+    lanes_before: int
+    lanes_after: int
+    replicas_before: int
+    replicas_after: int
+    sized_for: float = 0.0
+    """The input rate (rec/s) the scale-up was sized for: its settle and effectiveness checks apply
+    to this demand only (0: unknown, from an older state). A backlog that grows while the input
+    stays is not new demand (it is what an ineffective scale-up looks like)."""
+    factor_target: int = 0
+    """The factor recommended when it was decided; the factor follows the new pods up to it."""
+
+    def beyond(self, input_rate: float, margin: float) -> bool:
+        """True when ``input_rate`` is clearly beyond the demand this scale-up was sized for."""
+        return self.sized_for > 0 and input_rate > self.sized_for * (1.0 + margin)
+
+    def expected_gain(self) -> float:
+        """Relative processing-rate rise the scale-up should bring (0 when it added nothing)."""
+        if self.lanes_after > self.lanes_before:
+            return self.lanes_after / max(self.lanes_before, 1) - 1.0
+        return max(self.replicas_after / max(self.replicas_before, 1) - 1.0, 0.0)
+
+
+@dataclass
+class PolicyState:
+    """Everything :meth:`AutoscalePolicy.decide` remembers between calls; owned by the caller.
+
+    Invariant: ``history`` is sorted by time and holds the entries of the last
+    ``max(scale_down_delay_s, stabilisation_s)`` before the latest observation, plus the newest entry
+    older than that (so that whether the history covers the window is known on any clock).
+    """
+
+    history: list[tuple[float, int, int, float]] = field(default_factory=list)
+    """(time, recommended replicas, recommended factor, needed rate), oldest first."""
+    sized_need: float | None = None
+    """The needed rate (rec/s) when the current size was chosen (the last change); the scale-down
+    tolerance is measured against it."""
+    last_lag: int | None = None
+    last_time: float | None = None
+    lane_rate: float | None = None
+    """Last lane-rate estimate that came from an observation (not the default)."""
+    pod_rate: float | None = None
+    """Last estimate of the records/s one pod handles at 100 % CPU (None until CPU was observed)."""
+    last_replicas: int | None = None
+    last_factor: int | None = None
+    last_change_time: float | None = None
+    pending_scale_up: ScaleUpRecord | None = None
+    bottleneck: ScaleUpRecord | None = None
+    """Set when a scale-up proved ineffective: until ``bottleneck_hold_until`` recommendations are
+    capped at its "before" size (the last effective one), then at twice that (one probe)."""
+    bottleneck_hold_until: float | None = None
+    bottleneck_strikes: int = 0
+    """Probes that failed too; the hold doubles with each (``bottleneck_retry_s x 2**strikes``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy."""
+
+        def rec(r: ScaleUpRecord | None) -> dict[str, Any] | None:
+            return None if r is None else dict(vars(r))
+
+        return {
+            "history": [list(h) for h in self.history],
+            "last_lag": self.last_lag,
+            "last_time": self.last_time,
+            "lane_rate": self.lane_rate,
+            "pod_rate": self.pod_rate,
+            "last_replicas": self.last_replicas,
+            "last_factor": self.last_factor,
+            "last_change_time": self.last_change_time,
+            "pending_scale_up": rec(self.pending_scale_up),
+            "bottleneck": rec(self.bottleneck),
+            "bottleneck_hold_until": self.bottleneck_hold_until,
+            "bottleneck_strikes": self.bottleneck_strikes,
+            "sized_need": self.sized_need,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PolicyState:
+        """Inverse of :meth:`to_dict`; ``None`` or ``{}`` gives a fresh state."""
+        if not data:
+            return cls()
+
+        def rec(d: Mapping[str, Any] | None) -> ScaleUpRecord | None:
+            return None if d is None else ScaleUpRecord(**d)
+
+        return cls(
+            history=[_history_entry(h) for h in data.get("history", [])],
+            last_lag=data.get("last_lag"),
+            last_time=data.get("last_time"),
+            lane_rate=data.get("lane_rate"),
+            pod_rate=data.get("pod_rate"),
+            last_replicas=data.get("last_replicas"),
+            last_factor=data.get("last_factor"),
+            last_change_time=data.get("last_change_time"),
+            pending_scale_up=rec(data.get("pending_scale_up")),
+            bottleneck=rec(data.get("bottleneck")),
+            bottleneck_hold_until=data.get("bottleneck_hold_until"),
+            bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
+            sized_need=data.get("sized_need"),
+        )
+
+
+def _history_entry(h: Any) -> tuple[float, int, int, float]:
+    """A history entry from JSON; entries of older states have no needed rate (0.0)."""
+    return float(h[0]), int(h[1]), int(h[2]), float(h[3]) if len(h) > 3 else 0.0
+
+
+def prune_history(
+    history: list[tuple[float, int, int, float]], now: float, horizon: float
+) -> list[tuple[float, int, int, float]]:
+    """Entries within ``horizon`` before ``now`` (none from the future), plus the newest one older
+    than that: on a free-running clock no entry lands exactly ``horizon`` ago, and without it the
+    history would never be seen to cover the window."""
+    kept = [h for h in history if now - horizon <= h[0] <= now]
+    older = [h for h in history if h[0] < now - horizon]
+    return ([older[-1]] if older else []) + kept
+
+
+class DampingRules:
+    """Steps 3 and 5 of :meth:`multilane.operator.policy.AutoscalePolicy.decide` (pure)."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+
+    def cap_by_bottleneck(
+        self,
+        st: PolicyState,
+        rec: Recommendation,
+        input_rate: float,
+        now: float,
+        processing_rate: float,
+        warnings: list[str],
+        inputs: dict[str, Any],
+    ) -> Recommendation:
+        """Step 3: cap the recommendation at the last effective size while a bottleneck holds and the
+        input stays within ``shortfall_margin`` of what the ineffective scale-up was sized for."""
+        cfg = self.config
+        b = st.bottleneck
+        assert b is not None
+        warnings.append(
+            f"scale-up {now - b.time:.0f}s ago from {b.lanes_before} to {b.lanes_after} lanes "
+            f"({b.replicas_before}->{b.replicas_after} replicas) did not raise the processing rate "
+            f"(before {b.rate_before:.1f} rec/s, now {processing_rate:.1f} rec/s): "
+            "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
+        )
+        if b.beyond(input_rate, cfg.shortfall_margin):
+            inputs["bottleneck_lifted"] = (
+                f"input {input_rate:.1f} rec/s is beyond the {b.sized_for:.1f} rec/s the ineffective "
+                "scale-up was sized for"
+            )
+            return rec
+        cap_f = max(cfg.min_factor, -(-b.lanes_before // cfg.partitions))
+        cap_r = max(cfg.replica_floor, b.replicas_before)
+        if st.bottleneck_hold_until is not None and now >= st.bottleneck_hold_until:
+            # the hold is over: one probe, at most twice the last effective size
+            cap_f = min(2 * cap_f, cfg.max_factor)
+            cap_r = min(2 * cap_r, cfg.replica_ceiling)
+        if rec.factor > cap_f or rec.replicas > cap_r:
+            rec = replace(rec, replicas=min(rec.replicas, cap_r), factor=min(rec.factor, cap_f))
+            inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
+            inputs["capped_by_bottleneck"] = f"{cap_r}x{cap_f}"
+        return rec
+
+    def judge_scale_up(
+        self,
+        obs: Observation,
+        st: PolicyState,
+        has_backlog: bool,
+        cur_lanes: int,
+        warnings: list[str],
+    ) -> None:
+        """Judge the pending scale-up once settled; clear a bottleneck that no longer holds."""
+        cfg = self.config
+        now = float(obs.now)
+        b = st.bottleneck
+        if b is not None:
+            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck
+            risen = obs.processing_rate > b.rate_before * (
+                1.0 + max(cfg.min_scale_up_gain * b.expected_gain(), 0.05)
+            )
+            if risen:
+                st.bottleneck, st.bottleneck_hold_until, st.bottleneck_strikes = None, None, 0
+        p = st.pending_scale_up
+        if p is None or now - p.time < cfg.settle_s or obs.rebalancing:
+            return
+        st.pending_scale_up = None
+        if not has_backlog or cur_lanes < p.lanes_after:
+            return  # demand met, or the scale-up was reverted: nothing to judge
+        # 2. judge the settled scale-up (a probe after a hold included)
+        gain = obs.processing_rate / p.rate_before - 1.0 if p.rate_before > 0 else math.inf
+        expected = p.expected_gain()
+        if expected > 0 and gain < cfg.min_scale_up_gain * expected:
+            if st.bottleneck is None:
+                st.bottleneck, st.bottleneck_strikes = p, 0
+            else:
+                st.bottleneck_strikes += 1
+            st.bottleneck_hold_until = now + cfg.bottleneck_retry_s * 2**st.bottleneck_strikes
+        elif st.bottleneck is not None:
+            st.bottleneck, st.bottleneck_hold_until, st.bottleneck_strikes = None, None, 0
+
+    def choose(
+        self,
+        obs: Observation,
+        st: PolicyState,
+        rec: Recommendation,
+        needed: float,
+        has_backlog: bool,
+        shortfall: bool,
+        draining: bool,
+        ready: int,
+        inputs: dict[str, Any],
+    ) -> Choice:
+        """Step 5: bounds first (a size outside the, possibly edited, bounds is corrected at once and
+        the rest of the step starts from the corrected size), then up, follow, down or hold."""
+        cfg = self.config
+        cur_r = min(max(obs.replicas, cfg.replica_floor), cfg.replica_ceiling)
+        cur_f = min(max(obs.factor, cfg.min_factor), cfg.max_factor)
+        ctx = DampingContext(
+            now=float(obs.now),
+            cur_r=cur_r,
+            cur_f=cur_f,
+            ready=ready,
+            needed=needed,
+            input_rate=obs.input_rate,
+            rebalancing=obs.rebalancing,
+            capped="capped_by_bottleneck" in inputs,
+            summary=summary(rec, inputs),
+        )
+        if rec.factor > cur_f or rec.replicas > cur_r:
+            choice = self._up(ctx, st, rec, shortfall)
+        elif rec.factor < cur_f or rec.replicas < cur_r:
+            choice = self._down(ctx, st, rec, draining)
+        else:
+            choice = Choice(cur_r, cur_f, "at-recommendation", f"hold {cur_r}x{cur_f}: at the recommendation")
+        choice.reason += f"; {ctx.summary}"
+        if (cur_r, cur_f) != (obs.replicas, obs.factor):
+            choice.reason = (
+                f"clamp {obs.replicas}x{obs.factor} into bounds -> {cur_r}x{cur_f}; " + choice.reason
+            )
+        return choice
+
+    def _up(self, c: DampingContext, st: PolicyState, rec: Recommendation, shortfall: bool) -> Choice:
+        """A scale-up is recommended: settle, follow, at once, after the window, or hold."""
+        cfg = self.config
+        p = st.pending_scale_up
+        age = c.now - p.time if p is not None else math.inf
+        settling = p is not None and (age < cfg.settle_s or (c.rebalancing and age < cfg.bottleneck_retry_s))
+        if settling and p is not None and not p.beyond(c.input_rate, cfg.shortfall_margin):
+            # the pending scale-up covers this demand: its factor follows its pods, nothing more
+            target = min(rec.factor, max(p.factor_target, c.cur_f))
+            f = self._factor_now(c, c.cur_r, target)
+            if f > c.cur_f:
+                return Choice(
+                    c.cur_r,
+                    f,
+                    "factor-follows",
+                    f"factor {c.cur_f} -> {f}: {c.ready} of {c.cur_r} pods ready for the scale-up "
+                    f"{age:.0f}s ago (target factor {p.factor_target})",
+                )
+            return Choice(
+                c.cur_r,
+                c.cur_f,
+                "settling",
+                f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
+                f"scale-up {age:.0f}s ago (sized for {p.sized_for:.1f} rec/s) has settled "
+                f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
+            )
+        if shortfall:
+            r = max(rec.replicas, c.cur_r)
+            f = self._factor_now(c, r, max(rec.factor, c.cur_f))
+            if settling and p is not None:
+                rule = "beyond-pending"
+                why = (
+                    f"input {c.input_rate:.1f} rec/s is more than {cfg.shortfall_margin:.0%} above the "
+                    f"{p.sized_for:.1f} rec/s the scale-up {age:.0f}s ago was sized for"
+                )
+            else:
+                rule, why = "shortfall", "lag is rising"
+            return Choice(
+                r, f, rule, f"scale up {c.cur_r}x{c.cur_f} -> {r}x{f}: {why}" + pods_note(c, r, f, rec)
+            )
+        # The history holds at least this observation; right after a (re)start it is short and
+        # the window is whatever has been seen (as in the HPA).
+        window = [h for h in st.history if h[0] >= c.now - cfg.stabilisation_s]
+        low_r = min(h[1] for h in window)
+        low_f = min(h[2] for h in window)
+        if low_f > c.cur_f or low_r > c.cur_r:
+            span = c.now - window[0][0]
+            seen = (
+                f"recommended throughout the {cfg.stabilisation_s:.0f}s stabilisation window"
+                if span >= cfg.stabilisation_s
+                else f"recommended by every observation so far ({len(window)} in {span:.0f}s)"
+            )
+            r = max(low_r, c.cur_r)
+            f = self._factor_now(c, r, max(low_f, c.cur_f))
+            return Choice(
+                r,
+                f,
+                "stabilised",
+                f"scale up {c.cur_r}x{c.cur_f} -> {r}x{f}: {seen}" + pods_note(c, r, f, rec),
+                sized_for=min(h[3] for h in window),  # the need the window's lowest answers
+            )
+        return Choice(
+            c.cur_r,
+            c.cur_f,
+            "stabilising",
+            f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
+            f"{cfg.stabilisation_s:.0f}s stabilisation window",
+        )
+
+    def _factor_now(self, c: DampingContext, replicas: int, wanted: int) -> int:
+        """The factor to run now: ``wanted``, or what the ready pods carry while more are coming."""
+        if replicas > c.ready and self.config.factor_first:
+            return factor_for_pods(self.config, c.ready, wanted, c.cur_f)
+        return wanted
+
+    def _down(self, c: DampingContext, st: PolicyState, rec: Recommendation, draining: bool) -> Choice:
+        """A smaller size is recommended: delay, tolerance and window max decide."""
+        cfg = self.config
+        hold = f"hold {c.cur_r}x{c.cur_f}: scale-down to {rec.replicas}x{rec.factor}"
+        if draining:
+            return Choice(
+                c.cur_r, c.cur_f, "draining", f"{hold} waits: no scale-down while a backlog is draining"
+            )
+        since_change = c.now - st.last_change_time if st.last_change_time is not None else 0.0
+        covered = bool(st.history) and st.history[0][0] <= c.now - cfg.scale_down_delay_s
+        if since_change < cfg.scale_down_delay_s or not covered:
+            return Choice(
+                c.cur_r,
+                c.cur_f,
+                "scale-down-delay",
+                f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay",
+            )
+        window = [h for h in st.history if h[0] >= c.now - cfg.scale_down_delay_s]
+        high_r = max(h[1] for h in window)
+        high_f = max(h[2] for h in window)
+        high_need = max(h[3] for h in window)
+        sized = st.sized_need
+        tolerated = sized is not None and high_need >= (1.0 - cfg.scale_down_tolerance) * sized
+        if tolerated and not c.capped:
+            return Choice(
+                c.cur_r,
+                c.cur_f,
+                "within-tolerance",
+                f"{hold} waits: the highest need of the last {cfg.scale_down_delay_s:.0f}s, "
+                f"{high_need:.1f} rec/s, is within {cfg.scale_down_tolerance:.0%} of the {sized:.1f} rec/s "
+                f"the size was chosen for",
+            )
+        r, f = min(c.cur_r, high_r), min(c.cur_f, high_f)
+        if (r, f) == (c.cur_r, c.cur_f):
+            return Choice(
+                c.cur_r,
+                c.cur_f,
+                "recently-higher",
+                f"hold {c.cur_r}x{c.cur_f}: a higher size was recommended within the last "
+                f"{cfg.scale_down_delay_s:.0f}s",
+            )
+        return Choice(
+            r,
+            f,
+            "scale-down",
+            f"scale down {c.cur_r}x{c.cur_f} -> {r}x{f}: highest recommendation of the last "
+            f"{cfg.scale_down_delay_s:.0f}s",
+            sized_for=high_need,
+        )
+
+
+@dataclass(frozen=True)
+class DampingContext:
+    """What :meth:`DampingRules.choose` decides from (sizes within bounds)."""
+
+    now: float
+    cur_r: int
+    cur_f: int
+    ready: int
+    needed: float
+    input_rate: float
+    rebalancing: bool
+    capped: bool  # the recommendation is capped by a bottleneck: the lanes above it are useless
+    summary: str
+
+
+@dataclass
+class Choice:
+    """A chosen size, the rule that fired and why; ``sized_for``: the needed rate the size answers
+    (None: the current need)."""
+
+    replicas: int
+    factor: int
+    rule: str
+    reason: str
+    sized_for: float | None = None
