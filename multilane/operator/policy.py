@@ -5,8 +5,10 @@ Pure: no I/O. The operator calls :meth:`AutoscalePolicy.decide` once per scaling
 (JSON via ``to_dict``/``from_dict``) for the next call. The simulator (``multilane.sim``) calls the
 same method unchanged.
 
-The capacity model (needed rate, lane rate, replicas x factor that cover it) is in
-:mod:`multilane.operator.capacity`; this module adds the damping. The policy has two speeds:
+Its parts: the contract types in :mod:`multilane.operator.policy_model`, the capacity model (needed
+rate, lane rate, replicas x factor that cover it) in :mod:`multilane.operator.capacity`, the damping
+state machine in :mod:`multilane.operator.damping` and the words of a decision in
+:mod:`multilane.operator.explain`; :class:`AutoscalePolicy` composes them. The policy has two speeds:
 
 - **the factor first**: a shortfall (lag rising, or the input above the processing rate) is answered
   at the next decision by raising the factor in place, up to what the pods running now carry within
