@@ -125,19 +125,16 @@ async def _scenario(
     bootstrap: str, partitions: int, variant: str, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
     """Steps 1-4 of the module docstring for one (partitions, variant); returns the row."""
-    from multilane.demo import _create_topic, _drained, _sample
+    from multilane.demo import _create_topic, _drained, _sample, stateful_plane
     from multilane.demo_check import judge, read_counts
-    from multilane.demo_processors import SLEEP_ENV
     from multilane.demo_report import Timeline, burst_figures
-    from multilane.operator.handoff import HandoffConfig
-    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate, WorkerStatusSource
+    from multilane.operator.local import WorkerStatusSource
     from multilane.operator.sources import MetricsUnavailableError, QueryContext
-    from multilane.operator.validation import validate_spec
     from multilane.testing.processors import read_event_log
     from multilane.worker.loadgen import LoadgenProcess
 
     run = uuid.uuid4().hex[:6]
-    topic = group = f"burst-{partitions}-{variant}-{run}"
+    topic = f"burst-{partitions}-{variant}-{run}"  # the group is named like the topic
     lull, burst = RATES.get(partitions, (10.0 * partitions, 100.0 * partitions))
     burst_s = args.burst_s or (20.0 if args.quick else 30.0)
     warm, tail = 10.0, 20.0
@@ -146,51 +143,27 @@ async def _scenario(
     # 1.
     await asyncio.to_thread(_create_topic, bootstrap, topic, partitions)
     names = [f"{topic}/{i}" for i in range(partitions)]
-    spec, problems = validate_spec(
-        {
-            "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": group},
-            "workload": {"image": "local", "processor": "multilane.demo_processors:stateful_io"},
-            "scaling": {
-                "minReplicas": 1,
-                "maxReplicas": max_replicas,
-                "minFactor": args.keda_factor if fixed else 2,
-                "maxFactor": args.keda_factor if fixed else 32,
-                "targetCatchUpSeconds": 5,
-                "scaleDownDelaySeconds": 18,
-                "stabilisationSeconds": 4,
-                "intervalSeconds": 2,
-                "maxPartitionsMovedAtOnce": 1 if variant == "before" else 4,
-            },
-        }
-    )
-    assert spec is not None, problems
+    scaling: dict[str, Any] = {"maxReplicas": max_replicas, "maxFactor": 32}
+    if fixed:
+        scaling.update(minFactor=args.keda_factor, maxFactor=args.keda_factor)
+    if variant == "before":
+        scaling["maxPartitionsMovedAtOnce"] = 1
     events_log = workdir / f"events-{run}.log"
-    extra = ("--max-in-flight", "10000") + (("--release-drain", "queued") if variant == "before" else ())
-    template = LocalWorkerTemplate(
+    cp = stateful_plane(
         bootstrap,
-        group,
-        "multilane.demo_processors:stateful_io",
-        factor=args.keda_factor if fixed else 2,
-        drain_timeout_s=10.0,
-        extra_args=extra,
-        env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(args.sleep_ms)},
-    )
-    cp = LocalControlPlane(
-        workdir / f"cp-{run}",
-        spec,
-        template,
+        topic,
         names,
-        HandoffConfig(
-            acceptable_recovery_lag=2000,
-            learner_timeout_s=30.0,
-            release_deadline_s=2.0,
-            max_concurrent_warmups=spec.max_moves,
-        ),
+        workdir / f"cp-{run}",
+        events_log,
+        scaling,
+        sleep_ms=args.sleep_ms,
+        factor=args.keda_factor if fixed else 2,
+        extra_args=("--release-drain", "queued") if variant == "before" else (),
         name=f"b{run}",
         policy_factory=_factory(variant, partitions, args, max_replicas),
     )
     sampler = WorkerStatusSource(cp.platform, cp.control, cp.ref, cp.admin)
-    ctx = QueryContext("local", "burst", group, names)
+    ctx = QueryContext("local", "burst", topic, names)
     timeline = Timeline()
     profile = f"{lull:g}x{warm:g},{burst:g}x{burst_s:g},{lull:g}x{tail:g}"
     await cp.start()
@@ -240,7 +213,7 @@ async def _scenario(
         await cp.close()
     # 4.
     events = read_event_log(events_log)
-    counts, _committed = await asyncio.to_thread(read_counts, bootstrap, group, topic, range(partitions))
+    counts, _committed = await asyncio.to_thread(read_counts, bootstrap, topic, topic, range(partitions))
     verdict = judge(result.records, events, counts)
     figures = burst_figures(
         timeline.samples,

@@ -95,7 +95,6 @@ def run(args: argparse.Namespace) -> int:
 
 async def _demo(args: argparse.Namespace) -> int:
     from multilane.demo_check import judge, read_counts
-    from multilane.demo_processors import SLEEP_ENV
     from multilane.demo_report import (
         HandoffPause,
         Timeline,
@@ -104,10 +103,8 @@ async def _demo(args: argparse.Namespace) -> int:
         processing_gap,
         summary_lines,
     )
-    from multilane.operator.handoff import HandoffConfig
-    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate, WorkerStatusSource
+    from multilane.operator.local import WorkerStatusSource
     from multilane.operator.sources import MetricsUnavailableError, QueryContext
-    from multilane.operator.validation import validate_spec
     from multilane.testing.broker import EmbeddedBroker
     from multilane.testing.processors import read_event_log
     from multilane.worker.loadgen import LoadgenProcess, LoadResult
@@ -123,49 +120,30 @@ async def _demo(args: argparse.Namespace) -> int:
     else:
         broker = EmbeddedBroker(log_path=str(out / "broker.log")).start()
         bootstrap = broker.bootstrap
-    topic, group = f"demo-{run_id}", f"demo-{run_id}"
+    topic = group = f"demo-{run_id}"
     try:
         _create_topic(bootstrap, topic, args.partitions)
         partitions = [f"{topic}/{i}" for i in range(args.partitions)]
         # 2. control plane
-        spec, problems = validate_spec(
-            {
-                "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": group},
-                "workload": {"image": "local", "processor": "multilane.demo_processors:stateful_io"},
-                "scaling": {
-                    "minReplicas": 1,
+        try:
+            cp = stateful_plane(
+                bootstrap,
+                topic,
+                partitions,
+                out / f"control-plane-{run_id}",
+                events_log,
+                scaling={
                     "maxReplicas": args.max_replicas,
-                    "minFactor": 2,
                     "maxFactor": args.max_factor,
-                    "targetCatchUpSeconds": 5,
-                    "targetUtilisation": 0.7,
                     "scaleDownDelaySeconds": 2 * round(max(10.0, args.duration * 0.15) / 2),  # whole ticks
-                    "stabilisationSeconds": 4,
-                    "intervalSeconds": 2,
-                    "maxPartitionsMovedAtOnce": 4,
                 },
-            }
-        )
-        if spec is None:
-            print(f"multilane demo: {problems}", file=sys.stderr)
+                sleep_ms=args.sleep_ms,
+                max_in_flight=args.max_in_flight,
+                name="demo",
+            )
+        except ValueError as exc:
+            print(f"multilane demo: {exc}", file=sys.stderr)
             return 2
-        template = LocalWorkerTemplate(
-            bootstrap,
-            group,
-            "multilane.demo_processors:stateful_io",
-            factor=2,
-            drain_timeout_s=10.0,
-            extra_args=("--max-in-flight", str(args.max_in_flight)),
-            env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(args.sleep_ms)},
-        )
-        cp = LocalControlPlane(
-            out / f"control-plane-{run_id}",
-            spec,
-            template,
-            partitions,
-            HandoffConfig(acceptable_recovery_lag=2000, learner_timeout_s=30.0, release_deadline_s=2.0),
-            name="demo",
-        )
         sampler = WorkerStatusSource(cp.platform, cp.control, cp.ref, cp.admin)
         ctx = QueryContext("local", "demo", group, partitions)
         timeline = Timeline()
@@ -306,6 +284,72 @@ async def _demo(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+DEMO_SCALING: dict[str, Any] = {
+    "minReplicas": 1,
+    "minFactor": 2,
+    "targetCatchUpSeconds": 5,
+    "targetUtilisation": 0.7,
+    "scaleDownDelaySeconds": 18,
+    "stabilisationSeconds": 4,
+    "intervalSeconds": 2,
+    "maxPartitionsMovedAtOnce": 4,
+}
+"""``spec.scaling`` of the demo (and of the burst benchmark): decisions every 2 s, a 5 s catch-up."""
+
+
+def stateful_plane(
+    bootstrap: str,
+    topic: str,
+    partitions: list[str],
+    root: Path,
+    events_log: Path,
+    scaling: dict[str, Any],
+    sleep_ms: float,
+    max_in_flight: int = 10_000,
+    factor: int = 2,
+    extra_args: tuple[str, ...] = (),
+    name: str = "demo",
+    policy_factory: Any = None,
+) -> Any:
+    """The demo's local control plane (:class:`~multilane.operator.local.LocalControlPlane`) over
+    workers running :func:`multilane.demo_processors.stateful_io`, starting at ``factor``; ``scaling``
+    overrides :data:`DEMO_SCALING`. The group is named like the topic. Raises ValueError on a bad
+    spec. Used by the demo and ``benchmarks.burst``."""
+    from multilane.demo_processors import SLEEP_ENV
+    from multilane.operator.handoff import HandoffConfig
+    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
+    from multilane.operator.validation import validate_spec
+
+    processor = "multilane.demo_processors:stateful_io"
+    spec, problems = validate_spec(
+        {
+            "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": topic},
+            "workload": {"image": "local", "processor": processor},
+            "scaling": {**DEMO_SCALING, **scaling},
+        }
+    )
+    if spec is None:
+        raise ValueError(f"invalid spec: {problems}")
+    template = LocalWorkerTemplate(
+        bootstrap,
+        topic,
+        processor,
+        factor=factor,
+        drain_timeout_s=10.0,
+        extra_args=("--max-in-flight", str(max_in_flight), *extra_args),
+        env={"MULTILANE_TEST_LOG": str(events_log), SLEEP_ENV: str(sleep_ms)},
+    )
+    handoff = HandoffConfig(
+        acceptable_recovery_lag=2000,
+        learner_timeout_s=30.0,
+        release_deadline_s=2.0,
+        max_concurrent_warmups=spec.max_moves,
+    )
+    return LocalControlPlane(
+        root, spec, template, partitions, handoff, name=name, policy_factory=policy_factory
+    )
 
 
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -61,6 +61,7 @@ from multilane.operator.rollout import (
     WorkerObservation,
 )
 from multilane.operator.workers import (
+    ReleasedPartition,
     WorkerControlClient,
     WorkerFencedError,
     WorkerUnreachableError,
@@ -557,35 +558,17 @@ class HandoffExecutor:
             for p in parts:
                 self._release_started.setdefault(p, time.monotonic())
                 self._wall.setdefault(("released", p), time.time())
-
-        async def push(source: str, parts: list[str]) -> bool:
-            t0 = time.monotonic()
-            try:
-                # 2. the source stops fetching, lets running records finish, commits, answers
-                released = await self.control.assign(
-                    by_name[source].control_url,
-                    assignment.generation,
-                    members[source],
-                    self.config.release_deadline_s,
-                )
-            except WorkerFencedError as exc:
-                result.blocked = f"{source}: {exc}"
-                return True
-            except WorkerUnreachableError as exc:
-                result.blocked = f"{source}: {exc}"
-                log.warning("release of %s on %s: %s", parts, source, exc)
-                return False
+        # 2. each source stops fetching, lets running records finish, commits, answers
+        fenced, answers = await self._push(by_source, assignment, by_name, "release", result)
+        for source, (released, took) in answers.items():
             offsets = {r.partition: r.committed_offset for r in released}
-            for p in parts:
-                self._call_s[("release", p)] = round(time.monotonic() - t0, 3)
+            for p in by_source[source]:
+                self._call_s[("release", p)] = took
                 # 3. remembered for the next observation: the rollout promotes the target
                 self._released[(source, p)] = offsets.get(p)
-            return False
-
-        fenced = await asyncio.gather(*(push(w, ps) for w, ps in sorted(by_source.items())))
-        if any(fenced):
-            return AssignmentState(generation=assignment.generation + 1, members=members)
-        return assignment
+        return (
+            AssignmentState(generation=assignment.generation + 1, members=members) if fenced else assignment
+        )
 
     async def _promote(
         self,
@@ -609,36 +592,52 @@ class HandoffExecutor:
             # 1. intent: the partitions belong to their targets (and no longer to dead sources)
             assignment = AssignmentState(generation=assignment.generation, members=members)
             await self.persist(assignment, rollout)
-
-        async def push(target: str, parts: list[str]) -> bool:
-            t0 = time.monotonic()
-            try:
-                # 2. opening a learning partition promotes it (tail applied, processing from the commit)
-                await self.control.assign(
-                    by_name[target].control_url,
-                    assignment.generation,
-                    members[target],
-                    self.config.release_deadline_s,
-                )
-            except WorkerFencedError as exc:
-                result.blocked = f"{target}: {exc}"
-                return True
-            except WorkerUnreachableError as exc:
-                result.blocked = f"{target}: {exc}"
-                log.warning("promotion of %s on %s: %s", parts, target, exc)
-                return False
-            for p in parts:
-                self._call_s[("promote", p)] = round(time.monotonic() - t0, 3)
+        # 2. opening a learning partition promotes it (tail applied, processing from the commit)
+        fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result)
+        for target, (_released, took) in answers.items():
+            for p in by_target[target]:
+                self._call_s[("promote", p)] = took
                 self._wall[("promoted", p)] = time.time()
                 self._pause_end[p] = time.monotonic()
                 for key in [k for k in self._released if k[1] == p]:
                     del self._released[key]
-            return False
+        return (
+            AssignmentState(generation=assignment.generation + 1, members=members) if fenced else assignment
+        )
 
-        fenced = await asyncio.gather(*(push(w, ps) for w, ps in sorted(by_target.items())))
-        if any(fenced):
-            return AssignmentState(generation=assignment.generation + 1, members=members)
-        return assignment
+    async def _push(
+        self,
+        parts_by_worker: Mapping[str, list[str]],
+        assignment: AssignmentState,
+        by_name: Mapping[str, WorkerInfo],
+        verb: str,
+        result: HandoffStep,
+    ) -> tuple[bool, dict[str, tuple[list[ReleasedPartition], float]]]:
+        """Push ``assignment`` to every worker of ``parts_by_worker`` at once. Returns whether one of
+        them fenced the push (a higher generation is needed) and, per worker that answered, its
+        released partitions and the call's duration (s). Failures set ``result.blocked``."""
+
+        async def one(worker: str) -> tuple[str, list[ReleasedPartition] | None, float, bool]:
+            t0 = time.monotonic()
+            try:
+                released = await self.control.assign(
+                    by_name[worker].control_url,
+                    assignment.generation,
+                    assignment.members.get(worker, ()),
+                    self.config.release_deadline_s,
+                )
+            except WorkerFencedError as exc:
+                result.blocked = f"{worker}: {exc}"
+                return worker, None, 0.0, True
+            except WorkerUnreachableError as exc:
+                result.blocked = f"{worker}: {exc}"
+                log.warning("%s of %s on %s: %s", verb, parts_by_worker[worker], worker, exc)
+                return worker, None, 0.0, False
+            return worker, released, round(time.monotonic() - t0, 3), False
+
+        found = await asyncio.gather(*(one(w) for w in sorted(parts_by_worker)))
+        answers = {w: (released, took) for w, released, took, _ in found if released is not None}
+        return any(f for *_, f in found), answers
 
 
 def _by_worker(actions: Iterable[Action]) -> dict[str, list[str]]:
