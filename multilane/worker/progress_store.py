@@ -52,23 +52,22 @@ def vet_progress(
     topic: str,
     partition: int,
     committed: int | None,
-) -> tuple[ProgressRecord | None, str]:
-    """Decode and vet one candidate: ``(record, "")`` when it may be used, else ``(None, why)``.
-
-    ``why`` starts with ``"stale"`` when the only fault is a base offset other than ``committed``.
-    """
+) -> tuple[ProgressRecord | None, str, str]:
+    """Decode and vet one candidate: ``(record, "", "")`` when it may be used, else ``(None, fault,
+    detail)`` with ``fault`` one of ``empty``, ``undecodable``, ``foreign`` (another group, topic or
+    partition) and ``stale`` (``base_offset`` differs from ``committed``)."""
     if candidate is None or candidate == "" or candidate == b"":
-        return None, "empty"
+        return None, "empty", ""
     try:
         rec = (ProgressCodec.decode_text(candidate) if isinstance(candidate, str)
                else ProgressCodec.decode(candidate))
     except ProgressDecodeError as exc:
-        return None, f"undecodable: {exc}"
+        return None, "undecodable", str(exc)
     if (rec.group, rec.topic, rec.partition) != (group, topic, partition):
-        return None, f"it names {rec.group}/{rec.topic}/{rec.partition} (another client)"
+        return None, "foreign", f"it names {rec.group}/{rec.topic}/{rec.partition}"
     if committed is None or rec.base_offset != committed:
-        return None, f"stale: base offset {rec.base_offset} != committed offset {committed}"
-    return rec, ""
+        return None, "stale", f"base offset {rec.base_offset} != committed offset {committed}"
+    return rec, "", ""
 
 
 def choose_progress(
@@ -81,10 +80,11 @@ def choose_progress(
     committed: int | None,
 ) -> ProgressRecord | None:
     """Decode and vet one candidate progress record; None (with a warning) when it must not be used."""
-    rec, why = vet_progress(candidate, group=group, topic=topic, partition=partition, committed=committed)
-    if rec is None and why != "empty":
-        log.warning("ignoring progress record for %s/%d (%s): %s; its records will be replayed",
-                    topic, partition, source, why)
+    rec, fault, detail = vet_progress(candidate, group=group, topic=topic, partition=partition,
+                                      committed=committed)
+    if rec is None and fault != "empty":
+        log.warning("ignoring %s progress record for %s/%d (%s): %s; its records will be replayed",
+                    fault, topic, partition, source, detail)
     return rec
 
 
@@ -232,12 +232,15 @@ class ProgressStore:
                 found = self._scan(consumer, idx, key, start, end, hi, deadline, quiet_s)
                 # 3.
                 for _off, value in reversed(found):
-                    rec, why = vet_progress(value, group=self._group, topic=topic, partition=partition,
-                                            committed=committed)
+                    rec, fault, detail = vet_progress(value, group=self._group, topic=topic,
+                                                      partition=partition, committed=committed)
                     if rec is not None:
                         return rec
-                    if not why.startswith("stale"):
-                        log.warning("skipping progress record for %s/%d: %s", topic, partition, why)
+                    if fault == "empty":
+                        continue
+                    if fault != "stale":
+                        log.warning("ignoring %s progress record for %s/%d (progress topic): %s",
+                                    fault, topic, partition, detail)
                         continue
                     base = ProgressCodec.decode(value).base_offset
                     if base < committed:
