@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -258,10 +259,16 @@ class ProgressCycle:
       for each), so that the reader finds a record whose base equals whichever of the two landed;
     - nothing is produced while fenced (``CommitCycle.fenced``), for partitions whose mode keeps no
       progress, or for partitions that never had a committed offset;
-    - coalescing: a partition whose previous record is still unacknowledged is skipped this cycle (at
-      most one cycle's records per partition in the producer), and a record equal to the last one
+    - coalescing: a partition with ``MAX_PENDING`` records still unacknowledged is skipped this cycle
+      (a slow broker cannot pile records up in the producer), and a record equal to the last one
       written for the same base is not written again (an idle partition costs nothing).
+
+    A record is durable one acknowledgement after its snapshot, so the engine starts a cycle every
+    ``interval - ack_latency_estimate_s`` (at least every ``interval / 2``, see :meth:`next_delay`):
+    the newest durable record is then about one interval old when the worker dies.
     """
+
+    MAX_PENDING = 3
 
     def __init__(self, store: ProgressStore | None, hooks: Any | None, commits: CommitCycle) -> None:
         self._store = store
@@ -271,6 +278,10 @@ class ProgressCycle:
         self.records_written = 0  # acknowledged
         self.bytes_written = 0  # acknowledged, encoded value bytes
         self.write_errors = 0
+        self.ack_latency_s = 0.0  # of the last acknowledged record: produce to delivery callback
+        # rises at once with a slower acknowledgement, decays slowly (next_delay() uses it)
+        self.ack_latency_estimate_s = 0.0
+        self.skipped_pending = 0  # partitions skipped because their previous record was unacknowledged
 
     async def run(self, parts: Sequence[PartitionRuntime]) -> int:
         """One cycle over ``parts`` (steps 1-4); returns the number of records produced.
@@ -296,7 +307,8 @@ class ProgressCycle:
             written = self._written.get(part)
             if written is None:
                 written = self._written[part] = _Written()
-            if written.pending:
+            if written.pending >= self.MAX_PENDING:
+                self.skipped_pending += 1
                 continue
             part.flush()
             c = part.tracker.committable()
@@ -344,11 +356,17 @@ class ProgressCycle:
                 written.encoded[base] = encoded
                 written.pending += 1
                 fut = store.write(part.topic, part.partition, encoded)
-                fut.add_done_callback(self._delivered(written, len(encoded)))
+                fut.add_done_callback(self._delivered(written, len(encoded), time.monotonic()))
                 produced += 1
         return produced
 
-    def _delivered(self, written: _Written, nbytes: int) -> Any:
+    def next_delay(self, interval_s: float, elapsed_s: float) -> float:
+        """Seconds until the next cycle: ``interval_s`` after the start of this one, less the expected
+        acknowledgement latency (never less than ``interval_s / 2`` between starts)."""
+        period = max(interval_s / 2, interval_s - self.ack_latency_estimate_s)
+        return max(0.0, period - elapsed_s)
+
+    def _delivered(self, written: _Written, nbytes: int, produced_at: float) -> Any:
         def done(fut: asyncio.Future[None]) -> None:
             written.pending -= 1
             if fut.cancelled() or fut.exception() is not None:
@@ -359,5 +377,7 @@ class ProgressCycle:
                 return
             self.records_written += 1
             self.bytes_written += nbytes
+            latency = self.ack_latency_s = time.monotonic() - produced_at
+            self.ack_latency_estimate_s = max(latency, 0.8 * self.ack_latency_estimate_s + 0.2 * latency)
 
         return done

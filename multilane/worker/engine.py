@@ -1033,7 +1033,7 @@ class Engine:
                 await self._progress.run([p for p in self._parts.values() if p.phase == Phase.ACTIVE])
             except Exception:
                 log.exception("progress cycle failed; retrying next cycle")
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            await asyncio.sleep(self._progress.next_delay(interval, time.monotonic() - started))
 
     async def _producer_loop(self) -> None:
         producer = self._producer
