@@ -12,7 +12,8 @@ loop's thread. The engine is split into modules, each readable on its own:
 - ``flow``, ``retry``, ``commits``, ``watchdog``, ``progress_store``, ``admin``: bounds, retries and
   dead letters, the commit cycle, stall detection, progress persistence, topic creation;
 - this module: lifecycle, the control API, adding and releasing partitions (both modes), and the
-  *housekeeping loop* (commit cycle, watchdog, lag, rate) and *producer loop* (delivery callbacks).
+  *housekeeping loop* (commit cycle, watchdog, lag, rate), *progress loop* (progress records between
+  commits) and *producer loop* (delivery callbacks).
 
 Modes: operator mode (``assign()`` only; the assignment changes through :meth:`Engine.assign` /
 :meth:`Engine.release`, fenced by a generation number) and standalone mode (``subscribe()`` with the
