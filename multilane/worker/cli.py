@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--retry-backoff-ms", type=int, default=100)
     a("--dead-letter-topic", default=None, help='default "<topic>.dlq"')
     a("--commit-interval-ms", type=int, default=1000)
+    a("--progress-interval-ms", type=int, default=50,
+      help="write progress records (completed work above the committed offset) this often, between "
+           "commits; a kill -9 replays at most the records in flight plus those completed in the last "
+           "interval (0 = only with commits; default 50)")
     a("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     a("--control-port", type=int, default=0, help="control API port (0 = off)")
     a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
@@ -152,6 +156,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         retry_backoff_ms=args.retry_backoff_ms,
         dead_letter_topic=args.dead_letter_topic,
         commit_interval_ms=args.commit_interval_ms,
+        progress_interval_ms=args.progress_interval_ms,
         stall_threshold_s=args.stall_threshold_s,
         drain_timeout_s=args.drain_timeout_s,
         release_drain=args.release_drain,

@@ -1,27 +1,33 @@
-"""The commit cycle: state hooks, progress records, offset commits. Does I/O (Kafka, thread pool).
+"""The commit cycle and the progress cycle: state hooks, progress records, offset commits.
 
-Every ``commit_interval_ms`` the engine runs :meth:`CommitCycle.run` over its active partitions, and
-once more, synchronously, when a partition is released and on shutdown. Offsets committed are always
-values of :meth:`OffsetTracker.committable` (never beyond an incomplete record). Every consumer call
-happens on the event loop's thread; blocking hook calls run on a worker thread.
+Does I/O (Kafka, thread pool). Every ``commit_interval_ms`` the engine runs :meth:`CommitCycle.run` over
+its active partitions, and once more, synchronously, when a partition is released and on shutdown.
+Offsets committed are always values of :meth:`OffsetTracker.committable` (never beyond an incomplete
+record). Every ``progress_interval_ms`` (independently) it runs :meth:`ProgressCycle.run`, which writes
+fresher progress records between commits, so that a crash replays only what completed since the last
+progress write. Every consumer and producer call happens on the event loop's thread; blocking hook
+calls run on a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.api import OrderingMode
 from multilane.worker.partition import PartitionRuntime
-from multilane.worker.progress import ProgressCodec
+from multilane.worker.progress import ProgressCodec, ProgressRecord
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.state.errors import StateDurabilityError
 
-__all__ = ["CommitCycle"]
+__all__ = ["CommitCycle", "ProgressCycle", "progress_for_base"]
 
 log = logging.getLogger(__name__)
 
@@ -210,3 +216,168 @@ class CommitCycle:
                 log.warning("commit of %s/%d failed: %s", tp.topic, tp.partition, tp.error)
             elif tp.offset >= 0 and (part.committed is None or tp.offset >= part.committed):
                 part.committed = tp.offset
+
+
+def progress_for_base(part: PartitionRuntime, base: int, committable: int) -> ProgressRecord:
+    """``part``'s progress now, relative to ``base <= committable`` (call ``part.flush()`` first).
+
+    ``base`` may lie below the committable offset (an offset committed earlier, or sent in a commit
+    whose answer is still due): every record in ``[base, committable)`` is complete, so the record
+    says so (key mode: every range's ``next_offset`` is at least ``committable`` already; unordered
+    mode: ``[base, committable)`` joins the done intervals).
+    """
+    if base > committable:
+        raise ValueError(f"base {base} above the committable offset {committable}")
+    rec = part.progress(base)
+    if rec.mode is not OrderingMode.UNORDERED or base == committable:
+        return rec
+    done = list(rec.done_offsets)
+    if done and done[0][0] <= committable:
+        done[0] = (base, done[0][1])
+    else:
+        done.insert(0, (base, committable))
+    return ProgressRecord(rec.group, rec.topic, rec.partition, base, rec.writer, rec.mode,
+                          done_offsets=tuple(done))
+
+
+@dataclass
+class _Written:
+    """What the progress cycle last wrote for one partition."""
+
+    encoded: dict[int, bytes] = field(default_factory=dict)  # base offset -> last encoding produced
+    pending: int = 0  # records produced and not yet acknowledged (or failed)
+
+
+class ProgressCycle:
+    """Writes progress records between commits, so that a crash replays little completed work.
+
+    Invariants (docs/architecture.md, "Offsets and progress"):
+    - every record claims only records that are complete (and, with state hooks, whose state changes
+      the hooks made durable before the record was produced), so any record is true forever;
+    - its ``base_offset`` is an offset the broker may hold as committed when the worker dies: the
+      confirmed committed offset and, while a commit awaits its answer, the offset sent (one record
+      for each), so that the reader finds a record whose base equals whichever of the two landed;
+    - nothing is produced while fenced (``CommitCycle.fenced``), for partitions whose mode keeps no
+      progress, or for partitions that never had a committed offset;
+    - coalescing: a partition with ``MAX_PENDING`` records still unacknowledged is skipped this cycle
+      (a slow broker cannot pile records up in the producer), and a record equal to the last one
+      written for the same base is not written again (an idle partition costs nothing).
+
+    A record is durable one acknowledgement after its snapshot, so the engine starts a cycle every
+    ``interval - ack_latency_estimate_s`` (at least every ``interval / 2``, see :meth:`next_delay`):
+    the newest durable record is then about one interval old when the worker dies.
+    """
+
+    MAX_PENDING = 3
+
+    def __init__(self, store: ProgressStore | None, hooks: Any | None, commits: CommitCycle) -> None:
+        self._store = store
+        self._hooks = hooks
+        self._commits = commits
+        self._written: weakref.WeakKeyDictionary[PartitionRuntime, _Written] = weakref.WeakKeyDictionary()
+        self.records_written = 0  # acknowledged
+        self.bytes_written = 0  # acknowledged, encoded value bytes
+        self.write_errors = 0
+        self.ack_latency_s = 0.0  # of the last acknowledged record: produce to delivery callback
+        # rises at once with a slower acknowledgement, decays slowly (next_delay() uses it)
+        self.ack_latency_estimate_s = 0.0
+        self.skipped_pending = 0  # partitions skipped because their previous record was unacknowledged
+
+    async def run(self, parts: Sequence[PartitionRuntime]) -> int:
+        """One cycle over ``parts`` (steps 1-4); returns the number of records produced.
+
+        1. Snapshot: per partition with progress, flush completions, read the committable offset
+           ``C`` and the bases (confirmed committed offset; the offset of a commit still awaiting its
+           answer); encode the progress for each base; keep only what changed since the last write.
+        2. State hooks: ``make_durable(topic, partition)`` on a worker thread (the changes of every
+           record the snapshot calls done are acknowledged by the changelog); a partition whose
+           changes are not durable is dropped (the commit cycle reopens it).
+        3. Fenced meanwhile? Produce nothing.
+        4. Produce the records without waiting; delivery callbacks (on the loop thread, from the
+           engine's producer loop) count them and clear the partition's pending mark.
+        """
+        store = self._store
+        if store is None or self._commits.fenced:
+            return 0
+        # 1. snapshot
+        batch: list[tuple[PartitionRuntime, _Written, list[int], list[tuple[int, bytes]]]] = []
+        for part in parts:
+            if part.mode is OrderingMode.PARTITION or part.closed:
+                continue
+            written = self._written.get(part)
+            if written is None:
+                written = self._written[part] = _Written()
+            if written.pending >= self.MAX_PENDING:
+                self.skipped_pending += 1
+                continue
+            part.flush()
+            c = part.tracker.committable()
+            if c is None:
+                continue
+            bases = sorted({b for b in (part.committed, part.commit_sent) if b is not None and b <= c})
+            if not bases:
+                continue
+            out = []
+            for base in bases:
+                encoded = ProgressCodec.encode(progress_for_base(part, base, c))
+                if written.encoded.get(base) != encoded:
+                    out.append((base, encoded))
+            if out:
+                batch.append((part, written, bases, out))
+        if not batch:
+            return 0
+        # 2. state hooks
+        durable = getattr(self._hooks, "make_durable", None) if self._hooks is not None else None
+        if self._hooks is not None:
+            if durable is None:
+                return 0  # hooks that cannot make changes durable on demand: progress with commits only
+            loop = asyncio.get_running_loop()
+            kept = []
+            for item in batch:
+                part = item[0]
+                try:
+                    await loop.run_in_executor(None, durable, part.topic, part.partition)
+                except Exception as exc:  # StateDurabilityError, or the partition's store closed
+                    log.warning("no progress record for %s/%d this cycle: %s", part.topic, part.partition,
+                                exc)
+                    continue
+                kept.append(item)
+            batch = kept
+        # 3. fenced meanwhile?
+        if self._commits.fenced:
+            return 0
+        # 4. produce
+        produced = 0
+        for part, written, bases, out in batch:
+            if part.closed:
+                continue
+            written.encoded = {b: e for b, e in written.encoded.items() if b in bases}
+            for base, encoded in out:
+                written.encoded[base] = encoded
+                written.pending += 1
+                fut = store.write(part.topic, part.partition, encoded)
+                fut.add_done_callback(self._delivered(written, len(encoded), time.monotonic()))
+                produced += 1
+        return produced
+
+    def next_delay(self, interval_s: float, elapsed_s: float) -> float:
+        """Seconds until the next cycle: ``interval_s`` after the start of this one, less the expected
+        acknowledgement latency (never less than ``interval_s / 2`` between starts)."""
+        period = max(interval_s / 2, interval_s - self.ack_latency_estimate_s)
+        return max(0.0, period - elapsed_s)
+
+    def _delivered(self, written: _Written, nbytes: int, produced_at: float) -> Any:
+        def done(fut: asyncio.Future[None]) -> None:
+            written.pending -= 1
+            if fut.cancelled() or fut.exception() is not None:
+                self.write_errors += 1
+                written.encoded.clear()  # write it again next cycle
+                log.warning("progress record not written: %s",
+                            "cancelled" if fut.cancelled() else fut.exception())
+                return
+            self.records_written += 1
+            self.bytes_written += nbytes
+            latency = self.ack_latency_s = time.monotonic() - produced_at
+            self.ack_latency_estimate_s = max(latency, 0.8 * self.ack_latency_estimate_s + 0.2 * latency)
+
+        return done

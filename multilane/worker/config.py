@@ -89,6 +89,9 @@ class EngineConfig:
     retry_backoff_max_ms: int = 10_000
     dead_letter_topic: str | None = None  # None: "<topic>.dlq"
     commit_interval_ms: int = 1000
+    # Progress records between commits (0 = only with commits): a kill -9 replays at most the records
+    # in flight plus those completed in the last progress interval (docs/architecture.md).
+    progress_interval_ms: int = 50
     stall_threshold_s: float = 60.0
     worker_id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:8]}")
     consume_batch: int = 2000  # max records per consume() call
@@ -132,6 +135,9 @@ class EngineConfig:
                      "sync_batch", "max_threads", "yield_every", "retry_backoff_max_ms"):
             positive(name, getattr(self, name))
         positive("stall_threshold_s", self.stall_threshold_s)
+        if not isinstance(self.progress_interval_ms, int) or self.progress_interval_ms < 0:
+            raise ConfigError(f"progress_interval_ms must be an int >= 0 (0 = only with commits), "
+                              f"got {self.progress_interval_ms!r}")
         if self.max_retries < 0:
             raise ConfigError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.retry_backoff_ms < 0:

@@ -12,7 +12,8 @@ loop's thread. The engine is split into modules, each readable on its own:
 - ``flow``, ``retry``, ``commits``, ``watchdog``, ``progress_store``, ``admin``: bounds, retries and
   dead letters, the commit cycle, stall detection, progress persistence, topic creation;
 - this module: lifecycle, the control API, adding and releasing partitions (both modes), and the
-  *housekeeping loop* (commit cycle, watchdog, lag, rate) and *producer loop* (delivery callbacks).
+  *housekeeping loop* (commit cycle, watchdog, lag, rate), *progress loop* (progress records between
+  commits) and *producer loop* (delivery callbacks).
 
 Modes: operator mode (``assign()`` only; the assignment changes through :meth:`Engine.assign` /
 :meth:`Engine.release`, fenced by a generation number) and standalone mode (``subscribe()`` with the
@@ -45,7 +46,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from multilane.api import Processor, is_async_processor
 from multilane.worker.admin import ensure_topic, max_partition_count, security_config
-from multilane.worker.commits import CommitCycle
+from multilane.worker.commits import CommitCycle, ProgressCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
 from multilane.worker.fetch import ErrorLog, FetchLoop
 from multilane.worker.flow import FlowController
@@ -137,6 +138,7 @@ class Engine:
         self._store: ProgressStore | None = None
         self._dlq: DeadLetterPublisher | None = None
         self._commits: CommitCycle | None = None
+        self._progress: ProgressCycle | None = None
         self._env: LaneEnv | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -196,6 +198,7 @@ class Engine:
         self._store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name,
                                     self._producer, security_config(cfg.consumer_overrides))
         self._commits = CommitCycle(self._consumer, self._store, self.hooks)
+        self._progress = ProgressCycle(self._store, self.hooks, self._commits)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
         await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, topics)
@@ -217,6 +220,8 @@ class Engine:
             loop.create_task(self._housekeeping_loop(), name="multilane-housekeeping"),
             loop.create_task(self._producer_loop(), name="multilane-producer"),
         ]
+        if cfg.progress_interval_ms > 0:
+            self._tasks.append(loop.create_task(self._progress_loop(), name="multilane-progress"))
         self.ready.set()
         log.info("engine %s started (%s mode, ordering=%s, factor=%d)", cfg.worker_id,
                  "operator" if cfg.operator_mode else "standalone", cfg.ordering.value, self._factor)
@@ -745,21 +750,21 @@ class Engine:
         if off is None:
             return None
         cfg = self.config
-        if meta:
-            rec = choose_progress(meta, source="commit metadata", group=cfg.group, topic=tp[0],
-                                  partition=tp[1], committed=off)
+        # the progress topic first: between commits it holds fresher records than the commit metadata
+        if cfg.ordering.value != "partition" and self._store is not None:
+            try:
+                rec = self._store.read_progress(tp[0], tp[1], off)
+            except Exception as exc:
+                log.warning("cannot read progress for %s/%d (%s)", tp[0], tp[1], exc)
+                rec = None
             if rec is not None:
                 return rec
-        if cfg.ordering.value == "partition" or self._store is None:
-            return None
-        try:
-            raw = self._store.read_latest(tp[0], tp[1])
-        except Exception as exc:
-            log.warning("cannot read progress for %s/%d (%s); replaying from the committed offset",
-                        tp[0], tp[1], exc)
-            return None
-        return choose_progress(raw, source="progress topic", group=cfg.group, topic=tp[0],
-                               partition=tp[1], committed=off)
+        if meta:
+            return choose_progress(meta, source="commit metadata", group=cfg.group, topic=tp[0],
+                                   partition=tp[1], committed=off)
+        log.info("no usable progress record for %s/%d at %d; replaying from the committed offset",
+                 tp[0], tp[1], off)
+        return None
 
     async def _release_parts(self, parts: list[PartitionRuntime], deadline_s: float,
                              unassign: bool, commit: bool = True,
@@ -1056,6 +1061,18 @@ class Engine:
             busy = (busy_s - self._last_busy_sample) / (now - t0)
             self.busy_lanes = busy if self.busy_lanes == 0 else 0.5 * self.busy_lanes + 0.5 * busy
             self._last_busy_sample = busy_s
+
+    async def _progress_loop(self) -> None:
+        """Every ``progress_interval_ms``: progress records of the active partitions (between commits)."""
+        interval = self.config.progress_interval_ms / 1000.0
+        assert self._progress is not None
+        while not self._stopping:
+            started = time.monotonic()
+            try:
+                await self._progress.run([p for p in self._parts.values() if p.phase == Phase.ACTIVE])
+            except Exception:
+                log.exception("progress cycle failed; retrying next cycle")
+            await asyncio.sleep(self._progress.next_delay(interval, time.monotonic() - started))
 
     async def _producer_loop(self) -> None:
         producer = self._producer

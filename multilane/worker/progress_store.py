@@ -2,15 +2,21 @@
 
 Layout (docs/architecture.md, "Offsets and progress"): topic ``multilane-progress.<group>``, one
 partition per input partition index (``index % partitions`` when the topic has fewer), keyed by
-``"<topic>/<partition>"``, compacted. Each commit cycle writes the record and waits for its delivery
-before the offset is committed; the encoded record also rides along as commit metadata when it fits in
-4000 bytes. On assignment the worker prefers commit metadata (Apache Kafka returns it) and falls back
-to the newest record for the key in the progress topic (brokers that drop metadata).
+``"<topic>/<partition>"``, compacted. Two writers fill it: each commit cycle writes the record for the
+offset it is about to commit and waits for its delivery before committing (the encoded record also
+rides along as commit metadata when it fits in 4000 bytes); between commits the progress cycle
+(``multilane.worker.commits.ProgressCycle``) writes fresher records every ``progress_interval_ms``,
+naming the committed offset (and the offset of a commit still awaiting its answer) as their base.
+
+On assignment the worker reads the progress topic backwards from its end and uses the newest record
+whose ``base_offset`` equals the committed offset (:meth:`ProgressStore.read_progress`); commit metadata
+is the fallback (it is only as fresh as the last commit).
 
 A progress record only ever claims that records are complete, which stays true forever, so a record
-from any earlier commit cycle is safe to use; the base-offset check below is belt and braces.
-Anything undecodable, for another group/topic/partition, or stale (``base_offset`` differs from the
-committed offset) is logged as a warning and ignored: the records are then replayed, never skipped.
+from any earlier cycle is safe to use; the base-offset check is belt and braces (an offset reset to
+an older position is not silently undone by the progress of the newer one). Anything undecodable,
+for another group/topic/partition, or stale (``base_offset`` differs from the committed offset) is
+not used: the records are then replayed, never skipped.
 """
 
 from __future__ import annotations
@@ -30,13 +36,38 @@ from multilane.worker.progress import (
     fits_in_metadata,
 )
 
-__all__ = ["ProgressStore", "choose_progress", "progress_key"]
+__all__ = ["ProgressStore", "choose_progress", "progress_key", "vet_progress"]
 
 log = logging.getLogger(__name__)
 
 
 def progress_key(topic: str, partition: int) -> bytes:
     return f"{topic}/{partition}".encode()
+
+
+def vet_progress(
+    candidate: bytes | str | None,
+    *,
+    group: str,
+    topic: str,
+    partition: int,
+    committed: int | None,
+) -> tuple[ProgressRecord | None, str, str]:
+    """Decode and vet one candidate: ``(record, "", "")`` when it may be used, else ``(None, fault,
+    detail)`` with ``fault`` one of ``empty``, ``undecodable``, ``foreign`` (another group, topic or
+    partition) and ``stale`` (``base_offset`` differs from ``committed``)."""
+    if candidate is None or candidate == "" or candidate == b"":
+        return None, "empty", ""
+    try:
+        rec = (ProgressCodec.decode_text(candidate) if isinstance(candidate, str)
+               else ProgressCodec.decode(candidate))
+    except ProgressDecodeError as exc:
+        return None, "undecodable", str(exc)
+    if (rec.group, rec.topic, rec.partition) != (group, topic, partition):
+        return None, "foreign", f"it names {rec.group}/{rec.topic}/{rec.partition}"
+    if committed is None or rec.base_offset != committed:
+        return None, "stale", f"base offset {rec.base_offset} != committed offset {committed}"
+    return rec, "", ""
 
 
 def choose_progress(
@@ -49,24 +80,11 @@ def choose_progress(
     committed: int | None,
 ) -> ProgressRecord | None:
     """Decode and vet one candidate progress record; None (with a warning) when it must not be used."""
-    if candidate is None or candidate == "" or candidate == b"":
-        return None
-    where = f"{topic}/{partition} ({source})"
-    try:
-        rec = (ProgressCodec.decode_text(candidate) if isinstance(candidate, str)
-               else ProgressCodec.decode(candidate))
-    except ProgressDecodeError as exc:
-        log.warning("ignoring undecodable progress record for %s: %s; its records will be replayed",
-                    where, exc)
-        return None
-    if (rec.group, rec.topic, rec.partition) != (group, topic, partition):
-        log.warning("ignoring progress record for %s: it names %s/%s/%d (another client)",
-                    where, rec.group, rec.topic, rec.partition)
-        return None
-    if committed is None or rec.base_offset != committed:
-        log.warning("ignoring stale progress record for %s: base offset %d != committed offset %s",
-                    where, rec.base_offset, committed)
-        return None
+    rec, fault, detail = vet_progress(candidate, group=group, topic=topic, partition=partition,
+                                      committed=committed)
+    if rec is None and fault != "empty":
+        log.warning("ignoring %s progress record for %s/%d (%s): %s; its records will be replayed",
+                    fault, topic, partition, source, detail)
     return rec
 
 
@@ -166,16 +184,78 @@ class ProgressStore:
         """The newest progress value for ``topic/partition`` in the progress topic (blocking).
 
         1. Read the partition's watermarks; empty -> None.
-        2. Consume from the low watermark until the end-of-partition event: it comes when the read
-           position reaches the high watermark carried in a fetch response, which is exact even on
-           brokers whose watermark API under-reports the end by up to one producer batch. Without
-           that event, read until the reported high watermark is passed *and* the broker has been
-           quiet for ``quiet_s`` (or the deadline passes).
+        2. Read from the low watermark to the end (see :meth:`_scan`).
         3. Keep the last value whose key matches.
         """
+        consumer = self._reader()
+        try:
+            idx = self._index(partition)
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, idx), timeout=timeout)
+            if hi <= lo:
+                return None
+            found = self._scan(consumer, idx, progress_key(topic, partition), lo, None, hi,
+                               time.monotonic() + timeout, quiet_s)
+            return found[-1][1] if found else None
+        finally:
+            consumer.close()
+
+    def read_progress(self, topic: str, partition: int, committed: int | None, *,
+                      timeout: float = 15.0, quiet_s: float = 0.3, chunk: int = 2000,
+                      lookback: int = 20_000) -> ProgressRecord | None:
+        """The newest usable progress record of ``topic/partition`` for ``committed`` (blocking).
+
+        1. ``committed`` None -> None (a record needs a committed offset to accompany).
+        2. Read the last ``chunk`` offsets of the progress partition up to its end (see :meth:`_scan`),
+           then, while nothing usable was found, the ``chunk`` offsets before those, and so on.
+        3. Within what was read, newest first: the first record with ``base_offset == committed``
+           (and our group/topic/partition) is the answer. Stop searching (None) at a record with an
+           older base (everything before it is older still), when more than two newer bases were
+           passed (only a commit still unanswered at a crash leaves newer bases behind), or after
+           ``lookback`` offsets.
+        """
+        # 1.
+        if committed is None:
+            return None
         key = progress_key(topic, partition)
-        idx = self._index(partition)
-        consumer = Consumer({
+        consumer = self._reader()
+        try:
+            idx = self._index(partition)
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, idx), timeout=timeout)
+            if hi <= lo:
+                return None
+            deadline = time.monotonic() + timeout
+            newer_bases: set[int] = set()
+            end: int | None = None  # None: to the end of the partition
+            start = max(lo, hi - chunk)
+            while True:
+                # 2.
+                found = self._scan(consumer, idx, key, start, end, hi, deadline, quiet_s)
+                # 3.
+                for _off, value in reversed(found):
+                    rec, fault, detail = vet_progress(value, group=self._group, topic=topic,
+                                                      partition=partition, committed=committed)
+                    if rec is not None:
+                        return rec
+                    if fault == "empty":
+                        continue
+                    if fault != "stale":
+                        log.warning("ignoring %s progress record for %s/%d (progress topic): %s",
+                                    fault, topic, partition, detail)
+                        continue
+                    base = ProgressCodec.decode(value).base_offset
+                    if base < committed:
+                        return None
+                    newer_bases.add(base)
+                    if len(newer_bases) > 2:
+                        return None
+                if start <= lo or hi - start >= lookback or time.monotonic() >= deadline:
+                    return None
+                end, start = start, max(lo, start - chunk)
+        finally:
+            consumer.close()
+
+    def _reader(self) -> Any:
+        return Consumer({
             "bootstrap.servers": self._bootstrap,
             "group.id": f"{self._group}.progress-reader",
             "enable.auto.commit": False,
@@ -183,40 +263,44 @@ class ProgressStore:
             "fetch.wait.max.ms": 50,
             **self._client_config,
         })
-        try:
-            # 1. watermarks
-            lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, idx), timeout=timeout)
-            if hi <= lo:
-                return None
-            # 2. read
-            consumer.assign([TopicPartition(self.topic, idx, lo)])
-            newest: bytes | None = None
-            deadline = time.monotonic() + timeout
-            last_offset = -1
+
+    def _scan(self, consumer: Any, idx: int, key: bytes, start: int, end: int | None, hi: int,
+              deadline: float, quiet_s: float) -> list[tuple[int, bytes]]:
+        """``(offset, value)`` of the records with ``key`` at offsets in ``[start, end)`` (blocking).
+
+        ``end`` None: up to the end of the partition, i.e. until the end-of-partition event: it comes
+        when the read position reaches the high watermark carried in a fetch response, which is exact
+        even on brokers whose watermark API under-reports the end by up to one producer batch. Without
+        that event, read until the reported high watermark ``hi`` is passed *and* the broker has been
+        quiet for ``quiet_s`` (or the deadline passes). ``end`` given: until an offset >= ``end``.
+        """
+        consumer.assign([TopicPartition(self.topic, idx, start)])
+        out: list[tuple[int, bytes]] = []
+        last_offset = start - 1
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            msgs = consumer.consume(num_messages=1000, timeout=0.05)
+            if not msgs:
+                target = hi if end is None else end
+                if last_offset >= target - 1 and time.monotonic() - quiet_since >= quiet_s:
+                    return out
+                continue
             quiet_since = time.monotonic()
-            while time.monotonic() < deadline:
-                msgs = consumer.consume(num_messages=1000, timeout=0.05)
-                if not msgs:
-                    if last_offset >= hi - 1 and time.monotonic() - quiet_since >= quiet_s:
-                        break
+            at_end = False
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    at_end = at_end or err.code() == KafkaError._PARTITION_EOF
                     continue
-                quiet_since = time.monotonic()
-                at_end = False
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        at_end = at_end or err.code() == KafkaError._PARTITION_EOF
-                        continue
-                    off = m.offset()
-                    if off is not None:
-                        last_offset = off
-                    # 3. newest for our key
-                    if m.key() == key:
-                        newest = m.value()
-                if at_end:
-                    break
-            else:
-                log.warning("reading progress for %s/%d timed out; using what was read", topic, partition)
-            return newest
-        finally:
-            consumer.close()
+                off = m.offset()
+                if off is None:
+                    continue
+                if end is not None and off >= end:
+                    return out
+                last_offset = off
+                if m.key() == key:
+                    out.append((off, m.value()))
+            if at_end:
+                return out
+        log.warning("reading progress from %s[%d] timed out; using what was read", self.topic, idx)
+        return out

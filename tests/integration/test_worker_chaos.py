@@ -142,18 +142,22 @@ def test_kill9_mid_stream_under_load_loses_nothing(
 # -- (b) replay bound -------------------------------------------------------------------------------
 
 
-def test_replays_after_kill9_are_bounded_by_in_flight(
+PROGRESS_INTERVAL_MS = 50
+
+
+def test_replays_after_kill9_are_bounded_by_the_last_progress_interval(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    """With one key hanging (its lane blocks, so the committed offset cannot pass it), let everything
-    else finish and commit cycles pass; SIGKILL; restart without the hang. Thanks to the persisted
-    per-key-range progress, the records redone after the restart are at most the records that were in
-    flight at the kill -- not everything above the committed offset."""
+    """SIGKILL a worker while completions continue (a backlog, 1 ms per record), with one key hanging
+    so that the committed offset stays far behind; restart without the hang. Progress is written every
+    50 ms (commits every second): the records redone are at most the records running at the kill plus
+    those completed in the last progress interval before it -- not everything above the committed
+    offset, nor everything since the last commit. Prints the figures."""
     broker.create_topic(topic_name, 1)
     hang_key = b"key-000003"
-    res = produce_records(broker.bootstrap, topic_name, 5000, keys=50, seed=5, partition=0)
+    res = produce_records(broker.bootstrap, topic_name, 20_000, keys=50, seed=5, partition=0)
     produced = res.records
-    assert res.delivered == 5000
+    assert res.delivered == 20_000
     first_hang = min(r.offset for r in produced if r.key == hang_key)
     log = str(tmp_path / "events.log")
     base = {
@@ -162,37 +166,58 @@ def test_replays_after_kill9_are_bounded_by_in_flight(
         "assign": f"{topic_name}:0",
         "factor": 8,
         "event_log": log,
-        "commit_interval_ms": 300,
+        "commit_interval_ms": 1000,
+        "extra_args": ("--progress-interval-ms", str(PROGRESS_INTERVAL_MS)),
     }
-    w1 = _start(workers, WorkerSpec(**base, env={"MULTILANE_TEST_HANG_KEY": hang_key.decode()}), tmp_path)  # type: ignore[arg-type]
+    env = {"MULTILANE_TEST_SLEEP_MS": "1"}
+    w1 = _start(workers, WorkerSpec(**base, env={**env, "MULTILANE_TEST_HANG_KEY": hang_key.decode()}),  # type: ignore[arg-type]
+                tmp_path)
     follower = EventLogFollower(log)
-    wait_until(lambda: follower.ended_count() > 1000, 60, 0.2, "most records processed")
-    # only the blocked lane is left; 3 s of quiet = ~10 commit cycles (300 ms) after the last completion
-    _wait_quiet(follower, quiet_s=3.0, timeout=90)
+    wait_until(lambda: follower.ended_count() > 6000, 90, 0.05, "6000 records processed")
     status = w1.status()
-    (part,) = status["partitions"]
-    in_flight = int(part["in_flight"])
-    committed = int(part["committed"])
-    assert committed <= first_hang, f"committed {committed} passed the hung record at {first_hang}"
-    above_committed = sum(1 for r in produced if r.offset >= committed)
-    assert 0 < in_flight < above_committed, (in_flight, above_committed)
-    ended_before = set(follower.ended)
+    in_flight = int(status["partitions"][0]["in_flight"])  # fetched, not completed (just before)
+    killed_at = time.time()
     w1.kill()
 
-    w2 = _start(workers, WorkerSpec(**base), tmp_path)  # type: ignore[arg-type]
+    events_a = [e for e in read_event_log(log) if e.pid == w1.pid]
+    ends_a = {e.tpo: e.time for e in events_a if e.kind == "end"}
+    running_at_kill = {e.tpo for e in events_a if e.kind == "start"} - set(ends_a)
+    kill_instant = max([killed_at, *(e.time for e in events_a)])
+    window = PROGRESS_INTERVAL_MS / 1000.0
+    completed_last_interval = sum(1 for t in ends_a.values() if t > kill_instant - window)
+    assert completed_last_interval > 0, "the kill came after a pause: completions must continue"
+
+    w2 = _start(workers, WorkerSpec(**base, env=env), tmp_path)  # type: ignore[arg-type]
     _wait_all_ended(follower, produced, w2)
     assert w2.terminate(60) == 0
     events = read_event_log(log)
-    redone = {e.tpo for e in events if e.kind == "start" and e.pid == w2.pid}
-    replayed_done = redone & ended_before
+    started_b = {e.tpo for e in events if e.kind == "start" and e.pid == w2.pid}
+    replayed = started_b & set(ends_a)  # completed before the kill, run again
+    restarted = started_b & (set(ends_a) | running_at_kill)
+    # the first offset not completed at the kill: the most a watermark-only commit could reach
+    first_unfinished = min(r.offset for r in produced if (r.topic, r.partition, r.offset) not in ends_a)
+    above_watermark = sum(1 for o in ends_a if o[2] >= first_unfinished)
+    bound = len(running_at_kill) + completed_last_interval
+    oldest_replayed_ms = max((kill_instant - ends_a[t] for t in replayed), default=0.0) * 1000
     print(
-        f"in flight at kill {in_flight}, above committed {above_committed}, redone {len(redone)}, "
-        f"of which had completed before the kill {len(replayed_done)}"
+        f"replayed {len(replayed)} (completed before the kill, run again; the oldest completed "
+        f"{oldest_replayed_ms:.0f} ms before it), running at kill {len(running_at_kill)}, in flight at "
+        f"kill ~{in_flight}, completed in the last progress interval ({PROGRESS_INTERVAL_MS} ms) "
+        f"{completed_last_interval}; bound (running + last "
+        f"interval) {bound}; redone in all {len(restarted)}; completed above the first unfinished offset "
+        f"{above_watermark}"
     )
-    assert len(redone) <= in_flight, f"{len(redone)} records redone, {in_flight} were in flight"
+    assert first_unfinished <= first_hang
+    assert above_watermark > 10 * bound, "the hang must hold the committed offset far behind"
+    assert len(replayed) <= completed_last_interval, (
+        f"{len(replayed)} completed records ran again, {completed_last_interval} completed in the last "
+        f"{PROGRESS_INTERVAL_MS} ms (the oldest {oldest_replayed_ms:.0f} ms before the kill)"
+    )
+    assert len(restarted) <= bound
+    assert len(replayed) + len(running_at_kill) <= in_flight + completed_last_interval  # as documented
     assert_all(
         check_delivery(produced, events, mode="key"),
-        ReplayCounter(max_replays=in_flight, max_restarted=in_flight).check(events),
+        ReplayCounter(max_replays=completed_last_interval, max_restarted=bound).check(events),
     )
 
 

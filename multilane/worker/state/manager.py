@@ -370,6 +370,15 @@ class StateManager:
         if status is not None:
             status.committed_offset = offset
 
+    def make_durable(self, topic: str, partition: int) -> None:
+        """Wait until every change produced so far for the partition is acknowledged (blocking), without
+        marking anything committed (the progress cycle calls it before a progress record claims the
+        records behind those changes done). Raises :class:`StateDurabilityError` when one was lost."""
+        part = self._active.get((topic, partition))
+        if part is None:
+            raise StatePhaseError(f"{topic}[{partition}] is not active in this worker's state store")
+        self._writer.flush_partition(part.changelog_topic, partition, self._flush_timeout_s)
+
     def close_partition(self, topic: str, partition: int, clean: bool) -> None:
         """Close the partition's store (steps 1-3). ``clean``: the engine made its final commit.
 
