@@ -11,9 +11,13 @@ loop's thread. The engine is split into modules, each readable on its own:
   plain functions in per-lane batches on a thread pool), retry parking, factor changes;
 - ``flow``, ``retry``, ``commits``, ``watchdog``, ``progress_store``, ``admin``: bounds, retries and
   dead letters, the commit cycle, stall detection, progress persistence, topic creation;
-- this module: lifecycle, the control API, adding and releasing partitions (both modes), and the
-  *housekeeping loop* (commit cycle, watchdog, lag, rate), *progress loop* (progress records between
-  commits) and *producer loop* (delivery callbacks).
+- ``ownership``: the partition-ownership protocol (add: committed offsets, progress, state, activate;
+  release: stop fetching, let running records finish, commit, close), for both modes;
+- ``group``: group mode's rebalance callbacks, an adapter onto ``ownership``;
+- ``views``: the status and the metric-source accessors;
+- ``housekeeping``: the *housekeeping loop* (commit cycle, watchdog, lag, rate, reopen after a lost
+  change), the *progress loop* (progress records between commits) and the *producer loop*;
+- this module: lifecycle and composition, and the control API.
 
 Modes: operator mode (``assign()`` only; the assignment changes through :meth:`Engine.assign` /
 :meth:`Engine.release`, fenced by a generation number) and standalone mode (``subscribe()`` with the
@@ -33,16 +37,14 @@ succeeded and no record was abandoned).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer
 
 from multilane.api import Processor, is_async_processor
 from multilane.worker.admin import ensure_topic, max_partition_count, security_config
@@ -50,11 +52,13 @@ from multilane.worker.commits import CommitCycle, ProgressCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
 from multilane.worker.fetch import ErrorLog, FetchLoop
 from multilane.worker.flow import FlowController
+from multilane.worker.group import GroupRebalanceAdapter
+from multilane.worker.housekeeping import Housekeeping
 from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram, WorkerMetrics
+from multilane.worker.ownership import EngineError, FencingError, ReleasedPartition
 from multilane.worker.partition import PartitionRuntime, Phase
-from multilane.worker.progress import ProgressRecord
-from multilane.worker.progress_store import ProgressStore, choose_progress
+from multilane.worker.progress_store import ProgressStore
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
 from multilane.worker.watchdog import StallWatchdog
 
@@ -62,29 +66,9 @@ __all__ = ["Engine", "EngineError", "FencingError", "ReleasedPartition"]
 
 log = logging.getLogger(__name__)
 
-_Committed = tuple[int | None, str | None]  # (committed offset or None, commit metadata or None)
 
 
-class EngineError(RuntimeError):
-    """The engine cannot do what was asked (bad argument or wrong state)."""
-
-
-class FencingError(EngineError):
-    """An assignment carried a generation lower than the worker's current one."""
-
-
-@dataclass(frozen=True)
-class ReleasedPartition:
-    topic: str
-    partition: int
-    committed_offset: int | None  # the final committed offset (None if nothing was ever committed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition,
-                "committed_offset": self.committed_offset}
-
-
-class Engine:
+class Engine(GroupRebalanceAdapter, Housekeeping):
     """One worker process's consumer, lanes, commits and control API.
 
     Invariants: ``_parts`` holds exactly the partitions this engine owns (any phase); every consumer
@@ -242,11 +226,6 @@ class Engine:
     def _require_started(self) -> None:
         if self._consumer is None or self._stopped:
             raise EngineError("the engine is not running")
-
-    def _fetcher(self) -> FetchLoop:
-        if self._fetch is None:
-            raise EngineError("the engine has not started")
-        return self._fetch
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to stop (safe from signal handlers on the loop)."""
@@ -514,578 +493,9 @@ class Engine:
                 await self._run_io(fn, tp[0], tp[1])
         return tps
 
-    @property
-    def factor(self) -> int:
-        return self._factor
-
-    def status(self) -> dict[str, Any]:
-        """The worker's status (``GET /v1/status``; docs/architecture.md, "Worker control API").
-
-        ``partitions``: the partitions this engine owns, plus those whose state is being opened
-        (phase ``promoting``: a restore or a learner's promotion before processing starts); their
-        ``restore_lag`` comes from the state hooks' ``learner_status()``. ``learners``: every
-        partition the state hooks know (restoring, learning, promoting, active, failed) with its
-        restore progress; learners of partitions this engine does not own appear only there (the
-        operator counts every ``partitions`` entry as owned). The learner figures are those of the
-        last :meth:`refresh_learners` (the housekeeping loop refreshes them every half second).
-        """
-        parts = sorted(self._parts.values(), key=lambda p: (p.topic, p.partition))
-        learners = self._learners
-        by_tp = {(str(e.get("topic")), int(e.get("partition", -1))): e for e in learners}
-        entries = []
-        for p in parts:
-            entry = p.status()
-            learner = by_tp.get((p.topic, p.partition))
-            if learner is not None:
-                entry["restore_lag"] = int(learner.get("restore_lag") or 0)
-            entries.append(entry)
-        for tp in sorted(self._opening):
-            learner = by_tp.get(tp, {})
-            entries.append({"topic": tp[0], "partition": tp[1], "phase": Phase.PROMOTING,
-                            "committed": learner.get("committed_offset"), "position": None,
-                            "high_watermark": None, "lag": None, "in_flight": 0,
-                            "restore_lag": int(learner.get("restore_lag") or 0),
-                            "state_phase": learner.get("phase")})
-        out: dict[str, Any] = {
-            "worker_id": self.config.worker_id,
-            "generation": self.generation,
-            "factor": self._factor,
-            "mode": self.config.ordering.value,
-            "paused": self.user_paused,
-            "fenced": self._fenced_at is not None,
-            "partitions": entries,
-            "processed_total": self.processed_total(),
-            "processing_rate": round(self.processing_rate, 3),
-            "busy_lanes": round(self.busy_lanes, 3),
-            "in_flight": self._flow.records,
-            "in_flight_bytes": self._flow.bytes,
-            "peak_in_flight": self._flow.peak_records,
-            "peak_in_flight_bytes": self._flow.peak_bytes,
-            "max_in_flight": self._flow.max_records,
-            "max_in_flight_bytes": self._flow.max_bytes,
-            "stalled": self._watchdog.stalled,
-            "back_pressure_pauses": sum(p.flow_counters.pauses for p in parts),
-        }
-        if self.hooks is not None:
-            out["learners"] = learners
-        return out
-
-    async def refresh_learners(self) -> None:
-        """Re-read the state hooks' ``learner_status()`` on an I/O thread (for :meth:`status`)."""
-        if self.hooks is not None and not self._stopping:
-            self._learners = await asyncio.get_running_loop().run_in_executor(
-                self._status_pool, self._learner_status)
-
-    def _learner_status(self) -> list[dict[str, Any]]:
-        """The state hooks' ``learner_status()`` ([] without hooks or when it fails; blocking)."""
-        fn = getattr(self.hooks, "learner_status", None) if self.hooks is not None else None
-        if fn is None:
-            return []
-        try:
-            return list(fn())
-        except Exception:
-            log.exception("learner_status() failed")
-            return []
-
-    def processed_total(self) -> int:
-        return self._released_total + sum(p.processed for p in self._parts.values())
-
-    # -- metrics source --------------------------------------------------------------------------------
-
-    def metric_partitions(self) -> list[PartitionRuntime]:
-        return list(self._parts.values())
-
-    @property
-    def histogram(self) -> LatencyHistogram:
-        return self._hist
-
-    def stalled_count(self) -> int:
-        return self._watchdog.stalled
-
-    def lane_utilisation(self) -> float:
-        parts = list(self._parts.values())
-        if not parts:
-            return 0.0
-        return sum(p.lanes.busy_fraction for p in parts) / len(parts)
-
-    def last_progress_bytes(self) -> int:
-        return self._commits.last_progress_bytes if self._commits is not None else 0
-
-    # ------------------------------------------------------------------------------------------------
-    # partitions: add and release
-    # ------------------------------------------------------------------------------------------------
-
-    def _new_runtime(self, topic: str, partition: int, committed: int | None,
-                     progress: ProgressRecord | None) -> PartitionRuntime:
-        assert self._env is not None and self._dlq is not None
-        cfg = self.config
-        return PartitionRuntime(topic, partition, cfg.ordering, self._factor, self._env, self._flow,
-                                self._retry, self._dlq, self._hist, cfg.group, cfg.worker_id,
-                                committed, progress)
-
-    async def _add_partitions(self, tps: list[TopicPartitionId]) -> None:
-        """Start consuming ``tps`` (operator mode; steps 1-4).
-
-        1. Read committed offsets (and metadata) from the group coordinator.
-        2. Read progress records (metadata first, else the progress topic; on a worker thread) and vet
-           them (undecodable / stale / foreign -> warning, ignored).
-        3. Let the state hooks restore (``open_partition``; blocking, on worker threads, several
-           partitions in parallel). If one fails, those opened are closed uncleanly and the error is
-           raised: nothing of this call is assigned.
-        4. Create the runtimes, start their lanes, and ``incremental_assign`` at the committed offsets.
-           No record of a partition is fetched before its state is open.
-        """
-        # 1. committed offsets (a short-lived client on a worker thread: the loop keeps processing)
-        committed = await self._run_io(self._committed_blocking, tps)
-        # 2. progress
-        progress = await asyncio.gather(*(self._run_io(self._load_progress, tp, committed[tp])
-                                          for tp in tps))
-        # 3. state restore
-        if self.hooks is not None:
-            await self._open_states([(tp, committed[tp][0], prog)
-                                     for tp, prog in zip(tps, progress, strict=True)])
-        runtimes = [self._new_runtime(tp[0], tp[1], committed[tp][0], prog)
-                    for tp, prog in zip(tps, progress, strict=True)]
-        # 4. start
-        for rt in runtimes:
-            self._activate(rt)
-        self._consumer.incremental_assign([
-            TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
-            else TopicPartition(rt.topic, rt.partition) for rt in runtimes
-        ])
-        self._resume_assigned(runtimes, self._consumer)
-        log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
-
-    async def _open_states(self, items: list[tuple[TopicPartitionId, int | None,
-                                                   ProgressRecord | None]]) -> None:
-        """``hooks.open_partition`` for every item, in parallel on the I/O threads (the hooks are
-        thread-safe across partitions). All or nothing: on any failure, the partitions that opened
-        are closed uncleanly and the first error is raised. ``_opening`` lists them meanwhile."""
-        hooks = self.hooks
-        assert hooks is not None
-        await self._closed([tp for tp, _, _ in items])
-        for tp, _, _ in items:
-            self._opening.add(tp)
-        try:
-            results = await asyncio.gather(
-                *(self._run_io(hooks.open_partition, tp[0], tp[1], off, prog) for tp, off, prog in items),
-                return_exceptions=True)
-        finally:
-            for tp, _, _ in items:
-                self._opening.discard(tp)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for (tp, _, _), r in zip(items, results, strict=True):
-                if not isinstance(r, BaseException):
-                    await self._run_io(self._close_state_quietly, tp, False)
-            raise errors[0]
-
-    async def _closed(self, tps: Iterable[TopicPartitionId]) -> None:
-        """Wait for the background state closes of ``tps`` (see ``_release_parts``, step 5)."""
-        pending = [f for tp in tps if (f := self._closing.pop(tp, None)) is not None]
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    def _close_state_quietly(self, tp: TopicPartitionId, clean: bool) -> None:
-        """``hooks.close_partition`` (blocking), logging instead of raising."""
-        if self.hooks is None:
-            return
-        try:
-            self.hooks.close_partition(tp[0], tp[1], clean)
-        except Exception:
-            log.exception("close_partition failed for %s/%d", tp[0], tp[1])
-
-    @staticmethod
-    def _resume_assigned(runtimes: list[PartitionRuntime], consumer: Any) -> None:
-        """Clear a pause left from an earlier ownership: librdkafka keeps a partition's pause across
-        ``incremental_unassign``/``incremental_assign``, so a partition released (paused) and later
-        given back to this process would never be fetched again. User-paused ones stay paused."""
-        tps = [TopicPartition(rt.topic, rt.partition) for rt in runtimes if not rt.user_paused]
-        if tps:
-            try:
-                consumer.resume(tps)
-            except KafkaException as exc:
-                log.warning("resume of newly assigned partitions failed: %s", exc)
-
-    def _activate(self, rt: PartitionRuntime) -> None:
-        topics = self.config.topics
-        if any(t != rt.topic for t, _ in self._parts) or (topics and rt.topic not in topics):
-            self._multi_topic = True  # never reset: stale messages of another topic may still arrive
-            if self._fetch is not None:
-                self._fetch.multi_topic = True
-        self._parts[(rt.topic, rt.partition)] = rt
-        self._flow.set_partitions(len(self._parts))
-        rt.lanes.start()
-        rt.phase = Phase.ACTIVE
-        if self.user_paused:
-            rt.user_paused = True
-
-    def _committed_blocking(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets via a separate client of the same group (blocking; worker thread)."""
-        cfg = self.config
-        client = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group,
-                           "enable.auto.commit": False, **security_config(cfg.consumer_overrides)})
-        try:
-            return self._committed(tps, client)
-        finally:
-            client.close()
-
-    def _committed(self, tps: list[TopicPartitionId],
-                   client: Any = None) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets and metadata of ``tps`` (blocking; by default the engine's consumer,
-        which may only be used on the loop thread)."""
-        out: dict[TopicPartitionId, _Committed] = {}
-        consumer = client if client is not None else self._consumer
-        result = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=15)
-        for tp in result:
-            off = tp.offset if tp.offset >= 0 else None
-            out[(tp.topic, tp.partition)] = (off, getattr(tp, "metadata", None))
-        for tp in tps:
-            out.setdefault(tp, (None, None))
-        return out
-
-    def _load_progress(self, tp: TopicPartitionId, committed: _Committed) -> ProgressRecord | None:
-        """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
-        off, meta = committed
-        if off is None:
-            return None
-        cfg = self.config
-        # the progress topic first: between commits it holds fresher records than the commit metadata
-        if cfg.ordering.value != "partition" and self._store is not None:
-            try:
-                rec = self._store.read_progress(tp[0], tp[1], off)
-            except Exception as exc:
-                log.warning("cannot read progress for %s/%d (%s)", tp[0], tp[1], exc)
-                rec = None
-            if rec is not None:
-                return rec
-        if meta:
-            return choose_progress(meta, source="commit metadata", group=cfg.group, topic=tp[0],
-                                   partition=tp[1], committed=off)
-        log.info("no usable progress record for %s/%d at %d; replaying from the committed offset",
-                 tp[0], tp[1], off)
-        return None
-
-    async def _release_parts(self, parts: list[PartitionRuntime], deadline_s: float,
-                             unassign: bool, commit: bool = True,
-                             close_after: bool = False) -> list[ReleasedPartition]:
-        """Stop, commit and drop ``parts`` (steps 1-6).
-
-        1. Phase ``releasing``; pause fetching (records fetched later are ignored).
-        2. Hold their lanes (no queued record starts any more) and wait until the records already
-           *running* finished, or the deadline passed. Queued records are not waited for: they are
-           above the committed offset and not marked done by the progress record, so the next owner
-           runs them (nothing is lost, and nothing that completed runs again). The deadline bounds
-           only slow running records.
-        3. Stop their lanes (records still running are abandoned; the next owner replays them).
-        4. Final synchronous commit of the committable offsets, with progress records (skipped when
-           not ``commit``: a partition whose changelog lost a record is reopened without one).
-        5. ``close_partition``: clean only when no running record was abandoned and the final commit
-           succeeded (a partition whose ``before_commit`` raised :class:`StateDurabilityError` is not
-           committed and closes uncleanly). With ``close_after``, this runs in the background after
-           the call returned (closing a large store flushes its memtables: the caller need not wait
-           for it); a later open of the same partition, a learn, and :meth:`stop` wait for it.
-        6. ``incremental_unassign`` (operator mode) and forget them.
-        """
-        if not parts:
-            return []
-        commit = commit and self._fenced_at is None  # a fenced worker never commits
-        # 1. stop fetching
-        for p in parts:
-            p.phase = Phase.RELEASING
-        self._fetcher().pause_fetch(parts)
-        # 2. hold the lanes; wait for running records (and dead letters being written) only
-        deadline = time.monotonic() + max(0.0, deadline_s)
-        if self.config.release_drain == "queued":  # the older behaviour: drain every fetched record
-            while any(p.in_flight for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-        for p in parts:
-            p.lanes.hold()
-        while any(_busy(p) for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
-        clean = {id(p): not _busy(p) for p in parts}
-        for p in parts:
-            if _busy(p):
-                log.warning("releasing %s/%d with %d records still running after %.1fs; they will be "
-                            "replayed by the next owner", p.topic, p.partition, p.lanes.running,
-                            deadline_s)
-            elif p.in_flight:
-                log.info("releasing %s/%d: %d queued records go to the next owner", p.topic,
-                         p.partition, p.in_flight)
-        # 3. stop lanes (keep the tracker: completed work is still committed); records running on
-        #    the thread pool cannot be cancelled: give them until the deadline (at least a moment)
-        #    to return, so that the next owner does not run a key while we still do
-        for p in parts:
-            p.close()
-        batches = [asyncio.wrap_future(f) for p in parts for f in p.lanes.batches_running()]
-        if batches:
-            _done, pending = await asyncio.wait(batches, timeout=max(1.0, deadline - time.monotonic()))
-            if pending:
-                log.warning("%d thread-pool batches still running after the release deadline",
-                            len(pending))
-        # 4. final commit
-        assert self._commits is not None
-        if commit:
-            try:
-                for p in await self._commits.run(parts, final=True):
-                    clean[id(p)] = False
-            except KafkaException as exc:
-                log.warning("final commit failed for %s: %s", [(p.topic, p.partition) for p in parts],
-                            exc)
-                clean = dict.fromkeys(clean, False)
-        else:
-            clean = dict.fromkeys(clean, False)
-        # 5. state hooks (now, or after the answer)
-        if self.hooks is not None:
-            for p in parts:
-                clean[id(p)] = clean[id(p)] and _fully_committed(p)
-                tp = (p.topic, p.partition)
-                if close_after:
-                    self._closing[tp] = asyncio.ensure_future(
-                        self._run_io(self._close_state_quietly, tp, clean[id(p)]))
-                else:
-                    await self._run_io(self.hooks.close_partition, p.topic, p.partition, clean[id(p)])
-        # 6. unassign and forget
-        if unassign:
-            try:
-                self._consumer.incremental_unassign([TopicPartition(p.topic, p.partition) for p in parts])
-            except KafkaException as exc:
-                log.warning("unassign failed: %s", exc)
-        out = []
-        for p in parts:
-            self._parts.pop((p.topic, p.partition), None)
-            self._flow.set_partitions(len(self._parts))
-            self._released_total += p.processed
-            out.append(ReleasedPartition(p.topic, p.partition, p.committed))
-        log.info("released %s", [r.to_dict() for r in out])
-        return out
-
-    # -- standalone mode: rebalance callbacks (run inside consume(), on the loop thread) -------------
-
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        """Cooperative assign: committed offsets, progress, state restore, then assign (blocking)."""
-        tps = [(tp.topic, tp.partition) for tp in partitions if (tp.topic, tp.partition) not in self._parts]
-        if not tps:
-            return
-        try:
-            committed = self._committed(tps)
-        except KafkaException as exc:
-            # librdkafka then starts at the committed offset itself; without it no progress is used.
-            log.warning("cannot read committed offsets of %s (%s); starting without progress", tps, exc)
-            committed = {tp: (None, None) for tp in tps}
-        # progress reads in parallel on the I/O threads (this callback blocks the loop meanwhile)
-        futs = {tp: self._io_pool.submit(self._load_progress, tp, committed[tp]) for tp in tps}
-        progress = {tp: futs[tp].result() for tp in tps}
-        if self.hooks is not None:
-            # state restores in parallel, all or nothing (as in _open_states)
-            hooks = self.hooks
-            opens = {tp: self._io_pool.submit(hooks.open_partition, tp[0], tp[1], committed[tp][0],
-                                              progress[tp]) for tp in tps}
-            concurrent.futures.wait(list(opens.values()))
-            failed = [e for f in opens.values() if (e := f.exception()) is not None]
-            if failed:
-                for tp, f in opens.items():
-                    if f.exception() is None:
-                        self._close_state_quietly(tp, False)
-                raise failed[0]
-        runtimes = [self._new_runtime(tp[0], tp[1], committed[tp][0], progress[tp]) for tp in tps]
-        for rt in runtimes:
-            self._activate(rt)
-        consumer.incremental_assign([
-            TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
-            else TopicPartition(rt.topic, rt.partition) for rt in runtimes
-        ])
-        self._resume_assigned(runtimes, consumer)
-        log.info("group assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
-
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        """Cooperative revoke: stop the lanes and commit completed work with progress (blocking).
-
-        Records still running are abandoned; the progress record lets the next owner replay only
-        those (and the queued ones), not what already completed.
-        """
-        parts = [self._parts[(tp.topic, tp.partition)] for tp in partitions
-                 if (tp.topic, tp.partition) in self._parts]
-        self._reopen_pending.difference_update((tp.topic, tp.partition) for tp in partitions)
-        if not parts:
-            return
-        # clean close only for partitions with nothing abandoned and a successful commit (below)
-        clean = {id(p): p.in_flight == 0 for p in parts}
-        for p in parts:
-            p.phase = Phase.RELEASING
-            p.close()
-        # Records running on the thread pool keep running while the loop is blocked here; wait for
-        # them (each batch stops after its current record) so the next owner never overlaps a key.
-        batches = [f for p in parts for f in p.lanes.batches_running()]
-        if batches:
-            _done, pending = concurrent.futures.wait(batches, timeout=self.config.drain_timeout_s)
-            if pending:
-                log.warning("%d thread-pool batches still running after revoke", len(pending))
-        assert self._commits is not None
-        try:
-            for p in self._commits.run_blocking(parts, self._producer):
-                clean[id(p)] = False
-        except Exception as exc:
-            log.warning("commit on revoke failed: %s", exc)
-            clean = dict.fromkeys(clean, False)
-        for p in parts:
-            self._close_state_quietly((p.topic, p.partition), clean[id(p)] and _fully_committed(p))
-            self._parts.pop((p.topic, p.partition), None)
-            self._flow.set_partitions(len(self._parts))
-            self._released_total += p.processed
-        log.info("group revoked %s", [(p.topic, p.partition, p.committed) for p in parts])
-
-    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
-        """Partitions lost (session expired): drop them without committing."""
-        self._reopen_pending.difference_update((tp.topic, tp.partition) for tp in partitions)
-        for tp in partitions:
-            p = self._parts.pop((tp.topic, tp.partition), None)
-            self._flow.set_partitions(len(self._parts))
-            if p is not None:
-                p.close()
-                self._released_total += p.processed
-                if self.hooks is not None:
-                    self.hooks.close_partition(p.topic, p.partition, False)
-        log.warning("group lost %s", [(tp.topic, tp.partition) for tp in partitions])
-
-    # ------------------------------------------------------------------------------------------------
-    # loops
-    # ------------------------------------------------------------------------------------------------
-
-    def _on_commit(self, err: Any, tps: list[Any]) -> None:
-        if self._commits is not None:
-            self._commits.on_commit(err, tps, self._parts)
-
-    async def _housekeeping_loop(self) -> None:
-        interval = self.config.commit_interval_ms / 1000.0
-        assert self._commits is not None
-        next_commit = time.monotonic() + interval
-        while not self._stopping:
-            await asyncio.sleep(min(0.5, interval))
-            now = time.monotonic()
-            self._watchdog.scan([s for p in self._parts.values() for s in p.lanes.slots()], now)
-            self._update_watermarks()
-            self._update_rate(now)
-            # learner figures: in the background (the hooks' lock may be held by a learn() for a
-            # while; commits must not wait for it)
-            task = self._learners_refresh
-            if self.hooks is not None and (task is None or task.done()):
-                self._learners_refresh = asyncio.get_running_loop().create_task(self.refresh_learners())
-            if now >= next_commit:
-                next_commit = now + interval
-                active = [p for p in self._parts.values() if p.phase == Phase.ACTIVE]
-                try:
-                    lost = await self._commits.run(active)
-                except Exception:
-                    log.exception("commit cycle failed; retrying next cycle")
-                    continue
-                for p in lost:
-                    self._schedule_reopen(p)
-
-    def _schedule_reopen(self, part: PartitionRuntime) -> None:
-        """Start :meth:`_reopen_lost` for ``part`` unless one is already running for it."""
-        tp = (part.topic, part.partition)
-        task = self._reopens.get(tp)
-        if task is not None and not task.done():
-            return
-        assert self._loop is not None
-        self._reopens[tp] = self._loop.create_task(self._reopen_lost(part), name=f"multilane-reopen-{tp}")
-
-    async def _reopen_lost(self, part: PartitionRuntime) -> None:
-        """Reopen a partition whose changelog lost a record (``before_commit`` raised
-        :class:`StateDurabilityError`), so that every record not committed is processed again
-        (steps 1-3, under the control lock).
-
-        1. Still the same runtime (not released or reopened meanwhile)? Otherwise nothing to do.
-        2. Release it without committing: drain (up to ``drain_timeout_s``), stop its lanes,
-           ``close_partition(clean=False)`` (no checkpoint: the next open wipes the store), unassign.
-        3. Add it again: committed offset and progress as on any assignment, ``open_partition``
-           (full restore from the changelog), fetching from the committed offset. If that fails,
-           retry with backoff (lock released in between) while it is in ``_reopen_pending``, i.e.
-           until a control call or rebalance decides the partition's ownership.
-        In standalone mode the partition stays in the group's assignment throughout; only the local
-        consumer assignment is dropped and retaken.
-        """
-        tp = (part.topic, part.partition)
-        delay = 0.5
-        async with self._control_lock:
-            # 1.
-            if self._stopped or self._fenced_at is not None or self._parts.get(tp) is not part:
-                return
-            log.warning("reopening %s/%d: its state changes are not durable; records after the last "
-                        "commit will be processed again", tp[0], tp[1])
-            # 2.
-            await self._release_parts([part], self.config.drain_timeout_s, unassign=True, commit=False)
-            self._reopen_pending.add(tp)
-            # 3.
-            if await self._try_reopen_add(tp, delay):
-                return
-        while not self._stopped:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-            async with self._control_lock:
-                if self._stopped or self._fenced_at is not None or tp not in self._reopen_pending:
-                    return
-                if await self._try_reopen_add(tp, delay):
-                    return
-
-    async def _try_reopen_add(self, tp: TopicPartitionId, delay: float) -> bool:
-        """Step 3 of :meth:`_reopen_lost` (control lock held): True when done."""
-        try:
-            await self._add_partitions([tp])
-        except Exception as exc:
-            log.warning("cannot reopen %s/%d yet (%s); retrying in %.1fs", tp[0], tp[1], exc, delay)
-            return False
-        self._reopen_pending.discard(tp)
-        return True
-
-    def _update_watermarks(self) -> None:
-        for p in self._parts.values():
-            try:
-                _lo, hi = self._consumer.get_watermark_offsets(
-                    TopicPartition(p.topic, p.partition), cached=True)
-            except KafkaException:
-                continue
-            if hi is not None and hi >= 0:
-                p.high_watermark = hi
-
-    def _update_rate(self, now: float) -> None:
-        t0, n0 = self._last_rate_sample
-        n = self.processed_total()
-        if now - t0 >= 1.0:
-            rate = (n - n0) / (now - t0)
-            prev = self.processing_rate
-            self.processing_rate = rate if prev == 0 else 0.5 * prev + 0.5 * rate
-            self._last_rate_sample = (now, n)
-            busy_s = self._hist.sum
-            busy = (busy_s - self._last_busy_sample) / (now - t0)
-            self.busy_lanes = busy if self.busy_lanes == 0 else 0.5 * self.busy_lanes + 0.5 * busy
-            self._last_busy_sample = busy_s
-
-    async def _progress_loop(self) -> None:
-        """Every ``progress_interval_ms``: progress records of the active partitions (between commits)."""
-        interval = self.config.progress_interval_ms / 1000.0
-        assert self._progress is not None
-        while not self._stopping:
-            started = time.monotonic()
-            try:
-                await self._progress.run([p for p in self._parts.values() if p.phase == Phase.ACTIVE])
-            except Exception:
-                log.exception("progress cycle failed; retrying next cycle")
-            await asyncio.sleep(self._progress.next_delay(interval, time.monotonic() - started))
-
-    async def _producer_loop(self) -> None:
-        producer = self._producer
-        while not self._stopping:
-            producer.poll(0)
-            await asyncio.sleep(0.005 if len(producer) else 0.05)
-
     # ------------------------------------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------------------------------------
-
-    async def _run_io(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
 
     def _ensure_progress_topic(self, topics: list[str]) -> None:
         assert self._store is not None
@@ -1097,18 +507,6 @@ class Engine:
         """Create a dead-letter topic if it does not exist (blocking, short timeout)."""
         cfg = self.config
         ensure_topic(cfg.bootstrap_servers, topic, security_config(cfg.consumer_overrides))
-
-
-def _busy(part: PartitionRuntime) -> bool:
-    """Records of ``part`` still running, or dead letters still being written."""
-    return part.lanes.running > 0 or bool(part.dlq_pending)
-
-
-def _fully_committed(part: PartitionRuntime) -> bool:
-    """True when the broker confirmed a commit of everything committable (the partition-level result
-    of a synchronous commit can fail without an exception), or nothing was ever committable."""
-    c = part.tracker.committable()
-    return c is None or c == part.committed
 
 
 def _normalise(partitions: Iterable[Any]) -> list[TopicPartitionId]:
