@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--changelog-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra topic config of changelog topics created by the worker (repeatable)")
     a("--stall-threshold-s", type=float, default=60.0)
-    a("--drain-timeout-s", type=float, default=30.0, help="shutdown: wait this long for in-flight records")
+    a("--drain-timeout-s", type=float, default=30.0,
+      help="shutdown: wait this long for the records running (queued ones are left to the next owner)")
     a("--release-drain", choices=("running", "queued"), default="running",
       help="a release waits for the records running (default; queued ones go to the next owner) or for "
            "every fetched record (queued: the older, slower behaviour, for comparisons)")

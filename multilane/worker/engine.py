@@ -244,11 +244,13 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         await self._stop_requested.wait()
 
     async def stop(self) -> None:
-        """Drain, commit and close (steps 1-4); idempotent.
+        """Stop, commit and close (steps 1-4); idempotent.
 
         1. Stop fetching (pause every partition).
-        2. Release every partition: drain in-flight records up to ``drain_timeout_s``, final
-           synchronous commit with progress, ``close_partition``.
+        2. Release every partition like a handoff: the records already running finish (up to
+           ``drain_timeout_s``), queued ones are left to the next owner (the committed offset and the
+           progress record say what is done), final synchronous commit with progress,
+           ``close_partition``.
         3. Stop the loops; flush the producer.
         4. Close the consumer (standalone: leaves the group) and the thread pools.
         """
