@@ -441,14 +441,7 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
     async def learn(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Start learning partitions this worker does not process (``hooks.learn``; returns once each
         learner's tail thread runs). A partition this engine owns is refused by the hooks."""
-        tps = _normalise(partitions)
-        fn = self._state_call("learn")
-        self._require_started()
-        async with self._control_lock:
-            await self._closed(tps)
-            for tp in tps:
-                await self._run_io(fn, tp[0], tp[1])
-        return tps
+        return await self._each_state_call("learn", partitions)
 
     async def promote(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Check that each partition is learning here, healthy and caught up (``hooks.promote``;
@@ -486,8 +479,13 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
     async def drop(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Stop learning and delete the local state of partitions (``hooks.drop``); refused by the
         hooks for a partition that is active here (release it first)."""
+        return await self._each_state_call("drop", partitions)
+
+    async def _each_state_call(self, verb: str,
+                               partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
+        """``hooks.<verb>`` on each partition, under the control lock, after any background close."""
         tps = _normalise(partitions)
-        fn = self._state_call("drop")
+        fn = self._state_call(verb)
         self._require_started()
         async with self._control_lock:
             await self._closed(tps)

@@ -106,6 +106,10 @@ class FlowController:
         part.bytes += nbytes
         self.records += records
         self.bytes += nbytes
+        self._peaks(part)
+
+    def _peaks(self, part: FlowCounters) -> None:
+        """Raise the peak counters of ``part`` and of the process to the current use."""
         if part.records > part.peak_records:
             part.peak_records = part.records
         if part.bytes > part.peak_bytes:
@@ -130,14 +134,7 @@ class FlowController:
         part.bytes += nbytes
         self.records += 1
         self.bytes += nbytes
-        if part.records > part.peak_records:
-            part.peak_records = part.records
-        if part.bytes > part.peak_bytes:
-            part.peak_bytes = part.bytes
-        if self.records > self.peak_records:
-            self.peak_records = self.records
-        if self.bytes > self.peak_bytes:
-            self.peak_bytes = self.bytes
+        self._peaks(part)
         return True
 
     def release(self, part: FlowCounters, nbytes: int) -> None:
