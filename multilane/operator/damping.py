@@ -30,16 +30,20 @@ class ScaleUpRecord:
     lanes_after: int
     replicas_before: int
     replicas_after: int
-    sized_for: float = 0.0
+    sized_for: float | None = None
     """The input rate (rec/s) the scale-up was sized for: its settle and effectiveness checks apply
-    to this demand only (0: unknown, from an older state). A backlog that grows while the input
-    stays is not new demand (it is what an ineffective scale-up looks like)."""
+    to this demand only (None: unknown, from an older state: they apply to any demand). A backlog
+    that grows while the input stays is not new demand (it is what an ineffective scale-up looks
+    like). 0 is a real figure: a scale-up decided before any input was measured (a lane budget at
+    start) holds back no later demand."""
     factor_target: int = 0
     """The factor recommended when it was decided; the factor follows the new pods up to it."""
 
     def beyond(self, input_rate: float, margin: float) -> bool:
         """True when ``input_rate`` is clearly beyond the demand this scale-up was sized for."""
-        return self.sized_for > 0 and input_rate > self.sized_for * (1.0 + margin)
+        if self.sized_for is None:
+            return False
+        return input_rate > self.sized_for * (1.0 + margin)
 
     def expected_gain(self) -> float:
         """Relative processing-rate rise the scale-up should bring (0 when it added nothing)."""
@@ -172,7 +176,7 @@ class DampingRules:
         )
         if b.beyond(input_rate, cfg.shortfall_margin):
             inputs["bottleneck_lifted"] = (
-                f"input {input_rate:.1f} rec/s is beyond the {b.sized_for:.1f} rec/s the ineffective "
+                f"input {input_rate:.1f} rec/s is beyond the {b.sized_for or 0.0:.1f} rec/s the ineffective "
                 "scale-up was sized for"
             )
             return rec
@@ -289,7 +293,7 @@ class DampingRules:
                 c.cur_f,
                 "settling",
                 f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
-                f"scale-up {age:.0f}s ago (sized for {p.sized_for:.1f} rec/s) has settled "
+                f"scale-up {age:.0f}s ago (sized for {p.sized_for or 0.0:.1f} rec/s) has settled "
                 f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
             )
         if shortfall:
@@ -299,7 +303,7 @@ class DampingRules:
                 rule = "beyond-pending"
                 why = (
                     f"input {c.input_rate:.1f} rec/s is more than {cfg.shortfall_margin:.0%} above the "
-                    f"{p.sized_for:.1f} rec/s the scale-up {age:.0f}s ago was sized for"
+                    f"{p.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for"
                 )
             else:
                 rule, why = "shortfall", "lag is rising"

@@ -211,3 +211,23 @@ def test_property_factor_first_never_exceeds_the_ready_pods_budget(data: st.Data
     if d.replicas > ready and d.factor > factor:
         share = math.ceil(partitions / ready)
         assert d.factor * share <= max(config.max_lanes_per_replica, config.min_factor * share), d.reason
+
+
+def test_a_scale_up_before_any_input_holds_back_no_burst() -> None:
+    """64 partitions at factor 2 exceed one pod's 64-lane budget: the first decision adds a pod before
+    any input was measured (sized for 0 rec/s). A burst 10 s later is new demand, acted on at once."""
+    config = PolicyConfig(partitions=64, max_replicas=6, min_factor=2, max_factor=32, stabilisation_s=4)
+    policy = AutoscalePolicy(config)
+    d, state = policy.decide(
+        look(0, lag=0, input_rate=0, processing_rate=0, size=(1, 2), partitions=64), PolicyState()
+    )
+    assert d.changed and d.replicas == 2, d.reason
+    assert state.pending_scale_up is not None and state.pending_scale_up.sized_for == 0
+    size = (d.replicas, d.factor)
+    d, state = policy.decide(
+        look(8, lag=100, input_rate=400, processing_rate=400, size=size, partitions=64, ready=2), state
+    )
+    d, state = policy.decide(
+        look(12, lag=6000, input_rate=4000, processing_rate=400, size=size, partitions=64, ready=2), state
+    )
+    assert d.changed and d.rule == "beyond-pending", d.reason
