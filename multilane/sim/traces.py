@@ -255,14 +255,16 @@ def parse_csv_trace(text: str, duration_s: int | None, partitions: int, name: st
     plus 600 s (to see the last rate's effect). Negative times or rates are errors.
     """
     points: list[tuple[float, float]] = []
+    header_allowed = True
     for i, line in enumerate(text.splitlines()):
         cells = [c.strip() for c in line.split(",")]
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        first_row, header_allowed = header_allowed, False
         try:
             points.append((float(cells[0]), float(cells[1])))
         except (ValueError, IndexError) as exc:
-            if i == 0:
+            if first_row:
                 continue  # header
             raise ValueError(f"line {i + 1}: expected 't_seconds,records_per_second', got {line!r}") from exc
         if points[-1][0] < 0 or points[-1][1] < 0 or not all(map(math.isfinite, points[-1])):
