@@ -20,16 +20,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         default="all",
-        help="step | surge | diurnal | bursts | hot_key | slowdown | all | a CSV file of timestamp_s,rate "
-        "(default: all)",
+        help="a trace name (step, surge, diurnal, bursts, hot_key, slowdown, flash_diurnal, batch_dumps, "
+        "ramp, slow_episode), all, or a CSV file of t_seconds,records_per_second rows "
+        "(examples/trace-flash-crowd.csv; default: all)",
     )
-    parser.add_argument("--duration", type=int, default=3600, help="simulated seconds (default 3600)")
+    parser.add_argument(
+        "--duration", type=int, default=None, help="simulated seconds (default: each trace's own, 1-2.5 h)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument(
         "--policies",
-        default="multilane,keda-hpa,flink-style",
-        help="comma-separated policy names: multilane, keda-hpa, flink-style, static (never scales)",
+        default="fair",
+        help="fair (multilane, keda-hpa, flink-style, factor-only, static: all on multilane workers), "
+        "capped (the partition-capped keda-hpa-serial, flink-style-serial), all, or comma-separated names "
+        "(default: fair)",
     )
+    parser.add_argument(
+        "--factor", type=int, default=16, help="the fixed factor of keda-hpa and flink-style (default 16)"
+    )
+    parser.add_argument(
+        "--slo-lag",
+        type=float,
+        default=None,
+        help="lag (records) for the time-above-SLO column (default 1000)",
+    )
+    parser.add_argument("--warnings", action="store_true", help="list the policies' warnings")
     parser.add_argument("--out", type=Path, default=None, help="directory for PNG plots (and sweep output)")
     parser.add_argument(
         "--set",
@@ -44,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default="local[*]", help="sweep: Spark master (default local[*])")
 
 
-def _traces(arg: str, duration: int, partitions: int, seed: int) -> list[Any]:
+def _traces(arg: str, duration: int | None, partitions: int, seed: int) -> list[Any]:
     from multilane.sim.traces import TRACE_NAMES, make_trace, parse_csv_trace
 
     if arg == "all":
@@ -76,13 +91,41 @@ def sim_config(settings: list[str]) -> Any:
     return replace(SimConfig(), **overrides)
 
 
-def run(args: argparse.Namespace) -> int:
-    from multilane.sim.engine import make_policy, simulate
-    from multilane.sim.report import comparison_rows, comparison_table, verdicts
+def policy_names(arg: str) -> list[str]:
+    """``fair`` / ``capped`` / ``all`` or a comma-separated list -> policy names."""
+    from multilane.sim.engine import CAPPED_POLICIES, FAIR_POLICIES, POLICY_NAMES
 
-    console = Console(width=None if sys.stdout.isatty() else 132)
+    groups = {"fair": list(FAIR_POLICIES), "capped": list(CAPPED_POLICIES), "all": list(POLICY_NAMES)}
+    if arg in groups:
+        return groups[arg]
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or arg!r}; known: {', '.join(POLICY_NAMES)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from multilane.sim.engine import make_policy, simulate
+    from multilane.sim.report import (
+        capacity_notes,
+        comparison_rows,
+        comparison_table,
+        references,
+        split_rows,
+        verdicts,
+    )
+
+    console = Console(width=None if sys.stdout.isatty() else 140)
     try:
         sim = sim_config(args.set)
+        if args.slo_lag is not None:
+            sim = replace(sim, slo_lag=args.slo_lag)
+        names = policy_names(args.policies)
+        if args.factor < 1:
+            raise ValueError("--factor must be >= 1")
     except ValueError as exc:
         print(f"multilane simulate: {exc}", file=sys.stderr)
         return 2
@@ -90,12 +133,12 @@ def run(args: argparse.Namespace) -> int:
         return _run_sweep(args, console, sim)
     try:
         traces = _traces(args.trace, args.duration, sim.partitions, args.seed)
-        policies = [make_policy(n.strip(), sim) for n in args.policies.split(",") if n.strip()]
     except ValueError as exc:
         print(f"multilane simulate: {exc}", file=sys.stderr)
         return 2
     all_results = []
     for trace in traces:
+        policies = [make_policy(n, sim, trace=trace, factor=args.factor) for n in names]
         results = [simulate(trace, p, sim, args.seed) for p in policies]
         all_results.extend(results)
         if args.out is not None:
@@ -106,12 +149,34 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"seed": args.seed, "duration_s": args.duration, "rows": rows}, indent=2))
         return 0
-    console.print(comparison_table(rows, f"policy comparison ({args.duration} s, seed {args.seed})"))
-    for line in verdicts(rows):
-        console.print(f"multilane vs baselines: {line}")
-    for r in all_results:
-        for t, w in r.warnings:
-            console.print(f"[dim]{r.trace}/{r.policy} t={t:.0f}s: {w}[/dim]")
+    fair, capped = split_rows(rows)
+    head = f"seed {args.seed}, SLO lag {sim.slo_lag:,.0f}"
+    if fair:
+        console.print(
+            comparison_table(
+                fair,
+                f"fair comparison: every group runs multilane workers (F={args.factor} "
+                f"for the fixed-factor baselines; {head})",
+            )
+        )
+        for line in verdicts(rows):
+            console.print(f"goal (multilane vs keda-hpa, flink-style): {line}")
+        for line in references(rows):
+            console.print(f"reference: {line}")
+    if capped:
+        console.print(
+            comparison_table(
+                capped, f"partition-capped baselines: one record at a time per partition ({head})"
+            )
+        )
+    for note in capacity_notes(traces, sim):
+        console.print(f"capacity: {note}")
+    warnings = [(r.trace, r.policy, t, w) for r in all_results for t, w in r.warnings]
+    if args.warnings:
+        for trace_name, policy, t, w in warnings:
+            console.print(f"[dim]{trace_name}/{policy} t={t:.0f}s: {w}[/dim]")
+    elif warnings:
+        console.print(f"[dim]{len(warnings)} distinct policy warnings (--warnings lists them)[/dim]")
     if args.out is not None:
         console.print(f"plots written to {args.out}/")
     return 0
@@ -134,7 +199,8 @@ def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
     out = args.out or Path("sim-sweep")
     traces = list(TRACE_NAMES) if args.trace == "all" else [args.trace]
     base = {k: v for k, v in vars(sim).items() if v != getattr(type(sim)(), k)}
-    sims = [base, {**base, "baseline_lanes_per_pod": sim.partitions}]
+    # the measured platform; a Kubernetes-like pod start; 100 MB of state per partition to restore
+    sims = [base, {**base, "pod_start_s": 30.0}, {**base, "state_mb_per_partition": 100.0}]
     cases = sweep_grid(
         traces, list(range(args.seed, args.seed + args.seeds)), args.duration, sim_overrides=sims
     )
@@ -144,7 +210,7 @@ def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     table = Table(title=f"sweep: {len(rows)} runs, mean over {args.seeds} seeds")
-    for h in ("trace", "policy", "variant", "simulation", "lag-seconds", "pod-seconds", "actions", "drained"):
+    for h in ("trace", "policy", "variant", "simulation", "lag-seconds", "pod-seconds", "actions", "s > SLO"):
         table.add_column(h, justify="left" if h in ("trace", "policy", "variant", "simulation") else "right")
     for s in summary:
         table.add_row(
@@ -155,7 +221,7 @@ def _run_sweep(args: argparse.Namespace, console: Console, sim: Any) -> int:
             f"{s['lag_seconds']:,.0f}",
             f"{s['pod_seconds']:,.0f}",
             f"{s['scaling_actions']:.1f}",
-            "-" if s["drained"] is None else f"{s['drained']:.0%}",
+            f"{s['time_above_slo_s']:,.0f}",
         )
     console.print(table)
     console.print(f"runs written to {out / 'runs.parquet'}")

@@ -5,6 +5,7 @@ Pure: no I/O. :func:`simulate` is deterministic for a given seed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from multilane.operator.policy import Observation, PolicyConfig
 from multilane.sim.metrics import RunMetrics, compute_metrics
-from multilane.sim.model import Cluster, SimConfig
+from multilane.sim.model import Cluster, ScalingMode, SimConfig
 from multilane.sim.policies import (
     FlinkStylePolicy,
     KedaHpaPolicy,
@@ -22,7 +23,17 @@ from multilane.sim.policies import (
 )
 from multilane.sim.traces import Trace
 
-__all__ = ["POLICY_NAMES", "SimResult", "default_policies", "make_policy", "simulate"]
+__all__ = [
+    "CAPPED_POLICIES",
+    "DEFAULT_FIXED_FACTOR",
+    "FAIR_POLICIES",
+    "POLICY_NAMES",
+    "SimResult",
+    "default_policies",
+    "make_policy",
+    "peak_size",
+    "simulate",
+]
 
 
 @dataclass(frozen=True)
@@ -49,41 +60,95 @@ class SimResult:
     """(time, reason) of every decision that changed the size."""
     warnings: list[tuple[float, str]]
     """(time, warning) the first time each distinct warning text prefix appeared."""
+    processed: np.ndarray | None = None
+    """Records processed per second (whole topic)."""
+    rules: dict[str, int] | None = None
+    """How often each ``Decision.rule`` fired (multilane's policy; others name none)."""
     event_time_s: float | None = None
     """The trace's event (time to drain counts from it)."""
 
 
-POLICY_NAMES = ("multilane", "keda-hpa", "flink-style")
-"""The policies compared by default; ``static`` (never scales) is also available by name."""
+FAIR_POLICIES = ("multilane", "keda-hpa", "flink-style", "factor-only", "static")
+"""The fair comparison: every group runs multilane workers (F lanes per partition)."""
+CAPPED_POLICIES = ("keda-hpa-serial", "flink-style-serial")
+"""The partition-capped baselines: a plain consumer, one record at a time per partition."""
+POLICY_NAMES = FAIR_POLICIES + CAPPED_POLICIES
+DEFAULT_FIXED_FACTOR = 16
+"""The factor the fixed-factor baselines (keda-hpa, flink-style) keep."""
 
 
-def make_policy(name: str, sim: SimConfig, overrides: dict[str, Any] | None = None) -> ScalingPolicy:
-    """A policy by name, sized for ``sim``; ``overrides`` set fields of its config."""
+def peak_size(
+    trace: Trace, sim: SimConfig, utilisation: float = 0.7, lanes_per_pod: int | None = None
+) -> tuple[int, int]:
+    """(replicas, factor) that run the trace's worst second at ``utilisation``: lanes for the peak
+    demand (rate x service time x slowdown, and the busiest partition's own share of it), at least
+    the simulation's initial factor; pods for the peak rate's CPU and the per-pod lane budget
+    (default: partitions x initial factor, as in the comparison). The ``static`` row's size."""
+    p = sim.partitions
+    if not trace.duration_s:
+        return sim.initial_replicas, sim.initial_factor
+    demand = trace.rate * trace.service_factor * sim.service_time_s / utilisation  # lanes, whole topic
+    total = math.ceil(float(demand.max()))
+    hottest = math.ceil(float((demand[:, None] * trace.shares).max()))
+    factor = max(-(-total // p), hottest, sim.initial_factor, 1)
+    budget = lanes_per_pod or p * sim.initial_factor
+    for_cpu = math.ceil(float(trace.rate.max()) / (sim.pod_max_rate * utilisation))
+    for_lanes = next((r for r in range(1, p + 1) if -(-p // r) * factor <= budget), p)
+    return min(max(for_cpu, for_lanes, 1), p), factor
+
+
+def make_policy(
+    name: str,
+    sim: SimConfig,
+    overrides: dict[str, Any] | None = None,
+    trace: Trace | None = None,
+    factor: int = DEFAULT_FIXED_FACTOR,
+) -> ScalingPolicy:
+    """A policy by name (:data:`POLICY_NAMES`), sized for ``sim``; ``overrides`` set fields of its
+    config (``factor`` in them: the fixed factor of keda-hpa / flink-style; ``replicas``/``factor``
+    for static). ``static`` without overrides is sized for ``trace``'s peak (:func:`peak_size`),
+    else it runs the simulation's initial size."""
     from dataclasses import replace
 
     from multilane.sim.policies import FlinkStyleConfig, KedaHpaConfig
 
     o = dict(overrides or {})
-    if name == "multilane":
+    if name in ("multilane", "factor-only"):
         cfg = PolicyConfig(
             partitions=sim.partitions,
             min_replicas=1,
             max_replicas=sim.partitions,
-            min_factor=1,
+            min_factor=min(factor, 64),
             max_factor=64,
+            max_lanes_per_replica=sim.partitions * min(factor, 64),
         )
-        return MultilanePolicy(replace(cfg, **o))
-    if name == "keda-hpa":
-        return KedaHpaPolicy(sim.partitions, replace(KedaHpaConfig(), **o))
+        if name == "factor-only":
+            cfg = replace(cfg, min_replicas=sim.initial_replicas, max_replicas=sim.initial_replicas)
+        interval = float(o.pop("interval_s", 15.0))
+        return MultilanePolicy(replace(cfg, **o), interval_s=interval, name=name)
+    if name in ("keda-hpa", "keda-hpa-serial", "flink-style", "flink-style-serial"):
+        serial = name.endswith("-serial")
+        f = 1 if serial else int(o.pop("factor", factor))
+        if name.startswith("keda"):
+            # lanes: the multilane workers' own moves (as the burst benchmark's keda-hpa variant);
+            # serial: a plain consumer group's eager rebalances
+            mode = ScalingMode.KEDA if serial else ScalingMode.MULTILANE
+            return KedaHpaPolicy(sim.partitions, replace(KedaHpaConfig(), **o), name, mode, serial, f)
+        flink = replace(FlinkStyleConfig(), **o)
+        return FlinkStylePolicy(sim.partitions, flink, name, ScalingMode.FLINK, serial, f)
     if name == "static":
-        return StaticPolicy(**o)
-    if name == "flink-style":
-        return FlinkStylePolicy(sim.partitions, replace(FlinkStyleConfig(), **o))
+        if "replicas" in o or "factor" in o:
+            size = (int(o.pop("replicas", sim.initial_replicas)), int(o.pop("factor", sim.initial_factor)))
+        elif trace is not None:
+            size = peak_size(trace, sim)
+        else:
+            size = (sim.initial_replicas, sim.initial_factor)
+        return StaticPolicy(start_size=size, **o)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
 
-def default_policies(sim: SimConfig) -> list[ScalingPolicy]:
-    return [make_policy(n, sim) for n in POLICY_NAMES]
+def default_policies(sim: SimConfig, trace: Trace | None = None) -> list[ScalingPolicy]:
+    return [make_policy(n, sim, trace=trace) for n in FAIR_POLICIES]
 
 
 def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> SimResult:
@@ -100,8 +165,14 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
     rng = np.random.default_rng(seed)
     n = trace.duration_s
     p = sim.partitions
-    cluster = Cluster(sim, policy.mode)
+    start = getattr(policy, "start_size", None)
+    if start is None:
+        start = (sim.initial_replicas, int(getattr(policy, "factor", sim.initial_factor)))
+    serial = bool(getattr(policy, "serial", policy.mode is not ScalingMode.MULTILANE))
+    cluster = Cluster(sim, policy.mode, serial, start[0], start[1])
     state = policy.initial_state()
+    scale_up_times: list[float] = []
+    rules: dict[str, int] = {}
     window = int(sim.rate_window_s)
     arr_hist = np.zeros((n, p))
     proc_hist = np.zeros((n, p))
@@ -139,6 +210,7 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
                 rebalancing=cluster.rebalancing(now),
             )
             decision, state = policy.decide(obs, state)
+            rules[decision.rule] = rules.get(decision.rule, 0) + 1
             if decision.changed:
                 decisions.append((now, decision.reason))
             for w in decision.warnings:
@@ -146,7 +218,10 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
                 if key not in seen_warnings:
                     seen_warnings.add(key)
                     warnings.append((now, w))
+            before = (cluster.replicas, cluster.factor)
             cluster.apply(now, decision.replicas, decision.factor)
+            if cluster.replicas > before[0] or cluster.factor > before[1]:
+                scale_up_times.append(now)
         # 3.
         mean = trace.rate[i] * trace.shares[i] * sim.tick_s
         arrivals = rng.poisson(mean).astype(float) if sim.noise else mean.astype(float)
@@ -173,6 +248,12 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         partition_moves=cluster.partition_moves,
         produced=float(produced_cum[-1]) if n else 0.0,
         processed=float(processed_cum[-1]) if n else 0.0,
+        processed_per_s=proc_hist.sum(axis=1),
+        events=trace.events,
+        decision_times=scale_up_times,
+        replica_changes=cluster.replica_changes,
+        factor_changes=cluster.factor_changes,
+        slo_lag=sim.slo_lag,
     )
     return SimResult(
         policy=policy.name,
@@ -187,5 +268,7 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         metrics=metrics,
         decisions=decisions,
         warnings=warnings,
+        processed=proc_hist.sum(axis=1),
+        rules=rules,
         event_time_s=trace.event_time_s,
     )

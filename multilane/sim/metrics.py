@@ -7,10 +7,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DRAIN_THRESHOLD_S", "RunMetrics", "compute_metrics", "time_to_drain"]
+__all__ = [
+    "DRAIN_THRESHOLD_S",
+    "RECOVERY_SHARE",
+    "RECOVERY_SUSTAIN_S",
+    "RunMetrics",
+    "compute_metrics",
+    "reaction_times",
+    "recovery_times",
+    "time_to_drain",
+]
 
 DRAIN_THRESHOLD_S = 5.0
 """The lag counts as drained when below this many seconds of input (and at most 100 records)."""
+RECOVERY_SHARE = 0.95
+RECOVERY_SUSTAIN_S = 3
+"""Recovered: processing >= 95 % of the input for 3 s in a row (the burst benchmark's definition)."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,20 @@ class RunMetrics:
     scaling_actions: int
     """Decisions that changed replicas or factor."""
     partition_moves: int
+    replica_changes: int
+    """Decisions that changed the replicas."""
+    factor_changes: int
+    """Decisions that changed the factor."""
+    reaction_s: float | None
+    """Mean over the trace's events of event -> first scale-up (replicas or factor raised) before
+    the next event (None: no event, or no scale-up after any event)."""
+    recovery_s: float | None
+    """Mean over the trace's events of event -> processing >= 95 % of the input for 3 s (None: no
+    event, or some event never recovered before the next one; see ``recovered``)."""
+    recovered: bool | None
+    """Every event recovered before the next (None without events)."""
+    time_above_slo_s: float
+    """Seconds with the total lag above the SLO lag."""
     pod_seconds: float
     """Integral of pods alive (starting, ready or draining)."""
     final_lag: float
@@ -55,6 +81,43 @@ def time_to_drain(
     return float(time_s[int(np.argmax(below))] - event_time_s), True
 
 
+def _windows(events: tuple[float, ...], end: float) -> list[tuple[float, float]]:
+    """Each event with the time of the next one (or the end of the run)."""
+    ev = sorted(events)
+    return [(t, ev[i + 1] if i + 1 < len(ev) else end) for i, t in enumerate(ev)]
+
+
+def reaction_times(events: tuple[float, ...], decision_times: list[float], end: float) -> list[float]:
+    """Per event, seconds to the first of ``decision_times`` (the scale-ups) at or after it and before
+    the next event (events without one in their window are left out)."""
+    out: list[float] = []
+    for t, nxt in _windows(events, end):
+        first = next((d for d in sorted(decision_times) if t <= d < nxt), None)
+        if first is not None:
+            out.append(first - t)
+    return out
+
+
+def recovery_times(
+    events: tuple[float, ...], processed: np.ndarray, input_rate: np.ndarray
+) -> list[float | None]:
+    """Per event, seconds until processing >= :data:`RECOVERY_SHARE` of the input (the trace's rate)
+    for :data:`RECOVERY_SUSTAIN_S` seconds in a row, before the next event; None if it does not."""
+    n = len(processed)
+    ok = processed >= RECOVERY_SHARE * input_rate[:n]
+    out: list[float | None] = []
+    for t, nxt in _windows(events, float(n)):
+        found: float | None = None
+        run = 0
+        for i in range(int(t), min(int(nxt), n)):
+            run = run + 1 if ok[i] else 0
+            if run >= RECOVERY_SUSTAIN_S:
+                found = float(i - RECOVERY_SUSTAIN_S + 1) - t
+                break
+        out.append(found)
+    return out
+
+
 def compute_metrics(
     *,
     time_s: np.ndarray,
@@ -66,9 +129,20 @@ def compute_metrics(
     partition_moves: int,
     produced: float,
     processed: float,
+    processed_per_s: np.ndarray | None = None,
+    events: tuple[float, ...] = (),
+    decision_times: list[float] | None = None,
+    replica_changes: int = 0,
+    factor_changes: int = 0,
+    slo_lag: float = 1000.0,
 ) -> RunMetrics:
     dt = 1.0
     drain, drained = time_to_drain(time_s, lag, input_rate, event_time_s)
+    end = float(len(lag))
+    reactions = reaction_times(events, decision_times or [], end)
+    recoveries = recovery_times(events, processed_per_s, input_rate) if processed_per_s is not None else []
+    recovered = None if not recoveries else all(r is not None for r in recoveries)
+    done = [r for r in recoveries if r is not None]
     return RunMetrics(
         lag_seconds=float(lag.sum() * dt),
         peak_lag=float(lag.max()) if len(lag) else 0.0,
@@ -76,6 +150,12 @@ def compute_metrics(
         drained=drained,
         scaling_actions=scaling_actions,
         partition_moves=partition_moves,
+        replica_changes=replica_changes,
+        factor_changes=factor_changes,
+        reaction_s=sum(reactions) / len(reactions) if reactions else None,
+        recovery_s=sum(done) / len(done) if recovered else None,
+        recovered=recovered,
+        time_above_slo_s=float((lag > slo_lag).sum() * dt),
         pod_seconds=float(pods.sum() * dt),
         final_lag=float(lag[-1]) if len(lag) else 0.0,
         produced=produced,

@@ -4,19 +4,22 @@ Pure: no I/O. Time advances in fixed ticks (1 s by default) and every quantity i
 per partition per tick, not individual records (a simulated hour is 3,600 small numpy steps instead
 of ~10^6 record events; see docs/autoscaling.md for why this is accurate enough here).
 
-Three ways of applying a (replicas, factor) decision, one per :class:`ScalingMode`:
+Two independent choices describe a group:
 
-- ``multilane``: F lanes per partition on every pod; a factor change pauses partitions for
-  ``factor_pause_s``; new pods start in ``pod_start_s``, a moved partition's new owner restores its
-  state while the old owner keeps processing (restore-before-handoff), then the partition pauses only
-  for the drain (``handoff_pause_s``); at most ``max_moves_at_once`` moves run at a time.
-- ``keda``: one consumer per pod with ``baseline_lanes_per_pod`` concurrency (1: a record at a time),
-  at most one lane per partition; every membership change (a pod becomes ready or leaves) is a
-  stop-the-world rebalance (``rebalance_pause_s`` for all partitions), after which moved partitions
-  restore their state from the changelog before processing (``restore_s``).
-- ``flink``: parallelism = replicas (one slot per pod), each subtask processes its partitions one
-  record at a time; every rescale restarts the job: all partitions pause for ``flink_restart_s`` (and
-  until the new pods are up) plus ``restore_s``.
+- the **lanes**: F lanes per partition (multilane workers; ``serial=False``), or one record at a time
+  per partition (``serial=True``: a plain consumer with ``baseline_lanes_per_pod`` concurrency per
+  pod, at most one lane per partition: the partition-capped baselines);
+- the **mechanism** that applies a (replicas, factor) decision, one per :class:`ScalingMode`:
+
+  - ``multilane``: a factor change pauses partitions for ``factor_pause_s``; new pods start in
+    ``pod_start_s``, a moved partition's new owner warms its state up while the old owner keeps
+    processing (restore-before-handoff, ``restore_s``), then the partition pauses only for the
+    hand-off (``handoff_pause_s``); at most ``max_moves_at_once`` moves run at a time;
+  - ``keda``: every membership change (a pod becomes ready or leaves) is a stop-the-world consumer
+    group rebalance (``rebalance_pause_s`` for all partitions), after which moved partitions restore
+    their state before processing (``restore_s``);
+  - ``flink``: parallelism = replicas (one slot per pod); every rescale restarts the job: all
+    partitions pause for ``flink_restart_s`` (and until the new pods are up) plus ``restore_s``.
 """
 
 from __future__ import annotations
@@ -49,24 +52,34 @@ class SimConfig:
     deserialisation, the call's own CPU), whatever its lane count."""
     downstream_concurrency: int = 48
     """>= 1: concurrent requests the downstream serves; more lanes than this wait."""
-    pod_start_s: float = 20.0
-    """>= 0: from creating a pod to its consumer being ready."""
-    state_mb_per_partition: float = 100.0
-    """>= 0: state held per partition (restored when a partition moves)."""
+    pod_start_s: float = 1.0
+    """>= 0: from creating a pod to its consumer being ready. Measured: a worker process is ready
+    ~1 s after it is started (:data:`multilane.sim.calibration.MEASURED`); a Kubernetes pod takes
+    longer (scheduling, image pull): the sweep also runs 30 s."""
+    move_warmup_s: float = 0.37
+    """>= 0: a moved partition's new owner warms up (learner restore and catch-up) for this long
+    before the hand-off, plus the state restore below. Measured: 0.37 s (the burst benchmark's
+    stateful processor, a few MB of state per partition)."""
+    state_mb_per_partition: float = 0.0
+    """>= 0: state restored when a partition moves, beyond what ``move_warmup_s`` covers (the sweep
+    also runs 100 MB)."""
     restore_mb_per_s: float = 10.0
     """> 0: restore throughput of one pod for one partition."""
-    handoff_pause_s: float = 1.0
-    """>= 0: multilane: a moved partition pauses while in-flight records drain."""
-    factor_pause_s: float = 0.5
-    """>= 0: multilane: partitions pause while lanes are re-split."""
+    handoff_pause_s: float = 0.31
+    """>= 0: multilane: a moved partition pauses from the release call to its promotion. Measured:
+    0.31 s per move (moves run in parallel)."""
+    factor_pause_s: float = 0.05
+    """>= 0: multilane: partitions pause while lanes are re-split: the resize quiesces the lanes, i.e.
+    waits for the running records (at most one service time, 50 ms). Not measured on its own."""
     rebalance_pause_s: float = 5.0
     """>= 0: baselines: a consumer-group rebalance stops every partition for this long."""
     flink_restart_s: float = 30.0
     """>= 0: Flink-style baseline: a rescale restarts the job."""
     baseline_lanes_per_pod: int = 1
     """>= 1: baselines: records one pod processes at a time (at most one per partition)."""
-    max_moves_at_once: int = 1
-    """>= 1: multilane: partition moves in progress at once (spec.scaling.maxPartitionsMovedAtOnce)."""
+    max_moves_at_once: int = 4
+    """>= 1: multilane: partition moves in progress at once (spec.scaling.maxPartitionsMovedAtOnce,
+    default 4)."""
     rate_window_s: float = 30.0
     """> 0: window of the rates the policies observe."""
     noise: bool = True
@@ -76,7 +89,11 @@ class SimConfig:
     observe_cpu: bool = True
     """Policies see the pods' CPU utilisation; false: ``cpu_utilisation=None``."""
     initial_replicas: int = 1
-    initial_factor: int = 1
+    initial_factor: int = 16
+    """The start of every lane-equipped group: 1 x 16 (the fixed-factor baselines' factor, and
+    multilane's ``min_factor`` in the comparison)."""
+    slo_lag: float = 1000.0
+    """> 0: the lag (records, whole topic) above which a second counts as "above the SLO"."""
     tick_s: float = 1.0
     """> 0: the trace is per second, so 1 s; kept explicit for the docs and tests."""
 
@@ -89,11 +106,24 @@ class SimConfig:
             raise ValueError("restore_mb_per_s and rate_window_s must be > 0; tick_s must be 1")
         if not 1 <= self.initial_replicas <= self.partitions or self.initial_factor < 1:
             raise ValueError("initial size out of range")
+        if min(self.pod_start_s, self.move_warmup_s, self.state_mb_per_partition) < 0 or self.slo_lag <= 0:
+            raise ValueError("durations and state must be >= 0, slo_lag > 0")
 
     @property
     def restore_s(self) -> float:
-        """Time to restore one partition's state: grows with the state size."""
-        return self.state_mb_per_partition / self.restore_mb_per_s
+        """Time to make one moved partition's state ready: the warm-up plus the state restore."""
+        return self.move_warmup_s + self.state_mb_per_partition / self.restore_mb_per_s
+
+    def max_capacity(self, max_factor: int = 64) -> tuple[float, str]:
+        """The most records/s (at the base service time) any policy can get out of this group, and
+        what limits it: the downstream's concurrency, the lanes, or the pods' CPU."""
+        limits = {
+            "downstream concurrency": self.downstream_concurrency / self.service_time_s,
+            "lanes": self.partitions * max_factor / self.service_time_s,
+            "pod CPU": self.partitions * self.pod_max_rate,
+        }
+        name = min(limits, key=lambda k: limits[k])
+        return limits[name], name
 
 
 def balanced_assignment(partitions: int, pods: list[int], current: np.ndarray) -> np.ndarray:
@@ -152,6 +182,11 @@ class Cluster:
 
     config: SimConfig
     mode: ScalingMode
+    serial: bool = False
+    """One record at a time per partition (the partition-capped baselines) instead of F lanes."""
+    start_replicas: int | None = None
+    """Initial size (None: the config's ``initial_replicas`` / ``initial_factor``)."""
+    start_factor: int | None = None
     backlog: np.ndarray = field(init=False)
     owner: np.ndarray = field(init=False)
     paused_until: np.ndarray = field(init=False)
@@ -166,6 +201,8 @@ class Cluster:
     pending_rebalance: bool = field(init=False, default=False)
     partition_moves: int = field(init=False, default=0)
     scaling_actions: int = field(init=False, default=0)
+    replica_changes: int = field(init=False, default=0)
+    factor_changes: int = field(init=False, default=0)
     _next_pod: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -173,9 +210,11 @@ class Cluster:
         p = cfg.partitions
         self.backlog = np.zeros(p)
         self.paused_until = np.zeros(p)
-        self.factor = cfg.initial_factor if self.mode is ScalingMode.MULTILANE else 1
-        self.replicas = cfg.initial_replicas
-        for _ in range(cfg.initial_replicas):
+        start_f = cfg.initial_factor if self.start_factor is None else self.start_factor
+        self.factor = 1 if self.serial else max(start_f, 1)
+        self.replicas = cfg.initial_replicas if self.start_replicas is None else self.start_replicas
+        self.replicas = max(1, min(self.replicas, p))
+        for _ in range(self.replicas):
             self.pods[self._new_pod_id()] = -cfg.tick_s  # ready (and in the group) before the run
         self.owner = balanced_assignment(p, sorted(self.pods), np.full(p, -1))
 
@@ -186,20 +225,29 @@ class Cluster:
     # -- decisions ---------------------------------------------------------------------------
 
     def apply(self, now: float, replicas: int, factor: int) -> None:
-        """Start moving to ``replicas`` x ``factor`` (factor is ignored by the baselines)."""
-        if self.mode is not ScalingMode.MULTILANE:
+        """Start moving to ``replicas`` x ``factor`` (the factor is 1 for a serial group)."""
+        if self.serial:
             factor = 1
+        factor = max(factor, 1)
         replicas = max(1, min(replicas, self.config.partitions))
         if (replicas, factor) == (self.replicas, self.factor):
             return
         self.scaling_actions += 1
+        self.replica_changes += replicas != self.replicas
+        self.factor_changes += factor != self.factor
         if self.mode is ScalingMode.MULTILANE:
             self._apply_multilane(now, replicas, factor)
         elif self.mode is ScalingMode.KEDA:
             self._apply_keda(now, replicas)
+            self._factor_in_place(now, factor)
         else:
             self._apply_flink(now, replicas)
         self.replicas, self.factor = replicas, factor
+
+    def _factor_in_place(self, now: float, factor: int) -> None:
+        if factor != self.factor:
+            self.paused_until = np.maximum(self.paused_until, now + self.config.factor_pause_s)
+            self.factor = factor
 
     def _active_pods(self) -> list[int]:
         return sorted(k for k in self.pods if k not in self.draining)
@@ -207,9 +255,7 @@ class Cluster:
     def _apply_multilane(self, now: float, replicas: int, factor: int) -> None:
         cfg = self.config
         # 1. the factor changes in place: every partition pauses while its lanes are re-split
-        if factor != self.factor:
-            self.paused_until = np.maximum(self.paused_until, now + cfg.factor_pause_s)
-            self.factor = factor
+        self._factor_in_place(now, factor)
         # 2. pods: add new ones, or mark the highest ids for removal
         active = self._active_pods()
         for _ in range(replicas - len(active)):
@@ -335,7 +381,7 @@ class Cluster:
         ready = owned & (ready_at[owner] <= now)
         avail = np.clip((now + dt - self.paused_until) / dt, 0.0, 1.0) * ready
         # 2.
-        if self.mode is ScalingMode.MULTILANE:
+        if not self.serial:
             lanes = avail * self.factor
         else:
             per_pod = np.bincount(owner, weights=demand * owned, minlength=len(ready_at))

@@ -2,10 +2,16 @@
 
 Pure: no I/O.
 
-- :class:`MultilanePolicy` wraps :class:`multilane.operator.policy.AutoscalePolicy` unchanged.
-- :class:`KedaHpaPolicy`: KEDA's Kafka scaler under the Kubernetes HPA's default behaviour.
+- :class:`MultilanePolicy` wraps :class:`multilane.operator.policy.AutoscalePolicy` unchanged (also
+  as ``factor-only``: its replicas held fixed).
+- :class:`KedaHpaPolicy`: KEDA's Kafka scaler under the Kubernetes HPA's default behaviour; it sets
+  the replicas and keeps a fixed factor (``factor``: lanes per partition of the workers it scales).
 - :class:`FlinkStylePolicy`: a rate-based autoscaler on parallelism capped at the partition count, in
-  the manner of the Flink Kubernetes operator's autoscaler.
+  the manner of the Flink Kubernetes operator's autoscaler, also at a fixed factor.
+- :class:`StaticPolicy`: a fixed size.
+
+``serial`` on a policy says the group it drives processes one record at a time per partition (the
+partition-capped baselines); otherwise its workers run ``factor`` lanes per partition.
 
 A policy's state is a JSON-like ``dict`` (the baselines) or a :class:`PolicyState` (multilane).
 """
@@ -35,6 +41,7 @@ class ScalingPolicy(Protocol):
 
     name: str
     mode: ScalingMode
+    serial: bool
 
     @property
     def interval_s(self) -> float:
@@ -54,6 +61,7 @@ class MultilanePolicy:
     interval_s: float = 15.0
     name: str = "multilane"
     mode: ScalingMode = ScalingMode.MULTILANE
+    serial: bool = False
     _policy: AutoscalePolicy = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,12 +76,15 @@ class MultilanePolicy:
 
 @dataclass
 class StaticPolicy:
-    """Never scales: multilane's mechanism at its initial size, to separate the policy's contribution
-    from the mechanism's."""
+    """Never scales: multilane workers at a fixed size (``start_size``; None: the simulation's
+    initial size), to separate the policy's contribution from the mechanism's."""
 
+    start_size: tuple[int, int] | None = None
+    """(replicas, factor) the group runs at from the start."""
     interval_s: float = 15.0
     name: str = "static"
     mode: ScalingMode = ScalingMode.MULTILANE
+    serial: bool = False
 
     def initial_state(self) -> None:
         return None
@@ -88,6 +99,9 @@ class KedaHpaConfig:
 
     lag_threshold: float = 10.0
     """KEDA ``lagThreshold`` (its documented default): target lag per replica."""
+    activation_lag_threshold: float = 0.0
+    """KEDA ``activationLagThreshold`` (default 0): at or below it the scaler is inactive, which
+    matters only with ``min_replicas`` 0 (scale to zero): the HPA's count then goes to 0."""
     polling_interval_s: float = 30.0
     """KEDA ``pollingInterval``: how often the lag is read."""
     sync_period_s: float = 15.0
@@ -111,7 +125,8 @@ class KedaHpaPolicy:
     """desired = ceil(total lag / lagThreshold), capped at the partition count, through the HPA.
 
     1. every ``polling_interval_s`` read the total lag (between polls the HPA sees the last value);
-    2. KEDA caps the metric so that the desired count never exceeds the partition count;
+    2. KEDA caps the metric so that the desired count never exceeds the partition count; at or below
+       the activation threshold with ``min_replicas`` 0, the desired count is 0;
     3. HPA: ratio = metric / (threshold x current); within the tolerance, keep the current count;
        else desired = ceil(metric / threshold);
     4. scale-down stabilisation: the highest desired count of the last 300 s;
@@ -122,6 +137,9 @@ class KedaHpaPolicy:
     config: KedaHpaConfig = field(default_factory=KedaHpaConfig)
     name: str = "keda-hpa"
     mode: ScalingMode = ScalingMode.KEDA
+    serial: bool = True
+    factor: int = 1
+    """Lanes per partition of the workers it scales (kept; 1 for a serial group)."""
 
     @property
     def interval_s(self) -> float:
@@ -143,7 +161,9 @@ class KedaHpaPolicy:
         metric = min(float(st["metric"]), cfg.lag_threshold * self.partitions)
         # 3.
         ratio = metric / (cfg.lag_threshold * current)
-        if abs(ratio - 1.0) <= cfg.tolerance:
+        if cfg.min_replicas == 0 and metric <= cfg.activation_lag_threshold:
+            desired = 0
+        elif abs(ratio - 1.0) <= cfg.tolerance:
             desired = current
         else:
             desired = max(math.ceil(metric / cfg.lag_threshold), 0)
@@ -165,7 +185,7 @@ class KedaHpaPolicy:
         )
         decision = Decision(
             replicas=desired,
-            factor=1,
+            factor=self.factor,
             reason=reason,
             inputs={"metric": metric, "ratio": ratio},
             changed=desired != obs.replicas,
@@ -196,7 +216,9 @@ class FlinkStyleConfig:
 class FlinkStylePolicy:
     """Parallelism from the true processing rate, capped at the partition count.
 
-    1. average input rate, processing rate and busy subtasks over the metrics window;
+    1. average input rate, processing rate and busy subtasks over the metrics window (serial: a busy
+       lane is a busy subtask; with lanes a subtask is a pod, busy by the larger of its CPU share and
+       its lanes' busy share, as Flink's busy time counts both);
     2. true rate of one subtask = processing rate / busy subtasks (else the last known one);
     3. needed = input / utilisation + backlog / catch-up + input x restart / catch-up;
        parallelism = ceil(needed / subtask rate), clamped to [1, min(max, partitions)];
@@ -208,6 +230,9 @@ class FlinkStylePolicy:
     config: FlinkStyleConfig = field(default_factory=FlinkStyleConfig)
     name: str = "flink-style"
     mode: ScalingMode = ScalingMode.FLINK
+    serial: bool = True
+    factor: int = 1
+    """Lanes per partition of each subtask's partitions (kept; 1 for a serial group)."""
 
     @property
     def interval_s(self) -> float:
@@ -222,15 +247,21 @@ class FlinkStylePolicy:
         now = obs.now
         current = max(obs.replicas, 1)
         # 1.
+        if self.serial:
+            busy_now = obs.busy_lanes or 0.0
+        else:
+            ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
+            lane_share = (obs.busy_lanes or 0.0) / (self.partitions * max(obs.factor, 1))
+            busy_now = ready * min(max(obs.cpu_utilisation or 0.0, lane_share), 1.0)
         st["samples"] = [s for s in st["samples"] if s[0] > now - cfg.metrics_window_s] + [
-            [now, obs.input_rate, obs.processing_rate, obs.busy_lanes or 0.0]
+            [now, obs.input_rate, obs.processing_rate, busy_now]
         ]
         n = len(st["samples"])
         input_rate = sum(s[1] for s in st["samples"]) / n
         proc = sum(s[2] for s in st["samples"]) / n
         busy = sum(s[3] for s in st["samples"]) / n
         # 2.
-        if busy >= 0.5 and proc > 0:
+        if busy >= (0.5 if self.serial else 0.05) and proc > 0:
             st["rate"] = proc / busy
         rate = st["rate"] or 1.0
         # 3.
@@ -261,7 +292,7 @@ class FlinkStylePolicy:
         reason = f"{why}: need {needed:.1f} rec/s at {rate:.2f} rec/s/subtask -> {rec} (now {current})"
         decision = Decision(
             replicas=desired,
-            factor=1,
+            factor=self.factor,
             reason=reason,
             inputs={"needed": needed, "subtask_rate": rate, "recommended": rec},
             changed=desired != obs.replicas,

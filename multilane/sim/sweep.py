@@ -13,15 +13,18 @@ from typing import Any
 
 __all__ = ["SWEEP_SCHEMA", "run_case", "run_sweep", "summarise", "sweep_grid"]
 
-# (policy, overrides) variants swept by default: the baselines' main knobs and multilane's targets.
+# (policy, overrides) variants swept by default: the lane-equipped baselines' main knobs (KEDA's
+# lagThreshold, the fixed factor, Flink's own slower timings), the references, multilane's targets and
+# the partition-capped baselines.
 DEFAULT_VARIANTS: Sequence[tuple[str, dict[str, Any]]] = (
     ("multilane", {}),
-    ("multilane", {"target_catchup_s": 120.0}),
     ("multilane", {"target_utilisation": 0.85}),
-    ("multilane", {"scale_down_delay_s": 120.0, "stabilisation_s": 30.0}),
+    ("multilane", {"factor": 4}),
     ("keda-hpa", {}),
     ("keda-hpa", {"lag_threshold": 100.0}),
     ("keda-hpa", {"lag_threshold": 1000.0}),
+    ("keda-hpa", {"factor": 4}),
+    ("keda-hpa", {"factor": 64}),
     ("flink-style", {}),
     (
         "flink-style",
@@ -32,19 +35,24 @@ DEFAULT_VARIANTS: Sequence[tuple[str, dict[str, Any]]] = (
             "scale_down_delay_s": 3600.0,
         },
     ),
+    ("factor-only", {}),
+    ("static", {}),
+    ("keda-hpa-serial", {}),
+    ("flink-style-serial", {}),
 )
 
 SWEEP_SCHEMA = (
     "trace string, policy string, variant string, seed int, sim string, lag_seconds double, "
     "peak_lag double, time_to_drain_s double, drained boolean, scaling_actions int, partition_moves int, "
-    "pod_seconds double, final_lag double, produced double, processed double"
+    "replica_changes int, factor_changes int, reaction_s double, recovery_s double, recovered boolean, "
+    "time_above_slo_s double, pod_seconds double, final_lag double, produced double, processed double"
 )
 
 
 def sweep_grid(
     traces: Sequence[str],
     seeds: Sequence[int],
-    duration_s: int,
+    duration_s: int | None,
     variants: Sequence[tuple[str, dict[str, Any]]] = DEFAULT_VARIANTS,
     sim_overrides: Sequence[dict[str, Any]] = ({},),
 ) -> list[dict[str, Any]]:
@@ -66,14 +74,24 @@ def sweep_grid(
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
-    """Simulate one grid entry; returns its metrics row (matching :data:`SWEEP_SCHEMA`)."""
-    from multilane.sim.engine import make_policy, simulate
+    """Simulate one grid entry; returns its metrics row (matching :data:`SWEEP_SCHEMA`). A variant's
+    ``factor`` is the fixed factor (keda-hpa, flink-style) or multilane's ``min_factor`` and start."""
+    from multilane.sim.engine import DEFAULT_FIXED_FACTOR, make_policy, simulate
     from multilane.sim.model import SimConfig
     from multilane.sim.traces import make_trace
 
     sim = replace(SimConfig(), **json.loads(case["sim"]))
-    trace = make_trace(case["trace"], int(case["duration_s"]), sim.partitions, int(case["seed"]))
-    policy = make_policy(case["policy"], sim, json.loads(case["variant"]))
+    duration = case.get("duration_s")
+    trace = make_trace(
+        case["trace"], None if duration is None else int(duration), sim.partitions, int(case["seed"])
+    )
+    over = json.loads(case["variant"])
+    factor = (
+        int(over.pop("factor", DEFAULT_FIXED_FACTOR)) if case["policy"] != "static" else DEFAULT_FIXED_FACTOR
+    )
+    if case["policy"] in ("multilane", "factor-only", "static"):
+        sim = replace(sim, initial_factor=factor)
+    policy = make_policy(case["policy"], sim, over, trace=trace, factor=factor)
     m = simulate(trace, policy, sim, int(case["seed"])).metrics.to_dict()
     return {
         "trace": case["trace"],
@@ -108,6 +126,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lag_seconds": sum(r["lag_seconds"] for r in rs) / n,
                 "pod_seconds": sum(r["pod_seconds"] for r in rs) / n,
                 "scaling_actions": sum(r["scaling_actions"] for r in rs) / n,
+                "time_above_slo_s": sum(r["time_above_slo_s"] for r in rs) / n,
                 "drained": (
                     None if all(r["drained"] is None for r in rs) else sum(1 for r in rs if r["drained"]) / n
                 ),

@@ -14,13 +14,18 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "DEFAULT_DURATION_S",
     "TRACE_NAMES",
     "Trace",
+    "batch_dumps_trace",
     "bursts_trace",
     "diurnal_trace",
+    "flash_diurnal_trace",
     "hot_key_trace",
     "make_trace",
     "parse_csv_trace",
+    "ramp_trace",
+    "slow_episode_trace",
     "slowdown_trace",
     "step_trace",
     "surge_trace",
@@ -44,6 +49,9 @@ class Trace:
     """Multiplier on the per-record service time (downstream slowdown), second by second."""
     event_time_s: float | None = None
     """When the interesting change starts (step, hot key, slowdown); time to drain counts from it."""
+    events: tuple[float, ...] = ()
+    """Every onset (of a step, burst, dump, slowdown); reaction and recovery are measured from each.
+    Empty: ``(event_time_s,)`` when that is set."""
 
     @property
     def duration_s(self) -> int:
@@ -63,6 +71,14 @@ class Trace:
             raise ValueError("partition shares must sum to 1 every second")
         if (self.service_factor <= 0).any():
             raise ValueError("service factors must be > 0")
+        if not self.events and self.event_time_s is not None:
+            object.__setattr__(self, "events", (float(self.event_time_s),))
+
+    @property
+    def peak_demand(self) -> float:
+        """The highest load in lane-seconds per second of one-lane time, as records/s at the base
+        service time (rate x service factor): what the capacity must cover at the worst second."""
+        return float((self.rate * self.service_factor).max()) if self.duration_s else 0.0
 
 
 def _uniform(duration_s: int, partitions: int) -> np.ndarray:
@@ -113,13 +129,14 @@ def bursts_trace(
     rng = np.random.default_rng(seed)
     rate = np.full(duration_s, base, dtype=float)
     t = float(rng.exponential(mean_gap_s / 2))
-    first: float | None = None
+    starts: list[float] = []
     while t < duration_s:
         start = int(t)
         rate[start : start + burst_s] = burst
-        first = start if first is None else first
+        starts.append(float(start))
         t = start + burst_s + float(rng.exponential(mean_gap_s))
-    return Trace("bursts", rate, _uniform(duration_s, partitions), _ones(duration_s), first)
+    first = starts[0] if starts else None
+    return Trace("bursts", rate, _uniform(duration_s, partitions), _ones(duration_s), first, tuple(starts))
 
 
 def hot_key_trace(
@@ -150,26 +167,113 @@ def slowdown_trace(
     return Trace("slowdown", np.full(duration_s, rate), _uniform(duration_s, partitions), factor, at_s)
 
 
-def parse_csv_trace(text: str, duration_s: int, partitions: int, name: str = "csv") -> Trace:
-    """A trace from CSV rows ``timestamp_s,rate`` (a header row is allowed; rows in any order).
+def flash_diurnal_trace(
+    duration_s: int,
+    partitions: int,
+    seed: int,
+    low: float = 60.0,
+    high: float = 300.0,
+    crowds: int = 3,
+    crowd_factor: float = 2.5,
+    crowd_s: int = 180,
+) -> Trace:
+    """A diurnal curve (:func:`diurnal_trace` from ``low`` to ``high``) with ``crowds`` flash crowds:
+    the rate jumps to ``crowd_factor`` x the curve for ``crowd_s`` seconds, at seeded times (one
+    per equal slice of the run, never in its first or last 5 %)."""
+    rng = np.random.default_rng(seed)
+    base = diurnal_trace(duration_s, partitions, low, high)
+    rate = base.rate.copy()
+    starts: list[float] = []
+    if duration_s > 0:
+        edge = int(0.05 * duration_s)
+        span = max((duration_s - 2 * edge) // max(crowds, 1), 1)
+        for i in range(crowds):
+            lo = edge + i * span
+            start = int(rng.integers(lo, max(lo + span - crowd_s, lo + 1)))
+            rate[start : start + crowd_s] *= crowd_factor
+            starts.append(float(start))
+    first = starts[0] if starts else None
+    return Trace("flash_diurnal", rate, base.shares, base.service_factor, first, tuple(starts))
+
+
+def batch_dumps_trace(
+    duration_s: int,
+    partitions: int,
+    seed: int,
+    base: float = 50.0,
+    factor: float = 10.0,
+    dump_s: int = 180,
+    every_s: int = 600,
+) -> Trace:
+    """``base`` rec/s with a batch dump of ``factor`` x ``base`` for ``dump_s`` seconds every
+    ``every_s`` seconds (a nightly export replayed every 10 minutes); the first dump starts at a
+    seeded offset within the first period."""
+    rng = np.random.default_rng(seed)
+    rate = np.full(duration_s, base, dtype=float)
+    starts: list[float] = []
+    start = int(rng.integers(60, max(every_s - dump_s, 61)))
+    while start < duration_s:
+        rate[start : start + dump_s] = base * factor
+        starts.append(float(start))
+        start += every_s
+    first = starts[0] if starts else None
+    return Trace(
+        "batch_dumps", rate, _uniform(duration_s, partitions), _ones(duration_s), first, tuple(starts)
+    )
+
+
+def ramp_trace(
+    duration_s: int, partitions: int, low: float = 30.0, high: float = 600.0, ramp_s: float = 7200.0
+) -> Trace:
+    """A slow ramp from ``low`` to ``high`` rec/s over ``ramp_s`` seconds (two hours), then flat."""
+    t = np.arange(duration_s)
+    rate = low + (high - low) * np.clip(t / ramp_s, 0.0, 1.0)
+    return Trace("ramp", rate.astype(float), _uniform(duration_s, partitions), _ones(duration_s), None)
+
+
+def slow_episode_trace(
+    duration_s: int,
+    partitions: int,
+    rate: float = 300.0,
+    slow_factor: float = 3.0,
+    at_s: float = 1200.0,
+    episode_s: float = 600.0,
+) -> Trace:
+    """A downstream slowdown episode: constant ``rate``; service time x ``slow_factor`` for
+    ``episode_s`` (10 minutes) from ``at_s``. Unlike ``slowdown``, the slow service needs more lanes
+    than the partitions' one record at a time (300 rec/s x 150 ms = 45 busy lanes)."""
+    t = slowdown_trace(duration_s, partitions, rate, slow_factor, at_s, at_s + episode_s)
+    return Trace("slow_episode", t.rate, t.shares, t.service_factor, at_s)
+
+
+def parse_csv_trace(text: str, duration_s: int | None, partitions: int, name: str = "csv") -> Trace:
+    """A trace from CSV rows ``t_seconds,records_per_second`` (a header row is allowed; ``#``
+    comments and blank lines are skipped; rows in any order; see examples/trace-flash-crowd.csv).
 
     The rate holds from each timestamp to the next (step interpolation); before the first row it is
-    the first row's rate. Partitions share evenly.
+    the first row's rate. Partitions share evenly. ``duration_s`` None: up to the last timestamp
+    plus 600 s (to see the last rate's effect). Negative times or rates are errors.
     """
     points: list[tuple[float, float]] = []
+    header_allowed = True
     for i, line in enumerate(text.splitlines()):
         cells = [c.strip() for c in line.split(",")]
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        first_row, header_allowed = header_allowed, False
         try:
             points.append((float(cells[0]), float(cells[1])))
         except (ValueError, IndexError) as exc:
-            if i == 0:
+            if first_row:
                 continue  # header
-            raise ValueError(f"line {i + 1}: expected 'timestamp_s,rate', got {line!r}") from exc
+            raise ValueError(f"line {i + 1}: expected 't_seconds,records_per_second', got {line!r}") from exc
+        if points[-1][0] < 0 or points[-1][1] < 0 or not all(map(math.isfinite, points[-1])):
+            raise ValueError(f"line {i + 1}: time and rate must be finite and >= 0, got {line!r}")
     if not points:
         raise ValueError("the CSV trace has no rows")
     points.sort()
+    if duration_s is None:
+        duration_s = math.ceil(points[-1][0]) + 600
     times = np.array([p[0] for p in points])
     rates = np.array([p[1] for p in points])
     t = np.arange(duration_s)
@@ -186,14 +290,22 @@ _FACTORIES: dict[str, TraceFactory] = {
     "bursts": lambda d, p, s: bursts_trace(d, p, s),
     "hot_key": lambda d, p, s: hot_key_trace(d, p),
     "slowdown": lambda d, p, s: slowdown_trace(d, p),
+    "flash_diurnal": lambda d, p, s: flash_diurnal_trace(d, p, s),
+    "batch_dumps": lambda d, p, s: batch_dumps_trace(d, p, s),
+    "ramp": lambda d, p, s: ramp_trace(d, p),
+    "slow_episode": lambda d, p, s: slow_episode_trace(d, p),
 }
 TRACE_NAMES: Sequence[str] = tuple(_FACTORIES)
 
+DEFAULT_DURATION_S: dict[str, int] = {name: 3600 for name in _FACTORIES} | {"ramp": 9000}
+"""Each trace's own length (``--duration`` overrides it): an hour, and for the two-hour ramp two
+hours and a half (the flat top included)."""
 
-def make_trace(name: str, duration_s: int, partitions: int, seed: int) -> Trace:
-    """One of :data:`TRACE_NAMES` with its default parameters."""
+
+def make_trace(name: str, duration_s: int | None, partitions: int, seed: int) -> Trace:
+    """One of :data:`TRACE_NAMES` with its default parameters (``duration_s`` None: its own length)."""
     try:
         factory = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACE_NAMES)}") from None
-    return factory(duration_s, partitions, seed)
+    return factory(DEFAULT_DURATION_S[name] if duration_s is None else duration_s, partitions, seed)
