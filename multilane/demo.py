@@ -295,6 +295,7 @@ DEMO_SCALING: dict[str, Any] = {
     "stabilisationSeconds": 4,
     "intervalSeconds": 2,
     "maxPartitionsMovedAtOnce": 4,
+    "maxLanesPerReplica": 64,
 }
 """``spec.scaling`` of the demo (and of the burst benchmark): decisions every 2 s, a 5 s catch-up."""
 

@@ -97,6 +97,7 @@ def policy_config(spec: ConsumerSpec, partitions: int) -> PolicyConfig:
         target_utilisation=spec.target_utilisation,
         scale_down_delay_s=spec.scale_down_delay_s,
         stabilisation_s=spec.stabilisation_s,
+        max_lanes_per_replica=spec.max_lanes_per_replica,
     )
 
 

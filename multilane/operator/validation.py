@@ -66,6 +66,7 @@ class ConsumerSpec:
     state_enabled: bool = False  # spec.state.enabled: restore-before-handoff rollouts
     acceptable_recovery_lag: int = 10_000  # spec.state.acceptableRecoveryLag, >= 0
     learner_timeout_s: float = 600.0  # spec.state.learnerTimeoutSeconds, > 0
+    max_lanes_per_replica: int = 64  # spec.scaling.maxLanesPerReplica, >= 1: lanes one pod carries
 
 
 def _int(section: Mapping[str, Any], key: str, default: int | None, problems: list[Problem]) -> int | None:
@@ -157,6 +158,9 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
     if max_lag is not None and max_lag < 1:
         problems.append(Problem("InvalidSpec", "maxLag must be >= 1"))
     max_moves = _int(scaling, "maxPartitionsMovedAtOnce", 4, problems) or 4
+    lanes_per_replica = _int(scaling, "maxLanesPerReplica", 64, problems) or 64
+    if lanes_per_replica < 1:
+        problems.append(Problem("InvalidSpec", "maxLanesPerReplica must be >= 1"))
     interval = _num(scaling, "intervalSeconds", 15, problems)
     if max_moves < 1 or interval < 1:
         problems.append(Problem("InvalidSpec", "maxPartitionsMovedAtOnce and intervalSeconds must be >= 1"))
@@ -199,6 +203,7 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
             stabilisation_s=_num(scaling, "stabilisationSeconds", 60, problems),
             max_moves=max_moves,
             interval_s=interval,
+            max_lanes_per_replica=max(1, lanes_per_replica),
             metrics=MetricsSpec(
                 source=source,
                 prometheus_url=prom.get("url", ""),

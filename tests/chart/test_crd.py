@@ -51,6 +51,7 @@ CONTRACT_SPEC_FIELDS = {
         "scaleDownDelaySeconds",
         "stabilisationSeconds",
         "maxPartitionsMovedAtOnce",
+        "maxLanesPerReplica",
         "intervalSeconds",
         "metrics",
     },
