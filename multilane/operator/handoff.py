@@ -271,7 +271,12 @@ class HandoffExecutor:
                 )
                 if rollout.finished or not progressed:
                     break
-                obs = await self._observe(workers)
+                if any(a.kind is ActionKind.RELEASE for a in actions):
+                    # the releases just answered: promote their targets now, from what the executor
+                    # knows, instead of waiting for every worker's status (the partition is paused)
+                    obs = self._with_released(obs)
+                else:
+                    obs = await self._observe(workers)
                 result.observations = obs
         # 6. Finished rollouts leave status.
         if rollout is not None and rollout.finished:
@@ -291,12 +296,19 @@ class HandoffExecutor:
                     status = await self.control.status(w.control_url)
                 except WorkerUnreachableError as exc:
                     log.info("status of %s: %s", w.name, exc)
-            o = observe_worker(w.name, w.alive, status)
-            released = {p: off for (src, p), off in self._released.items() if src == w.name}
-            return replace(o, released=released) if released else o
+            return observe_worker(w.name, w.alive, status)
 
         found = await asyncio.gather(*(one(w) for w in workers))
-        return {o.name: o for o in found}
+        return self._with_released({o.name: o for o in found})
+
+    def _with_released(self, obs: Mapping[str, WorkerObservation]) -> dict[str, WorkerObservation]:
+        """``obs`` with the releases this executor saw answered (a re-sent release answers at once)."""
+        out = dict(obs)
+        for name, o in obs.items():
+            released = {p: off for (src, p), off in self._released.items() if src == name}
+            if released:
+                out[name] = replace(o, released={**o.released, **released})
+        return out
 
     async def _place(
         self,
