@@ -17,7 +17,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import CHART_DIR, KUBE_VERSION, NAMESPACE, REPO, RELEASE, Manifest, find, helm, one, to_json_schema
+from .conftest import (
+    CHART_DIR,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    Manifest,
+    find,
+    helm,
+    one,
+    to_json_schema,
+)
 
 DASHBOARD = CHART_DIR / "dashboards" / "multilane.json"
 RULES = CHART_DIR / "alerts" / "multilane.rules.yaml"
@@ -84,7 +95,7 @@ def test_dashboard_structure() -> None:
             assert t["datasource"]["uid"] == "${datasource}"
             assert t["expr"].strip()
         gp = p["gridPos"]
-        assert 0 <= gp["x"] and gp["x"] + gp["w"] <= 24, p["title"]
+        assert gp["x"] >= 0 and gp["x"] + gp["w"] <= 24, p["title"]
 
 
 def test_dashboard_has_the_issue_panels_and_decision_annotations() -> None:
@@ -156,7 +167,8 @@ def test_promtool_rule_unit_tests() -> None:
 def test_monitoring_objects_are_off_by_default(render: Any) -> None:
     docs = render()
     assert find(docs, "PrometheusRule") == []
-    assert [d for d in find(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"].get("labels", {})] == []
+    labelled = [d for d in find(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"].get("labels", {})]
+    assert labelled == []
 
 
 def test_dashboard_configmap(render: Any) -> None:
