@@ -75,7 +75,7 @@ class TickResult:
     changed: bool = False  # the decision changed replicas or factor
     # For the operator's metrics (multilane.operator.metrics.OperatorMetrics.observe_tick):
     decision: Decision | None = None  # the policy's decision of this pass
-    decided_from: tuple[int, int] | None = None  # (replicas, factor) the decision started from
+    decided_from: tuple[int, int] | None = None  # (replicas, factor) of the previous decision
     decision_s: float | None = None  # step 1 when it ran: sample, workers' busy lanes, policy
     source_error: str | None = None  # "MetricsUnavailable" / "MetricsInvalid" when the sample failed
     handoffs: list[HandoffRecord] = field(default_factory=list)  # moves completed in this pass
@@ -189,7 +189,11 @@ class ConsumerController:
                     result.events.append(event)
                     result.policy_state = state
                     result.decided = True
-                    result.decided_from = (target_replicas, factor)
+                    # the size decided before (bounds and a pinned count may have moved it since)
+                    result.decided_from = (
+                        int(last.get("replicas") or target_replicas),
+                        int(last.get("factor") or factor),
+                    )
                     result.decision_s = time.monotonic() - decision_started
                     result.changed = (int(decision_status["replicas"]), int(decision_status["factor"])) != (
                         target_replicas,

@@ -26,7 +26,9 @@ ParallelConsumer's name; the worker PodMonitor gives worker series the same two 
 
 plus ``multilane_operator_reconciles_total{result}``, ``_ticks_total``, ``_decisions_total{changed}`` and
 ``_errors_total{kind}`` (operator-wide). Decisions count by ``rule``: the policy decision's ``rule``
-field when it has one, else a rule derived from the start of its reason (:func:`decision_rule`).
+field when it has one, else a rule derived from the start of its reason (:func:`decision_rule`);
+``bounds`` when the spec (changed bounds, a pinned replica count) moved the size the policy held.
+Direction compares the decision with the previous decision (:func:`decision_direction`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ __all__ = [
 FENCING_REASONS = ("generation_refused", "lease_lost", "heartbeat_expired")
 SOURCE_ERROR_REASONS = {"MetricsUnavailable": "unavailable", "MetricsInvalid": "invalid"}
 MOVE_PHASES = ("pending", "learning", "releasing", "promoting", "eager")
+#: Rules :func:`decision_rule` derives (plus ``bounds``); with every direction they start at 0, since
+#: ``increase()`` cannot see the first increment of a series that appears with it.
+DERIVED_RULES = ("scale_up", "scale_down", "hold", "invalid_observation", "bounds", "other")
+DIRECTIONS = ("up", "down", "none")
 ERROR_KINDS = ("metrics", "kafka", "kubernetes", "worker", "internal")
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -92,6 +98,13 @@ def decision_rule(decision: Any) -> str:
         if reason.startswith(prefix):
             return _label(prefix)
     return "other"
+
+
+def _policy_rules() -> tuple[str, ...]:
+    """Rule names the policy declares (a ``RULES`` tuple in multilane.operator.policy), if any."""
+    from multilane.operator import policy
+
+    return tuple(_label(str(r)) for r in getattr(policy, "RULES", ()))
 
 
 def decision_direction(before: tuple[int, int], decision: Any) -> str:
@@ -237,7 +250,8 @@ class OperatorMetrics:
         return metric.labels(*values)
 
     def _known(self, namespace: str, consumer: str) -> None:
-        """Create the per-consumer counters at 0 (once), so their series exist before the first event."""
+        """Create the per-consumer series at 0 (once): they exist before the first event, and
+        ``increase()``/``rate()`` see the first event (a series that appears with it has no increase)."""
         if (namespace, consumer) in self._children:
             return
         self._child(self.learner_timeouts, namespace, consumer)
@@ -247,6 +261,13 @@ class OperatorMetrics:
             self._child(self.metric_source_errors, namespace, consumer, reason)
         for phase in MOVE_PHASES:
             self._child(self.moves_in_flight, namespace, consumer, phase).set(0)
+        self._child(self.decision_duration, namespace, consumer)
+        for mode in ("restore", "eager"):
+            self._child(self.move_duration, namespace, consumer, mode)
+            self._child(self.handoff_pause, namespace, consumer, mode)
+        for rule in (*DERIVED_RULES, *_policy_rules()):
+            for direction in DIRECTIONS:
+                self._child(self.scaling_decisions, namespace, consumer, rule, direction)
 
     def forget(self, namespace: str, name: str) -> None:
         """Remove every series of a deleted consumer."""
@@ -300,7 +321,10 @@ class OperatorMetrics:
         if result.decided and result.decision is not None:
             self.decisions.labels(str(result.changed).lower()).inc()
             before = result.decided_from or (int(result.decision.replicas), int(result.decision.factor))
-            rule, direction = decision_rule(result.decision), decision_direction(before, result.decision)
+            direction = decision_direction(before, result.decision)
+            # A size the policy held but that differs from the previous decision was moved by the
+            # spec (changed bounds, a pinned replica count): rule "bounds".
+            rule = "bounds" if direction != "none" and not result.changed else decision_rule(result.decision)
             self._child(self.scaling_decisions, namespace, consumer, rule, direction).inc()
             if result.decision_s is not None:
                 self._child(self.decision_duration, namespace, consumer).observe(result.decision_s)
