@@ -245,3 +245,11 @@ def test_values_schema_rejects_bad_monitoring_values(chart: Any, values: Manifes
     with pytest.raises(helm.HelmValuesError) as excinfo:
         chart.validate_schema(values)
     assert fragment in str(excinfo.value)
+
+
+def test_notes_name_the_monitoring_objects(render_notes: Any) -> None:
+    assert "Monitoring:" not in render_notes()
+    notes = render_notes(ON)
+    assert f"ConfigMap {RELEASE}-multilane-dashboard" in notes
+    assert f"PrometheusRule {RELEASE}-multilane" in notes
+    assert "enable\n   metrics.serviceMonitor and metrics.workerPodMonitor" in notes
