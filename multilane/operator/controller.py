@@ -37,7 +37,7 @@ from multilane.operator.assignment import (
 )
 from multilane.operator.children import ConsumerRef
 from multilane.operator.conditions import condition, now_iso, set_condition
-from multilane.operator.handoff import HandoffExecutor
+from multilane.operator.handoff import HandoffExecutor, HandoffRecord
 from multilane.operator.planner import AssignmentPlanner, parse_partition
 from multilane.operator.platform import Platform, WorkerInfo, parse_time
 from multilane.operator.policy import AutoscalePolicy, Decision, Observation, PolicyConfig, PolicyState
@@ -73,6 +73,12 @@ class TickResult:
     policy_state: PolicyState | None = None
     decided: bool = False
     changed: bool = False  # the decision changed replicas or factor
+    # For the operator's metrics (multilane.operator.metrics.OperatorMetrics.observe_tick):
+    decision: Decision | None = None  # the policy's decision of this pass
+    decided_from: tuple[int, int] | None = None  # (replicas, factor) of the previous decision
+    decision_s: float | None = None  # step 1 when it ran: sample, workers' busy lanes, policy
+    source_error: str | None = None  # "MetricsUnavailable" / "MetricsInvalid" when the sample failed
+    handoffs: list[HandoffRecord] = field(default_factory=list)  # moves completed in this pass
 
 
 class DecidingPolicy(Protocol):
@@ -157,6 +163,7 @@ class ConsumerController:
         decided_at = parse_time(last.get("time"))
         last_time = decided_at.timestamp() if decided_at else 0.0
         if now - last_time >= spec.interval_s:
+            decision_started = time.monotonic()
             ctx = QueryContext(ref.namespace, ref.name, spec.consumer_group, list(partitions))
             try:
                 sample = await source.sample(ctx)
@@ -175,7 +182,7 @@ class ConsumerController:
                 if sample.input_rate is None or sample.processing_rate is None:
                     log.info("%s/%s: metrics warming up (no rates yet)", ref.namespace, ref.name)
                 else:
-                    decision_status, event, state = self._decide(
+                    decision_status, event, state, result.decision = self._decide(
                         spec,
                         partitions,
                         sample,
@@ -192,12 +199,19 @@ class ConsumerController:
                     result.events.append(event)
                     result.policy_state = state
                     result.decided = True
+                    # the size decided before (bounds and a pinned count may have moved it since)
+                    result.decided_from = (
+                        int(last.get("replicas") or target_replicas),
+                        int(last.get("factor") or factor),
+                    )
+                    result.decision_s = time.monotonic() - decision_started
                     result.changed = (int(decision_status["replicas"]), int(decision_status["factor"])) != (
                         target_replicas,
                         factor,
                     )
                     target_replicas = int(decision_status["replicas"])
                     factor = int(decision_status["factor"])
+            result.source_error = degraded[0] if degraded else None
             previous = condition(conditions, "Degraded") or {}
             if degraded and (previous.get("status") != "True" or previous.get("reason") != degraded[0]):
                 result.events.append(EventRecord("Warning", degraded[0], degraded[1]))  # on transition only
@@ -229,6 +243,7 @@ class ConsumerController:
             )
             result.status["rollout"] = hstep.rollout.to_dict() if hstep.rollout is not None else None
             result.events.extend(EventRecord(k, r, m) for k, r, m in hstep.events)
+            result.handoffs = list(hstep.handoffs)
             step = StepResult(
                 state=hstep.assignment,
                 in_progress=hstep.in_progress,
@@ -366,7 +381,7 @@ class ConsumerController:
         stamp: str,
         busy_lanes: float | None = None,
         rebalancing: bool = False,
-    ) -> tuple[dict[str, Any], EventRecord, PolicyState]:
+    ) -> tuple[dict[str, Any], EventRecord, PolicyState, Decision]:
         index = _global_index(partitions)
         obs = Observation(
             now=now,
@@ -399,7 +414,7 @@ class ConsumerController:
             f"{verb} [{decision.rule}]: replicas {replicas}->{decision.replicas}, factor "
             f"{factor}->{decision.factor}: {decision.reason}",
         )
-        return status, event, new_state
+        return status, event, new_state, decision
 
 
 def _rebalancing(status: Mapping[str, Any], workers: Sequence[WorkerInfo], replicas: int) -> bool:

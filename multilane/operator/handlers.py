@@ -225,7 +225,8 @@ class OperatorHandlers:
         ref = _ref(body)
         async with self._lock(ref.uid):
             try:
-                applied = await self._reconcile(ref, body)
+                with self.metrics.timed("reconcile"):
+                    applied = await self._reconcile(ref, body)
             except KubeError as exc:
                 self.metrics.reconciles.labels("error").inc()
                 self.metrics.errors.labels("kubernetes").inc()
@@ -413,7 +414,7 @@ class OperatorHandlers:
             return None
         cached = self._controls.get(ref.uid)
         if cached is None or cached[0] != token:
-            cached = (token, self.control_factory(token))
+            cached = (token, self.metrics.control(self.control_factory(token), ref.namespace, ref.name))
             self._controls[ref.uid] = cached
         return cached[1]
 
@@ -449,7 +450,8 @@ class OperatorHandlers:
         async with self._lock(ref.uid):
             started = time.monotonic()
             try:
-                await self._tick(ref, fresh, spec, status)
+                with self.metrics.timed("tick"):
+                    await self._tick(ref, fresh, spec, status)
             except KubeError as exc:
                 self.metrics.errors.labels("kubernetes").inc()
                 log.warning("%s/%s: Kubernetes API error in control loop: %s", ref.namespace, ref.name, exc)
@@ -537,10 +539,6 @@ class OperatorHandlers:
         await self._patch_status(ref, result.status)
         for record in result.events:
             _event(body, record)
-        if result.decided:
-            self.metrics.decisions.labels(str(result.changed).lower()).inc()
-        self.metrics.replicas.labels(ref.namespace, ref.name).set(result.status.get("replicas", 0))
-        self.metrics.factor.labels(ref.namespace, ref.name).set(result.status.get("factor", 0))
-        self.metrics.assignment_generation.labels(ref.namespace, ref.name).set(
-            (result.status.get("assignment") or {}).get("generation", 0)
+        self.metrics.observe_tick(
+            ref.namespace, ref.name, result, spec.replicas or spec.max_replicas, spec.max_factor
         )

@@ -53,6 +53,7 @@ from multilane.operator.handoff import (
     HandoffRecord,
 )
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
+from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.planner import format_partition
 from multilane.operator.platform import WorkerInfo
 from multilane.operator.policy import PolicyConfig, PolicyState
@@ -193,6 +194,7 @@ class LocalPlatform:
         self._workers: dict[str, _WorkerRecord] = {}
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self.on_fence: Callable[[str], None] | None = None  # called with the name of a fenced worker
         self._load()
 
     # -- registry --------------------------------------------------------------------------------------
@@ -238,6 +240,10 @@ class LocalPlatform:
     def workers(self) -> dict[str, int]:
         """Name -> PID of every registered worker (tests, the demo)."""
         return {n: w.pid for n, w in self._workers.items()}
+
+    def metrics_ports(self) -> dict[str, int]:
+        """Name -> metrics port of every registered worker (Prometheus scrape targets)."""
+        return {n: w.metrics_port for n, w in self._workers.items()}
 
     # -- processes -------------------------------------------------------------------------------------
 
@@ -363,6 +369,8 @@ class LocalPlatform:
                 # 4. fence before declaring it dead
                 log.error("%s: no heartbeat for %.1fs; killing pid %d", w.name, now - w.last_heartbeat, w.pid)
                 self.kill(w.name)
+                if self.on_fence is not None:
+                    self.on_fence(w.name)
                 alive, reason = False, "heartbeat expired (killed)"
             out.append(
                 WorkerInfo(
@@ -564,6 +572,8 @@ class LocalControlPlane:
         lease_s: float = 6.0,
         restore_before_handoff: bool = True,
         policy_factory: Callable[[PolicyConfig], DecidingPolicy] | None = None,
+        metrics: OperatorMetrics | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -575,14 +585,19 @@ class LocalControlPlane:
         self.control = LocalWorkerControl(self.platform)
         self.admin = KafkaAdminClient({"bootstrap.servers": template.bootstrap_servers})
         self.source = WorkerStatusSource(self.platform, self.control, self.ref, self.admin)
+        # The operator's metrics (served by start() when metrics_port is not None; 0: a free port).
+        self.metrics = metrics or OperatorMetrics()
+        self.metrics_port = metrics_port
+        metered = self.metrics.control(self.control, self.ref.namespace, name)
+        self.platform.on_fence = lambda _w: self.metrics.fencing("local", name, "heartbeat_expired")
         # restore_before_handoff=False: the controller's eager release-then-grant moves (the new owner
         # restores after it took the partition over); used by the handoff benchmark as the baseline.
         self.executor: HandoffExecutor | None = None
         if restore_before_handoff:
-            self.executor = HandoffExecutor(self.control, self._persist_handoff, handoff)
+            self.executor = HandoffExecutor(metered, self._persist_handoff, handoff)
         self.controller = ConsumerController(
             self.platform,
-            self.control,
+            metered,
             release_deadline_s=handoff.release_deadline_s,
             handoff=self.executor,
             policy_factory=policy_factory,
@@ -626,6 +641,8 @@ class LocalControlPlane:
         an empty assignment do not create a smaller one), then make sure the decided replica count
         runs (at least ``min_replicas``)."""
         await asyncio.to_thread(self._ensure_progress_topic)
+        if self.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.metrics_port, addr="127.0.0.1")
         replicas = int((self.status.get("lastDecision") or {}).get("replicas") or self.platform.replicas or 0)
         await self.platform.ensure_workers(self.ref, max(replicas, self.spec.min_replicas))
 
@@ -640,14 +657,19 @@ class LocalControlPlane:
         """
         done_before = len(self.executor.completed) if self.executor is not None else 0
         # 1.
-        result: TickResult = await self.controller.tick(
-            self.ref,
-            self.spec,
-            self.status,
-            self.policy_state,
-            self.partitions,
-            self.source,
-            self._persist_assignment,
+        with self.metrics.timed("tick"):
+            result: TickResult = await self.controller.tick(
+                self.ref,
+                self.spec,
+                self.status,
+                self.policy_state,
+                self.partitions,
+                self.source,
+                self._persist_assignment,
+            )
+        self.metrics.observe_tick(
+            self.ref.namespace, self.ref.name, result, self.spec.replicas or self.spec.max_replicas,
+            self.spec.max_factor,
         )
         self.status.update(result.status)
         if result.policy_state is not None:
@@ -697,6 +719,7 @@ class LocalControlPlane:
                 await asyncio.wait_for(stop.wait(), max(0.05, self.tick_s - (time.monotonic() - t0)))
 
     async def close(self, stop_workers: bool = True) -> None:
+        self.metrics.stop()
         await self.control.close()
         self.admin.close()
         await self.platform.close(stop_workers=stop_workers)

@@ -22,6 +22,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.api import OrderingMode
+from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress import ProgressCodec, ProgressRecord
 from multilane.worker.progress_store import ProgressStore
@@ -57,6 +58,12 @@ class CommitCycle:
         self._progress_timeout_s = progress_timeout_s
         self.last_progress_bytes = 0
         self.commit_errors = 0
+        # Commit latency: from the start of the cycle that sent an offset to the broker's acknowledgement
+        # of that offset (state flush + progress record + commit). ``_sent`` holds, per partition, the
+        # offset awaiting its acknowledgement and the cycle's start (monotonic seconds); an
+        # acknowledgement of another offset (an older request) is not measured.
+        self.latency = LatencyHistogram(COMMIT_LATENCY_BUCKETS)
+        self._sent: dict[tuple[str, int], tuple[int, float]] = {}
         # Set by ``Engine.fence()`` (lease lost): while True no commit request is sent, not even by a
         # cycle that was already running when it was set (checked right before each commit).
         self.fenced = False
@@ -76,6 +83,7 @@ class CommitCycle:
            when ``final``.
         """
         loop = asyncio.get_running_loop()
+        started = time.monotonic()
         if self.fenced:
             return []  # no progress record and no commit while fenced
         # 1. snapshot
@@ -131,6 +139,7 @@ class CommitCycle:
             offsets.append(_tp(part.topic, part.partition, c, meta))
             part.commit_sent = c
             part.last_progress = encoded
+            self._sent[(part.topic, part.partition)] = (c, started)
         try:
             if final:
                 result = self._consumer.commit(offsets=offsets, asynchronous=False)
@@ -141,6 +150,7 @@ class CommitCycle:
             self.commit_errors += 1
             for part, _, _ in batch:
                 part.commit_sent = None  # try again next cycle
+                self._sent.pop((part.topic, part.partition), None)
             log.warning("commit failed (%s); will retry", exc)
             if final:
                 raise
@@ -157,6 +167,7 @@ class CommitCycle:
         and flush the producer (delivery callbacks run here, on the loop thread). 4. Synchronous commit.
         """
         # 1. snapshot
+        started = time.monotonic()
         batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
         for part in parts:
             part.flush()
@@ -198,6 +209,7 @@ class CommitCycle:
         for part, c, enc in batch:
             meta = ProgressStore.metadata_for(enc) if enc is not None else None
             offsets.append(_tp(part.topic, part.partition, c, meta))
+            self._sent[(part.topic, part.partition)] = (c, started)
         result = self._consumer.commit(offsets=offsets, asynchronous=False)
         self.on_commit(None, result or [], {(p.topic, p.partition): p for p, _, _ in batch})
         return lost
@@ -208,6 +220,11 @@ class CommitCycle:
             self.commit_errors += 1
             log.warning("offset commit failed: %s", err)
         for tp in tps:
+            sent = self._sent.get((tp.topic, tp.partition))
+            if sent is not None and (tp.error is not None or sent[0] == tp.offset):
+                del self._sent[(tp.topic, tp.partition)]
+                if tp.error is None:
+                    self.latency.observe(time.monotonic() - sent[1])
             part = parts.get((tp.topic, tp.partition))
             if part is None:
                 continue

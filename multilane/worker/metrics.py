@@ -22,7 +22,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "LatencyHistogram", "MetricsServer", "MetricsSource", "WorkerMetrics"]
+__all__ = [
+    "COMMIT_LATENCY_BUCKETS",
+    "CONTENT_TYPE",
+    "LatencyHistogram",
+    "MetricsServer",
+    "MetricsSource",
+    "WorkerMetrics",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -68,6 +75,14 @@ class LatencyHistogram:
             out.append((repr(bound), float(acc)))
         out.append(("+Inf", float(acc + self.counts[-1])))
         return out
+
+
+#: Buckets of ``multilane_commit_latency_seconds`` (a commit cycle includes the state flush and the
+#: progress record's acknowledgement, so it is slower than a bare offset commit).
+COMMIT_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+_EMPTY_COMMIT_LATENCY = LatencyHistogram(COMMIT_LATENCY_BUCKETS)
 
 
 class MetricsSource(Protocol):
@@ -134,6 +149,18 @@ class _EngineCollector(Collector):
         h = src.histogram
         yield HistogramMetricFamily("multilane_processing_seconds", "processing time per attempt",
                                     buckets=h.cumulative(), sum_value=h.sum)
+        c = _commit_latency(src)
+        yield HistogramMetricFamily("multilane_commit_latency_seconds",
+                                    "from the start of a commit cycle (state flush, progress record) to "
+                                    "the broker's acknowledgement of the offset commit",
+                                    buckets=c.cumulative(), sum_value=c.sum)
+
+
+def _commit_latency(src: MetricsSource) -> LatencyHistogram:
+    """The commit cycle's latency histogram (``src.commit_latency``, None before the engine started:
+    an empty histogram then)."""
+    found = getattr(src, "commit_latency", None)
+    return found if isinstance(found, LatencyHistogram) else _EMPTY_COMMIT_LATENCY
 
 
 class WorkerMetrics:

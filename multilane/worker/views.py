@@ -21,6 +21,11 @@ class EngineViews(PartitionOwnership):
     """Status and metric-source accessors of the engine."""
 
     @property
+    def commit_latency(self) -> LatencyHistogram | None:
+        """Start of a commit cycle -> the broker's acknowledgement (None before the start)."""
+        return self._commits.latency if self._commits is not None else None
+
+    @property
     def factor(self) -> int:
         return self._factor
 
