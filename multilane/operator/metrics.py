@@ -26,8 +26,8 @@ ParallelConsumer's name; the worker PodMonitor gives worker series the same two 
 
 plus ``multilane_operator_reconciles_total{result}``, ``_ticks_total``, ``_decisions_total{changed}`` and
 ``_errors_total{kind}`` (operator-wide). Decisions count by ``rule``: the policy decision's ``rule``
-field when it has one, else a rule derived from the start of its reason (:func:`decision_rule`);
-``bounds`` when the spec (changed bounds, a pinned replica count) moved the size the policy held.
+(:func:`decision_rule`, one of ``policy_model.RULES``); ``bounds`` when the spec (changed bounds, a
+pinned replica count) moved the size the policy held.
 Direction compares the decision with the previous decision (:func:`decision_direction`).
 """
 
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
+from multilane.operator.policy_model import RULES, Decision
 from multilane.operator.workers import ReleasedPartition, WorkerFencedError
 
 if TYPE_CHECKING:
@@ -65,9 +66,10 @@ __all__ = [
 FENCING_REASONS = ("generation_refused", "lease_lost", "heartbeat_expired")
 SOURCE_ERROR_REASONS = {"MetricsUnavailable": "unavailable", "MetricsInvalid": "invalid"}
 MOVE_PHASES = ("pending", "learning", "releasing", "promoting", "eager")
-#: Rules :func:`decision_rule` derives (plus ``bounds``); with every direction they start at 0, since
-#: ``increase()`` cannot see the first increment of a series that appears with it.
-DERIVED_RULES = ("scale_up", "scale_down", "hold", "invalid_observation", "bounds", "other")
+#: Rules besides the policy's (``bounds``: a size changed by the spec, not the policy); with every
+#: direction they start at 0, since ``increase()`` cannot see the first increment of a series that
+#: appears with it.
+DERIVED_RULES = ("bounds",)
 DIRECTIONS = ("up", "down", "none")
 ERROR_KINDS = ("metrics", "kafka", "kubernetes", "worker", "internal")
 
@@ -81,30 +83,15 @@ def _label(text: str) -> str:
     return _LABEL_RE.sub("_", text.lower()).strip("_")[:48] or "unknown"
 
 
-def decision_rule(decision: Any) -> str:
-    """The rule that produced a policy decision: its ``rule`` field when present, else derived from the
-    start of its reason (``scale up ...`` -> ``scale_up``, ``scale down`` -> ``scale_down``, ``hold``
-    -> ``hold``, ``hold ...: invalid observation`` -> ``invalid_observation``, a size clamped into
-    changed bounds -> ``bounds``)."""
-    rule = getattr(decision, "rule", None)
-    if rule:
-        return _label(str(rule))
-    reason = str(getattr(decision, "reason", "")).lower()
-    if reason.startswith("clamp"):
-        return "bounds"
-    if "invalid observation" in reason.split(";")[0]:
-        return "invalid_observation"
-    for prefix in ("scale up", "scale down", "hold"):
-        if reason.startswith(prefix):
-            return _label(prefix)
-    return "other"
+def decision_rule(decision: Decision) -> str:
+    """The rule that produced a policy decision (``Decision.rule``, a key of ``policy_model.RULES``)
+    as a label value (``factor-follows`` -> ``factor_follows``)."""
+    return _label(decision.rule)
 
 
 def _policy_rules() -> tuple[str, ...]:
-    """Rule names the policy declares (a ``RULES`` tuple in multilane.operator.policy), if any."""
-    from multilane.operator import policy
-
-    return tuple(_label(str(r)) for r in getattr(policy, "RULES", ()))
+    """The rules a decision can name, as label values."""
+    return tuple(_label(r) for r in RULES)
 
 
 def decision_direction(before: tuple[int, int], decision: Any) -> str:

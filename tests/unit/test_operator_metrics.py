@@ -7,7 +7,6 @@ import asyncio
 import shutil
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from multilane.operator.metrics import (
     decision_direction,
     decision_rule,
 )
-from multilane.operator.policy import Decision
+from multilane.operator.policy import RULES, Decision
 from multilane.operator.workers import ReleasedPartition, WorkerFencedError
 from multilane.testing.broker import free_port
 from multilane.testing.prometheus import write_metrics_snapshot
@@ -38,28 +37,21 @@ def decisions(m: OperatorMetrics, **labels: str) -> float | None:
     return value(m, "multilane_operator_scaling_decisions_total", namespace="ns", consumer="c", **labels)
 
 
-def decision(replicas: int, factor: int, reason: str, changed: bool = True) -> Decision:
-    return Decision(replicas=replicas, factor=factor, reason=reason, inputs={}, changed=changed)
+def decision(
+    replicas: int, factor: int, reason: str, changed: bool = True, rule: str = "shortfall"
+) -> Decision:
+    return Decision(replicas=replicas, factor=factor, reason=reason, inputs={}, changed=changed, rule=rule)
 
 
-@dataclass(frozen=True)
-class RuledDecision:
-    replicas: int
-    factor: int
-    reason: str
-    rule: str
-
-
-def test_rules_from_the_reason_or_the_rule_field() -> None:
-    assert decision_rule(decision(2, 1, "scale up 1x1 -> 2x1: lag is rising; ...")) == "scale_up"
-    assert decision_rule(decision(1, 1, "scale down 2x1 -> 1x1: highest recommendation")) == "scale_down"
-    assert decision_rule(decision(1, 1, "hold 1x1: at the recommendation; ...")) == "hold"
-    assert decision_rule(decision(1, 1, "hold replicas 1x1: invalid observation: lag < 0")) == (
-        "invalid_observation"
-    )
-    assert decision_rule(decision(2, 1, "clamp 1x1 into bounds -> 2x1; hold 2x1: ...")) == "bounds"
-    assert decision_rule(decision(1, 1, "something new")) == "other"
-    assert decision_rule(RuledDecision(1, 1, "scale up ...", rule="Lag Catch-up")) == "lag_catch_up"
+def test_rules_are_the_policy_rules_as_labels() -> None:
+    assert decision_rule(decision(2, 1, "scale up 1x1 -> 2x1: lag is rising")) == "shortfall"
+    assert decision_rule(decision(2, 4, "factor 2 -> 4", rule="factor-follows")) == "factor_follows"
+    assert decision_rule(decision(1, 1, "hold", rule="invalid-observation")) == "invalid_observation"
+    # every rule of the policy is a series from the start
+    m = OperatorMetrics()
+    m.observe_tick("ns", "c", TickResult(status={}))
+    for rule in RULES:
+        assert decisions(m, rule=rule.replace("-", "_"), direction="up") == 0
 
 
 def test_directions_compare_lanes() -> None:
@@ -90,7 +82,7 @@ def test_observe_tick_records_a_pass() -> None:
     # per-consumer series exist at 0 before anything happened
     m.observe_tick("ns", "c", TickResult(status={}))
     assert value(m, "multilane_operator_fencing_events_total", **before, reason="lease_lost") == 0
-    assert decisions(m, rule="scale_up", direction="up") == 0
+    assert decisions(m, rule="shortfall", direction="up") == 0
     handoff = HandoffRecord("t/1", "w-0", "w-1", eager=False, learn_s=2.0, pause_s=0.25, final_offset=10)
     result = tick_result(
         decided=True,
@@ -103,7 +95,7 @@ def test_observe_tick_records_a_pass() -> None:
         events=[EventRecord("Warning", "LearnerTimeout", "t/3: learner timed out")],
     )
     m.observe_tick("ns", "c", result, max_replicas=3, max_factor=8)
-    assert decisions(m, rule="scale_up", direction="up") == 1
+    assert decisions(m, rule="shortfall", direction="up") == 1
     assert value(m, "multilane_operator_decisions_total", changed="true") == 1
     assert value(m, "multilane_operator_decision_duration_seconds_count", **before) == 1
     assert value(m, "multilane_operator_moves_in_flight", **before, phase="learning") == 1
