@@ -221,7 +221,9 @@ async def _demo(args: argparse.Namespace) -> int:
                     load["result"], _rates = await asyncio.to_thread(producer.finish, 60.0, True)
             except RuntimeError as exc:
                 print(f"multilane demo: {exc}", file=sys.stderr)
-            # 6. stop workers cleanly, then judge
+            # 6. the last scrape of every metrics endpoint (Prometheus text format; docs/dashboard.md
+            # says which panel shows what), then stop the workers cleanly and judge
+            await asyncio.to_thread(_metrics_snapshot, cp, out / "metrics.prom")
             await cp.close()
         elapsed = time.monotonic() - t0
         result = load.get("result")
@@ -262,6 +264,8 @@ async def _demo(args: argparse.Namespace) -> int:
                 timeline, out / "demo.png", f"multilane demo: {args.partitions} partitions, stateful IO-bound"
             )
         lines = summary_lines(verdict, timeline, elapsed, png, peak, burst)
+        if (out / "metrics.prom").exists():
+            lines.insert(-1, f"metrics snapshot    {out / 'metrics.prom'}  (panels: docs/dashboard.md)")
         print("\n".join(lines), flush=True)
         (out / "summary.txt").write_text("\n".join(lines) + "\n")
         (out / "timeline.json").write_text(
@@ -349,8 +353,25 @@ def stateful_plane(
         max_concurrent_warmups=spec.max_moves,
     )
     return LocalControlPlane(
-        root, spec, template, partitions, handoff, name=name, policy_factory=policy_factory
+        root, spec, template, partitions, handoff, name=name, policy_factory=policy_factory, metrics_port=0
     )
+
+
+def _metrics_snapshot(cp: Any, path: Path) -> None:
+    """Write the workers' and the control plane's metrics to ``path`` (a failure is logged, not fatal:
+    the snapshot is a by-product of the run)."""
+    from multilane.testing.prometheus import write_metrics_snapshot
+
+    endpoints = {
+        f"http://127.0.0.1:{port}/metrics": {"job": "multilane-workers", "pod": name}
+        for name, port in cp.platform.metrics_ports().items()
+    }
+    if cp.metrics_port:
+        endpoints[f"http://127.0.0.1:{cp.metrics_port}/metrics"] = {"job": "multilane-operator"}
+    try:
+        write_metrics_snapshot(path, endpoints)
+    except Exception as exc:
+        log.warning("metrics snapshot not written: %s", exc)
 
 
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
