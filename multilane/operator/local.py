@@ -657,6 +657,7 @@ class LocalControlPlane:
         """
         done_before = len(self.executor.completed) if self.executor is not None else 0
         # 1.
+        self.metrics.ticks.inc()
         with self.metrics.timed("tick"):
             result: TickResult = await self.controller.tick(
                 self.ref,
