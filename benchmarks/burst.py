@@ -6,7 +6,7 @@ temp dir.
 
 Per partition count P (4, 24, 64; ``--quick``: 4) and variant (steps in :func:`_scenario`):
 
-1. A topic of P partitions; one worker at factor 2 runs ``multilane.demo_processors``' stateful,
+1. A topic of P partitions; one worker at factor 2 runs ``multilane.demo.processors``' stateful,
    IO-bound processor (a per-key counter in RocksDB and ``--sleep-ms`` of async I/O per record).
 2. The load generator (its own process) offers a lull, a 10x step burst and a lull.
 3. The control plane ticks every 0.25 s and decides every 2 s, as in the demo, until the load
@@ -125,9 +125,9 @@ async def _scenario(
     bootstrap: str, partitions: int, variant: str, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
     """Steps 1-4 of the module docstring for one (partitions, variant); returns the row."""
-    from multilane.demo import _create_topic, _drained, _sample, stateful_plane
-    from multilane.demo_check import judge, read_counts
-    from multilane.demo_report import Timeline, burst_figures
+    from multilane.demo.check import judge, read_counts
+    from multilane.demo.report import Timeline, burst_figures
+    from multilane.demo.run import _create_topic, _drained, _sample, stateful_plane
     from multilane.operator.local import WorkerStatusSource
     from multilane.operator.sources import MetricsUnavailableError, QueryContext
     from multilane.testing.processors import read_event_log

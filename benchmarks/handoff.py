@@ -106,7 +106,7 @@ def _gap(events: list[Any], topic: str, partition: int, since: float) -> float |
 
 async def _scenario(bootstrap: str, keys: int, mode: str, rate: float, workdir: Path) -> dict[str, Any]:
     """Steps 1-4 of the module docstring for one (size, mode); returns the row."""
-    from multilane.demo_processors import SLEEP_ENV
+    from multilane.demo.processors import SLEEP_ENV
     from multilane.operator.handoff import HandoffConfig
     from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
     from multilane.operator.validation import validate_spec
@@ -121,7 +121,7 @@ async def _scenario(bootstrap: str, keys: int, mode: str, rate: float, workdir: 
     spec, problems = validate_spec(
         {
             "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": group},
-            "workload": {"image": "local", "processor": "multilane.demo_processors:stateful_io"},
+            "workload": {"image": "local", "processor": "multilane.demo.processors:stateful_io"},
             "scaling": {
                 "minReplicas": 1,
                 "maxReplicas": 2,
@@ -137,7 +137,7 @@ async def _scenario(bootstrap: str, keys: int, mode: str, rate: float, workdir: 
     template = LocalWorkerTemplate(
         bootstrap,
         group,
-        "multilane.demo_processors:stateful_io",
+        "multilane.demo.processors:stateful_io",
         factor=2,
         drain_timeout_s=10.0,
         env={"MULTILANE_TEST_LOG": str(events), SLEEP_ENV: "1"},

@@ -190,8 +190,8 @@ def _rss_kib(pid: int) -> int | None:
 async def _processes(
     bootstrap: str, partitions: int, workers: int, rate: float, workdir: Path
 ) -> dict[str, Any]:
-    from multilane.demo import _create_topic
-    from multilane.demo_check import judge
+    from multilane.demo.check import judge
+    from multilane.demo.run import _create_topic
     from multilane.operator.handoff import HandoffConfig
     from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
     from multilane.operator.validation import validate_spec

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)"),
     "loadgen": ("multilane.worker.loadgen", "produce synthetic records (Zipf keys) to a topic"),
     "operator": ("multilane.operator.cli", "run the kopf operator"),
-    "demo": ("multilane.demo", "the local demo: autoscaling with restore-before-handoff"),
+    "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff"),
     "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces"),
     "snapshot": ("multilane.pipeline.cli", "build state snapshots from changelogs with PySpark"),
     "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground"),

@@ -5,7 +5,7 @@ demo's burst), each with the command that produced it. :func:`demo_burst` builds
 configuration in the simulator (4 partitions, the stateful processor's 50 ms calls, 120 -> 1,500
 rec/s for 36 s, the demo's scaling spec, decisions every 2 s) and :func:`burst_response` computes
 reaction and recovery with the burst benchmark's definitions
-(:func:`multilane.demo_report.burst_figures`): reaction = onset -> first scale decision; recovery =
+(:func:`multilane.demo.report.burst_figures`): reaction = onset -> first scale decision; recovery =
 onset -> processing >= 95 % of the burst's achieved input, held 3 s. ``tests/unit/test_sim_calibration.py``
 holds the agreement within :data:`TOLERANCE`.
 """
@@ -123,7 +123,7 @@ class BurstResponse:
 
 
 def burst_response(result: SimResult, onset_s: float, end_s: float, sustain: int = 3) -> BurstResponse:
-    """Reaction and recovery of one simulated burst, as :func:`multilane.demo_report.burst_figures`
+    """Reaction and recovery of one simulated burst, as :func:`multilane.demo.report.burst_figures`
     computes them from the demo's samples."""
     lo, hi = int(onset_s), int(end_s)
     produced = np.diff(np.concatenate([[0.0], result.produced_cum]))

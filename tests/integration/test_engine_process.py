@@ -76,10 +76,10 @@ def test_cli_refuses_bad_arguments(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MULTILANE_CONTROL_TOKEN"}
     cases = [
         (["--processor", "nope", "--topic", "t"], "module:function"),
-        (["--processor", "multilane.examples:noop"], "--topic"),
-        (["--processor", "multilane.examples:noop", "--assign", "t:x"], "not an int"),
-        (["--processor", "multilane.examples:noop", "--assign", "t:0", "--control-port", "1"], "token"),
-        (["--processor", "multilane.examples:noop", "--assign", "t:0", "--factor", "0"], "factor"),
+        (["--processor", "multilane.demo.examples:noop"], "--topic"),
+        (["--processor", "multilane.demo.examples:noop", "--assign", "t:x"], "not an int"),
+        (["--processor", "multilane.demo.examples:noop", "--assign", "t:0", "--control-port", "1"], "token"),
+        (["--processor", "multilane.demo.examples:noop", "--assign", "t:0", "--factor", "0"], "factor"),
     ]
     for extra, needle in cases:
         r = subprocess.run(base + extra, capture_output=True, text=True, timeout=60, env=env)

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from multilane.demo_check import judge, read_counts
-from multilane.demo_processors import SLEEP_ENV
+from multilane.demo.check import judge, read_counts
+from multilane.demo.processors import SLEEP_ENV
 from multilane.operator.handoff import HandoffConfig, HandoffExecutor
 from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
 from multilane.operator.rollout import Action, ActionKind
@@ -40,7 +40,7 @@ from multilane.worker.loadgen import RateProfile, produce_paced
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
 
 PARTITIONS = 4
-PROCESSOR = "multilane.demo_processors:stateful_io"
+PROCESSOR = "multilane.demo.processors:stateful_io"
 
 
 class CrashError(Exception):

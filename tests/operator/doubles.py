@@ -335,7 +335,7 @@ class RealWorkerFleet:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "multilane", "worker",
             "--bootstrap-servers", self.bootstrap, "--group", self.group,
-            "--processor", "multilane.examples:noop", "--assign", "", "--worker-id", name,
+            "--processor", "multilane.demo.examples:noop", "--assign", "", "--worker-id", name,
             "--control-port", str(port), "--control-token-file", str(token_file),
             stdout=log, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip

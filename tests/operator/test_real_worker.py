@@ -52,7 +52,7 @@ async def workers(
             await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "multilane", "worker",
                 "--bootstrap-servers", broker.bootstrap, "--group", f"{topic_name}-g",
-                "--processor", "multilane.examples:noop", "--assign", "", "--worker-id", f"app-{i}",
+                "--processor", "multilane.demo.examples:noop", "--assign", "", "--worker-id", f"app-{i}",
                 "--control-port", str(port), "--control-token-file", str(token_file),
                 stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ},
             )

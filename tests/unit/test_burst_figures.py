@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multilane.demo_report import DemoSample, burst_figures
+from multilane.demo.report import DemoSample, burst_figures
 
 
 def sample(t: float, lag: int, processed: float) -> DemoSample:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from multilane.demo_check import Verdict, judge
-from multilane.demo_report import (
+from multilane.demo.check import Verdict, judge
+from multilane.demo.report import (
     DemoSample,
     HandoffPause,
     Timeline,

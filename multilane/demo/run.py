@@ -6,7 +6,7 @@ What it runs (steps 1-7, numbered as in :func:`_demo`):
 1. The embedded broker (or ``--bootstrap-servers``), a topic with ``--partitions`` partitions.
 2. The local control plane (:class:`multilane.operator.local.LocalControlPlane`): the operator's
    ``ConsumerController`` and ``HandoffExecutor`` over worker subprocesses, starting with ONE worker
-   running :func:`multilane.demo_processors.stateful_io` (per-key counter in ``ctx.state`` + ~10 ms of
+   running :func:`multilane.demo.processors.stateful_io` (per-key counter in ``ctx.state`` + ~10 ms of
    async I/O) at factor 1.
 3. The load generator: a lull, a burst, a long lull (delivery reports give the exact produced set).
 4. Every tick: the control plane decides (factor and replicas), moves partitions with
@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from multilane.demo_check import judge, read_counts
-    from multilane.demo_report import (
+    from multilane.demo.check import judge, read_counts
+    from multilane.demo.report import (
         HandoffPause,
         Timeline,
         burst_figures,
@@ -319,15 +319,15 @@ def stateful_plane(
     policy_factory: Any = None,
 ) -> Any:
     """The demo's local control plane (:class:`~multilane.operator.local.LocalControlPlane`) over
-    workers running :func:`multilane.demo_processors.stateful_io`, starting at ``factor``; ``scaling``
+    workers running :func:`multilane.demo.processors.stateful_io`, starting at ``factor``; ``scaling``
     overrides :data:`DEMO_SCALING`. The group is named like the topic. Raises ValueError on a bad
     spec. Used by the demo and ``benchmarks.burst``."""
-    from multilane.demo_processors import SLEEP_ENV
+    from multilane.demo.processors import SLEEP_ENV
     from multilane.operator.handoff import HandoffConfig
     from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
     from multilane.operator.validation import validate_spec
 
-    processor = "multilane.demo_processors:stateful_io"
+    processor = "multilane.demo.processors:stateful_io"
     spec, problems = validate_spec(
         {
             "kafka": {"bootstrapServers": bootstrap, "topics": [topic], "consumerGroup": topic},
@@ -389,7 +389,7 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def _sample(now: float, m: Any, status: dict[str, Any], report: Any, partitions: list[str], load: str) -> Any:
-    from multilane.demo_report import DemoSample
+    from multilane.demo.report import DemoSample
 
     members = {
         p: w["worker"] for w in (status.get("assignment") or {}).get("members") or [] for p in w["partitions"]
@@ -444,7 +444,7 @@ class _Display:
             self._live.start()
 
     def show(self, sample: Any, timeline: Any, produced: int) -> None:
-        from multilane.demo_report import live_view, plain_line
+        from multilane.demo.report import live_view, plain_line
 
         if self._live is not None:
             self._live.update(live_view(sample, timeline, produced))

@@ -211,7 +211,7 @@ def summary_lines(
     peak: Mapping[str, int],
     burst: BurstFigures | None = None,
 ) -> list[str]:
-    """The end-of-run summary (``verdict``: :class:`multilane.demo_check.Verdict`)."""
+    """The end-of-run summary (``verdict``: :class:`multilane.demo.check.Verdict`)."""
     out = [
         "",
         "=== multilane demo: summary ===",

@@ -4,7 +4,7 @@ directory; reads committed offsets from Kafka).
 
 The state check restores every partition the way a new owner would (``StateManager.open_partition``
 at the group's committed offset: only changes of committed records apply) and compares the per-key
-counters of :func:`multilane.demo_processors.stateful_io` with the counts of the produced set.
+counters of :func:`multilane.demo.processors.stateful_io` with the counts of the produced set.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Example processors for ``multilane worker --processor multilane.examples:NAME``.
+"""Example processors for ``multilane worker --processor multilane.demo.examples:NAME``.
 
 No I/O besides sleeping (they stand in for calls to remote systems):
 
