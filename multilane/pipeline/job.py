@@ -21,8 +21,6 @@ from multilane.pipeline.kafka_io import (
     consumer_config,
     partitions_of,
 )
-from multilane.pipeline.layout import SnapshotId
-from multilane.pipeline.manifest import PartitionEntry, ShardFile, SnapshotManifest
 from multilane.pipeline.planning import (
     OffsetRange,
     OffsetRangePlanner,
@@ -31,8 +29,10 @@ from multilane.pipeline.planning import (
     changelog_topic_name,
 )
 from multilane.pipeline.publish import CleanupReport, SnapshotPublisher
-from multilane.pipeline.storage import SnapshotStore
 from multilane.pipeline.tasks import ROW, TAIL, read_ranges, write_shards
+from multilane.snapshots.layout import SnapshotId
+from multilane.snapshots.manifest import PartitionEntry, ShardFile, SnapshotManifest
+from multilane.snapshots.storage import SnapshotStore
 from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 __all__ = ["SnapshotJob", "SnapshotJobConfig", "SnapshotResult", "spark_session"]

@@ -12,37 +12,26 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from multilane.pipeline.layout import (
+from multilane.pipeline.retention import RetentionPlanner, StagingGarbagePlanner
+from multilane.snapshots.layout import (
     DATA_DIR,
     MANIFESTS_DIR,
-    SnapshotId,
     data_dir,
     data_manifest_path,
     manifest_path,
     manifest_tmp_path,
     parse_manifest_name,
 )
-from multilane.pipeline.manifest import ManifestCodec, SnapshotManifest
-from multilane.pipeline.retention import RetentionPlanner, StagingGarbagePlanner
-from multilane.pipeline.storage import SnapshotStore
+from multilane.snapshots.manifest import ManifestCodec, SnapshotManifest
+from multilane.snapshots.storage import SnapshotStore, list_visible_ids
 
-__all__ = ["CleanupReport", "PublishError", "SnapshotPublisher", "list_visible_ids"]
+__all__ = ["CleanupReport", "PublishError", "SnapshotPublisher"]
 
 log = logging.getLogger(__name__)
 
 
 class PublishError(RuntimeError):
     """The data of a snapshot is not what its manifest says; nothing was published."""
-
-
-def list_visible_ids(store: SnapshotStore) -> list[str]:
-    """Ids of the published snapshots (``manifests/<id>.json``), oldest first."""
-    ids = []
-    for name, is_dir in store.list_names(MANIFESTS_DIR):
-        parsed = parse_manifest_name(name)
-        if not is_dir and parsed is not None and not parsed[1]:
-            ids.append(parsed[0])
-    return sorted(ids, key=lambda i: (SnapshotId.created_at(i), i))
 
 
 @dataclass

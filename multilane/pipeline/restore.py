@@ -14,7 +14,7 @@ from typing import Any
 from multilane.pipeline.kafka_io import ChangelogRangeReader, consumer_config
 from multilane.pipeline.merge import ChangelogReplayer
 from multilane.pipeline.planning import changelog_topic_name
-from multilane.pipeline.reader import SnapshotGoneError, SnapshotPartition, SnapshotReader
+from multilane.snapshots.reader import SnapshotGoneError, SnapshotPartition, SnapshotReader
 
 __all__ = ["RestoreResult", "replay_changelog", "restore_from_snapshot_and_tail"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from multilane.pipeline.layout import SnapshotId
+from multilane.snapshots.layout import SnapshotId
 
 __all__ = ["RetentionPlan", "RetentionPlanner", "StagingGarbagePlanner"]
 

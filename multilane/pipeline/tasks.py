@@ -15,17 +15,17 @@ from typing import Any
 
 from multilane.pipeline.changes import Change
 from multilane.pipeline.kafka_io import ChangelogRangeReader
-from multilane.pipeline.layout import shard_path
 from multilane.pipeline.merge import is_live, merge_raw_range, newest
 from multilane.pipeline.planning import OffsetRange
-from multilane.pipeline.storage import SnapshotStore
+from multilane.snapshots.layout import shard_path
+from multilane.snapshots.reader import parquet_schema
+from multilane.snapshots.storage import SnapshotStore
 from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 __all__ = [
     "PARQUET_COLUMNS",
     "ROW",
     "TAIL",
-    "parquet_schema",
     "read_ranges",
     "write_shards",
 ]
@@ -37,21 +37,6 @@ ROW = 1
 
 PARQUET_COLUMNS = ("key", "value", "key_hash", "changelog_offset", "source_offset")
 _ROWS_PER_BATCH = 65_536
-
-
-def parquet_schema() -> Any:
-    """The snapshot file schema: key, value (binary), key_hash (uint32), changelog/source offsets (int64)."""
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field("key", pa.binary(), nullable=False),
-            pa.field("value", pa.binary(), nullable=False),
-            pa.field("key_hash", pa.uint32(), nullable=False),
-            pa.field("changelog_offset", pa.int64(), nullable=False),
-            pa.field("source_offset", pa.int64(), nullable=False),
-        ]
-    )
 
 
 def read_ranges(

@@ -16,8 +16,8 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
-from multilane.pipeline.layout import manifest_path
-from multilane.pipeline.manifest import SnapshotManifest
+from multilane.snapshots.layout import manifest_path
+from multilane.snapshots.manifest import SnapshotManifest
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap, key_hash
 from multilane.worker.state import StateManager
@@ -284,7 +284,7 @@ def test_snapshot_offset_beyond_the_changelog_falls_back(
     ``changelog_offset`` is past the end. The restore must not wait or trust it: wipe, full replay."""
     import dataclasses
 
-    from multilane.pipeline.manifest import ManifestCodec
+    from multilane.snapshots.manifest import ManifestCodec
 
     ops, manifest, uri = history
     entry = manifest.partitions[0]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from multilane.pipeline.manifest import (
+from multilane.snapshots.manifest import (
     ManifestCodec,
     ManifestError,
     PartitionEntry,

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multilane.pipeline.layout import SnapshotId, parse_manifest_name, shard_path
 from multilane.pipeline.planning import (
     OffsetRange,
     OffsetRangePlanner,
@@ -19,6 +18,7 @@ from multilane.pipeline.planning import (
     parse_ranges,
 )
 from multilane.pipeline.retention import RetentionPlanner, StagingGarbagePlanner
+from multilane.snapshots.layout import SnapshotId, parse_manifest_name, shard_path
 from multilane.worker.keyranges import HASH_SPACE, KeyRangeMap
 
 

@@ -24,9 +24,9 @@ import pytest
 
 from multilane.pipeline.changes import encode_envelope
 from multilane.pipeline.job import PAUSE_ENV, SnapshotJob, SnapshotJobConfig
-from multilane.pipeline.layout import DATA_DIR, MANIFESTS_DIR
-from multilane.pipeline.reader import SnapshotCorruptError, SnapshotReader
 from multilane.pipeline.restore import replay_changelog, restore_from_snapshot_and_tail
+from multilane.snapshots.layout import DATA_DIR, MANIFESTS_DIR
+from multilane.snapshots.reader import SnapshotCorruptError, SnapshotReader
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.keyranges import KeyRangeMap, key_hash
 

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from multilane.pipeline.layout import SnapshotId, data_dir, manifest_path, shard_path
-from multilane.pipeline.manifest import ManifestCodec, PartitionEntry, ShardFile, SnapshotManifest
-from multilane.pipeline.publish import PublishError, SnapshotPublisher, list_visible_ids
-from multilane.pipeline.reader import SnapshotGoneError, SnapshotReader
-from multilane.pipeline.storage import SnapshotStore
-from multilane.pipeline.tasks import parquet_schema
+from multilane.pipeline.publish import PublishError, SnapshotPublisher
+from multilane.snapshots.layout import SnapshotId, data_dir, manifest_path, shard_path
+from multilane.snapshots.manifest import ManifestCodec, PartitionEntry, ShardFile, SnapshotManifest
+from multilane.snapshots.reader import SnapshotGoneError, SnapshotReader, parquet_schema
+from multilane.snapshots.storage import SnapshotStore, list_visible_ids
 from multilane.worker.keyranges import KeyRange, KeyRangeMap, key_hash
 
 T0 = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)

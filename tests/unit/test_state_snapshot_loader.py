@@ -74,7 +74,7 @@ def published(tmp_path: Path) -> Published:
     from datetime import UTC, datetime
 
     from multilane.pipeline.publish import SnapshotPublisher
-    from multilane.pipeline.storage import SnapshotStore
+    from multilane.snapshots.storage import SnapshotStore
     from tests.pipeline.test_snapshot_store import write_snapshot
 
     uri = str(tmp_path / "snap")

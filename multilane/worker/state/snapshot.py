@@ -2,7 +2,7 @@
 and of a learner. Does I/O (the snapshot URI through pyarrow, RocksDB).
 
 The snapshot side (job, layout, manifest, verification) is :mod:`multilane.pipeline`; this module
-only reads it, through :class:`multilane.pipeline.reader.SnapshotReader`, which is imported on first
+only reads it, through :class:`multilane.snapshots.reader.SnapshotReader`, which is imported on first
 use so that importing the state package never imports pyarrow (nor Spark, which the reader never
 needs). A worker given a snapshot URI checks at start-up that pyarrow is installed
 (:func:`require_snapshot_support`).
@@ -30,7 +30,7 @@ from multilane.worker.state.restore import RestoreStatus
 from multilane.worker.state.store import PartitionStore
 
 if TYPE_CHECKING:
-    from multilane.pipeline.reader import SnapshotPartition
+    from multilane.snapshots.reader import SnapshotPartition
 
 __all__ = [
     "SnapshotLoad",
@@ -132,7 +132,7 @@ class SnapshotLoader:
            warning, ``multilane_state_snapshot_restores_total{outcome="failed"}``, the store wiped
            back to empty, and None -- never a partially loaded store.
         """
-        from multilane.pipeline.reader import SnapshotGoneError, SnapshotReader
+        from multilane.snapshots.reader import SnapshotGoneError, SnapshotReader
 
         labels = (topic, str(partition))
         t0 = time.monotonic()
@@ -203,7 +203,7 @@ class SnapshotLoader:
         stop: threading.Event | None,
     ) -> int:
         """Step 2: the items, batch by batch; the row count must match the manifest."""
-        from multilane.pipeline.reader import SnapshotCorruptError
+        from multilane.snapshots.reader import SnapshotCorruptError
 
         rows = 0
         for batch in part.iter_item_batches(self.batch_rows):

@@ -21,16 +21,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from multilane.pipeline.layout import SnapshotId, manifest_path
-from multilane.pipeline.manifest import (
+from multilane.snapshots.layout import SnapshotId, manifest_path
+from multilane.snapshots.manifest import (
     ManifestCodec,
     ManifestError,
     PartitionEntry,
     ShardFile,
     SnapshotManifest,
 )
-from multilane.pipeline.publish import list_visible_ids
-from multilane.pipeline.storage import SnapshotStore
+from multilane.snapshots.storage import SnapshotStore, list_visible_ids
 from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
 
 __all__ = ["SnapshotCorruptError", "SnapshotGoneError", "SnapshotPartition", "SnapshotReader"]
@@ -127,7 +126,6 @@ class SnapshotPartition:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from multilane.pipeline.tasks import parquet_schema
 
         tables = []
         for f in self.entry.files:
@@ -264,3 +262,18 @@ class SnapshotReader:
                 continue
             return SnapshotPartition(m, entry, self.store, self.verify)
         return None
+
+
+def parquet_schema() -> Any:
+    """The snapshot file schema: key, value (binary), key_hash (uint32), changelog/source offsets (int64)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("key", pa.binary(), nullable=False),
+            pa.field("value", pa.binary(), nullable=False),
+            pa.field("key_hash", pa.uint32(), nullable=False),
+            pa.field("changelog_offset", pa.int64(), nullable=False),
+            pa.field("source_offset", pa.int64(), nullable=False),
+        ]
+    )

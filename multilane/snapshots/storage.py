@@ -13,7 +13,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SnapshotStore", "resolve_uri"]
+from multilane.snapshots.layout import MANIFESTS_DIR, SnapshotId, parse_manifest_name
+
+__all__ = ["SnapshotStore", "list_visible_ids", "resolve_uri"]
 
 _CHUNK = 1 << 20
 
@@ -109,3 +111,13 @@ class SnapshotStore:
         selector = pafs.FileSelector(self.abs(rel), allow_not_found=True, recursive=False)
         for info in self.fs.get_file_info(selector):
             yield info.base_name, info.type == pafs.FileType.Directory
+
+
+def list_visible_ids(store: SnapshotStore) -> list[str]:
+    """Ids of the published snapshots (``manifests/<id>.json``), oldest first."""
+    ids = []
+    for name, is_dir in store.list_names(MANIFESTS_DIR):
+        parsed = parse_manifest_name(name)
+        if not is_dir and parsed is not None and not parsed[1]:
+            ids.append(parsed[0])
+    return sorted(ids, key=lambda i: (SnapshotId.created_at(i), i))
