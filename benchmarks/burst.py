@@ -130,8 +130,8 @@ async def _scenario(
     from multilane.demo.run import _create_topic, _drained, _sample, stateful_plane
     from multilane.operator.local import WorkerStatusSource
     from multilane.operator.sources import MetricsUnavailableError, QueryContext
+    from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log
-    from multilane.worker.loadgen import LoadgenProcess
 
     run = uuid.uuid4().hex[:6]
     topic = f"burst-{partitions}-{variant}-{run}"  # the group is named like the topic

@@ -195,8 +195,8 @@ async def _processes(
     from multilane.operator.handoff import HandoffConfig
     from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
     from multilane.operator.validation import validate_spec
+    from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log
-    from multilane.worker.loadgen import LoadgenProcess
 
     run = uuid.uuid4().hex[:6]
     topic = group = f"scale-{partitions}-{run}"

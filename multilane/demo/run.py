@@ -106,8 +106,9 @@ async def _demo(args: argparse.Namespace) -> int:
     from multilane.operator.local import WorkerStatusSource
     from multilane.operator.sources import MetricsUnavailableError, QueryContext
     from multilane.testing.broker import EmbeddedBroker
+    from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log
-    from multilane.worker.loadgen import LoadgenProcess, LoadResult
+    from multilane.worker.loadgen import LoadResult
 
     out: Path = args.out_path
     run_id = uuid.uuid4().hex[:6]

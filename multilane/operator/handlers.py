@@ -24,6 +24,9 @@ registry:
   then runs one :class:`ConsumerController` pass (scaling, replicas, assignment, status).
 - ``on.delete`` (optional: no finalizer) forgets in-memory caches; the children go with the owner
   through Kubernetes' garbage collector (owner references).
+
+Length (~540 lines): every kopf handler and its wiring in one place, so that what the operator
+reacts to is read at once; the logic they call lives in the controller, children and validation.
 """
 
 from __future__ import annotations

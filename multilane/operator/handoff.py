@@ -38,6 +38,9 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
    - ``REMOVE_WORKERS``: the platform is asked for the staying replica count;
    - ``EVENT``: returned to the caller (Kubernetes Event / log line).
 6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
+
+Length (~660 lines): the six steps of a pass, the batched calls and the completed-move records
+share the executor's in-memory state (releases seen, timings); split, each part would need it.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ state is opened before any of its records is fetched, ``before_commit`` precedes
 :class:`StateDurabilityError` there reopens the partition without committing, see
 :meth:`Engine._reopen_lost`), and it is closed after the final commit (cleanly only when that commit
 succeeded and no record was abandoned).
+
+Length (~520 lines): the lifecycle, the control API and the learner verbs share the control lock
+and the fencing rules, so they stay together; the protocol's steps are in ``ownership``.
 """
 
 from __future__ import annotations

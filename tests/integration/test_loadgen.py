@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from multilane.testing.broker import EmbeddedBroker
+from multilane.testing.load import LoadgenProcess
 from multilane.worker.loadgen import (
-    LoadgenProcess,
     RateProfile,
     RateStep,
     ZipfKeySampler,
