@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", default="", help="comma-separated partition counts (default 4,24,64)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run")
     parser.add_argument("--sleep-ms", type=float, default=50.0, help="simulated remote I/O per record")
-    parser.add_argument("--burst-s", type=float, default=0.0, help="burst length (default 30 s, quick 20 s)")
+    parser.add_argument("--burst-s", type=float, default=0.0, help="burst length (default 30 s, quick 15 s)")
     parser.add_argument("--keda-factor", type=int, default=16, help="the keda-hpa baseline's fixed factor")
     parser.add_argument("--lag-threshold", type=float, default=500.0, help="the keda-hpa lagThreshold")
     parser.add_argument("--keep", default="", help="keep logs and timelines in this directory")
@@ -136,8 +136,8 @@ async def _scenario(
     run = uuid.uuid4().hex[:6]
     topic = f"burst-{partitions}-{variant}-{run}"  # the group is named like the topic
     lull, burst = RATES.get(partitions, (10.0 * partitions, 100.0 * partitions))
-    burst_s = args.burst_s or (20.0 if args.quick else 30.0)
-    warm, tail = 10.0, 20.0
+    burst_s = args.burst_s or (15.0 if args.quick else 30.0)
+    warm, tail = (8.0, 8.0) if args.quick else (10.0, 20.0)
     max_replicas = 3 if partitions <= 4 else 6
     fixed = variant == "keda-hpa"
     # 1.
