@@ -413,9 +413,10 @@ class HandoffExecutor:
         instead of one after the other.
 
         1. ``LEARN``: one ``/v1/learn`` per target with all its partitions.
-        2. ``RELEASE``: one new generation for every release of the round (persisted first), then one
+        2. ``PROMOTE``: the targets' members (persisted first), then one push per target. First: these
+           partitions are paused since their release, while a release only starts a pause.
+        3. ``RELEASE``: one new generation for every release of the round (persisted first), then one
            assignment push per source.
-        3. ``PROMOTE``: the targets' members (persisted first), then one push per target.
         4. ``DROP_LEARNER``: one ``/v1/drop`` per worker.
         5. ``REMOVE_WORKERS`` and ``EVENT`` for the caller; moves that reached DONE become handoffs.
         """
@@ -432,11 +433,11 @@ class HandoffExecutor:
                 self._learn_started.setdefault(partition, time.monotonic())
         await self._each(learn, by_name, self.control.learn, "learn")
         # 2.
-        if ActionKind.RELEASE in kinds:
-            assignment = await self._release(kinds[ActionKind.RELEASE], assignment, rollout, by_name, result)
-        # 3.
         if ActionKind.PROMOTE in kinds:
             assignment = await self._promote(kinds[ActionKind.PROMOTE], assignment, rollout, by_name, result)
+        # 3.
+        if ActionKind.RELEASE in kinds:
+            assignment = await self._release(kinds[ActionKind.RELEASE], assignment, rollout, by_name, result)
         # 4.
         drops = _by_worker(kinds.get(ActionKind.DROP_LEARNER, ()))
         await self._each(drops, by_name, self.control.drop, "drop")
