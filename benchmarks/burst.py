@@ -129,9 +129,9 @@ async def _scenario(
     """Steps 1-4 of the module docstring for one (partitions, variant); returns the row."""
     from multilane.demo.check import judge, read_counts
     from multilane.demo.report import Timeline, burst_figures
-    from multilane.demo.run import _create_topic, _drained, _sample, stateful_plane
+    from multilane.demo.run import _create_topic, _drained, record_pass, stateful_plane
     from multilane.operator.local import WorkerStatusSource
-    from multilane.operator.sources import MetricsUnavailableError, QueryContext
+    from multilane.operator.sources import QueryContext
     from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log
 
@@ -189,16 +189,8 @@ async def _scenario(
         while True:
             now = time.monotonic() - t0
             report = await cp.tick()
-            for _kind, reason, message in report.events:
-                if reason != "ScalingDecision" or message.startswith("scale "):
-                    timeline.events.append((now, reason, message))
-            if now - last_sample >= 1.0:
+            if await record_pass(timeline, report, now, last_sample, cp, sampler, ctx, "load") is not None:
                 last_sample = now
-                try:
-                    m = await sampler.sample(ctx)
-                except MetricsUnavailableError:
-                    m = None
-                timeline.samples.append(_sample(now, m, cp.status, report, names, "load"))
             if result is None and not loadgen.running():
                 result, _rates = await asyncio.to_thread(loadgen.finish, 60.0)
             if result is not None:

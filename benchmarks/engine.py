@@ -583,8 +583,9 @@ def _progress_written(ctx: Ctx, group: str, since: float, until: float) -> tuple
             for m in consumer.consume(1000, timeout=0.5):
                 err = m.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        at_end.add(m.partition())
+                    part = m.partition()
+                    if err.code() == KafkaError._PARTITION_EOF and part is not None:
+                        at_end.add(part)
                     continue
                 ts = m.timestamp()[1] / 1000.0
                 if since <= ts <= until:

@@ -104,7 +104,7 @@ async def _demo(args: argparse.Namespace) -> int:
         summary_lines,
     )
     from multilane.operator.local import WorkerStatusSource
-    from multilane.operator.sources import MetricsUnavailableError, QueryContext
+    from multilane.operator.sources import QueryContext
     from multilane.testing.broker import EmbeddedBroker
     from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log
@@ -178,20 +178,10 @@ async def _demo(args: argparse.Namespace) -> int:
                     log.exception("control-plane tick failed")
                     await asyncio.sleep(0.5)
                     continue
-                for _kind, reason, message in report.events:
-                    if reason != "ScalingDecision" or message.startswith("scale "):
-                        timeline.events.append((now, reason, message))
-                        live.event(now, reason, message)
-                for record in report.handoffs:
-                    timeline.handoffs.append(HandoffPause(record, now, None))
-                if now - last_sample >= 1.0:
+                sample = await record_pass(timeline, report, now, last_sample, cp, sampler, ctx,
+                                           _load_name(marks, now), live.event)
+                if sample is not None:
                     last_sample = now
-                    try:
-                        m = await sampler.sample(ctx)
-                    except MetricsUnavailableError:
-                        m = None
-                    sample = _sample(now, m, cp.status, report, partitions, _load_name(marks, now))
-                    timeline.samples.append(sample)
                     peak["replicas"] = max(peak["replicas"], sample.replicas)
                     peak["factor"] = max(peak["factor"], sample.factor)
                     live.show(sample, timeline, int(profile.due(min(now, profile.duration_s))))
@@ -356,6 +346,46 @@ def stateful_plane(
     return LocalControlPlane(
         root, spec, template, partitions, handoff, name=name, policy_factory=policy_factory, metrics_port=0
     )
+
+
+async def record_pass(
+    timeline: Any,
+    report: Any,
+    now: float,
+    last_sample: float,
+    cp: Any,
+    sampler: Any,
+    ctx: Any,
+    load: str,
+    on_event: Any = None,
+) -> Any:
+    """Record one control-plane pass in ``timeline`` (steps 1-2): the demo's and ``benchmarks.burst``'s.
+
+    1. The pass's events (scale decisions only, not holds) and completed handoffs; ``on_event(t,
+       reason, message)`` sees each event too.
+    2. Once a second (``now - last_sample >= 1``): a metrics sample. Returns it (None otherwise).
+    """
+    from multilane.demo.report import HandoffPause
+    from multilane.operator.sources import MetricsUnavailableError
+
+    # 1.
+    for _kind, reason, message in report.events:
+        if reason != "ScalingDecision" or message.startswith("scale "):
+            timeline.events.append((now, reason, message))
+            if on_event is not None:
+                on_event(now, reason, message)
+    for record in report.handoffs:
+        timeline.handoffs.append(HandoffPause(record, now, None))
+    # 2.
+    if now - last_sample < 1.0:
+        return None
+    try:
+        m = await sampler.sample(ctx)
+    except MetricsUnavailableError:
+        m = None
+    sample = _sample(now, m, cp.status, report, [*ctx.partitions], load)
+    timeline.samples.append(sample)
+    return sample
 
 
 def _metrics_snapshot(cp: Any, path: Path) -> None:
