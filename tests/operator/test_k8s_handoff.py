@@ -61,3 +61,67 @@ async def test_scale_up_and_down_under_load(k8s: K8sHarness) -> None:
     assert_learned_before_release(h.calls[mark:], moved, learner=f"{NAME}-0", source=f"{NAME}-1")
     v = await finish(h, runner)  # type: ignore[arg-type]
     print(f"scale-up-down: produced {v.produced}, processed {v.processed}, replayed {v.replayed}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "delay"),
+    [
+        pytest.param("learn", 0.5, id="kill-learning", marks=pytest.mark.slow),  # the learner, restoring
+        pytest.param("release", 0.05, id="kill-releasing"),  # the source pod, draining
+        pytest.param("promote", 0.05, id="kill-promoting", marks=pytest.mark.slow),  # the new owner
+    ],
+)
+async def test_kill_pod_process_during_handoff_step(k8s: K8sHarness, kind: str, delay: float) -> None:
+    """kill-*: SIGKILL the pod's process during one step of a scale-up's handoff. The kubelet (the
+    double) starts the container again in the same pod, with the same state volume; the operator
+    re-plans and completes the rollout; nothing is lost, nothing runs twice at once."""
+    h = k8s
+    runner = await start_on_one(h, hook=h.kill_hook(kind, delay))
+    h.start_load(200, 14)
+    await asyncio.sleep(2)
+    await h.scale(2)
+    await wait_until(lambda: bool(h.killed), 60, f"a kill during {kind}", h)
+    _, pod, pid = h.killed[0]
+    await wait_until(lambda: h.double.pods[pod].pids[-1] != pid, 30, f"{pod} restarted by the double", h)
+
+    async def settled() -> bool:
+        return await h.balanced(2) and all(p.running() for p in h.double.pods.values())
+
+    await wait_until(settled, 90, f"balanced with every pod running after a kill during {kind}", h)
+    assert h.double.pods[pod].restarts >= 1
+    v = await finish(h, runner)  # type: ignore[arg-type]
+    print(f"kill during {kind} ({pod}): produced {v.produced}, replayed {v.replayed}")
+
+
+@pytest.mark.parametrize(
+    "at", [pytest.param("release", id="before-release"), pytest.param("promote", marks=pytest.mark.slow)]
+)
+async def test_operator_restart_mid_rollout_resumes_from_status(k8s: K8sHarness, at: str) -> None:
+    """operator-restart: the operator dies (its task cancelled, no handover) while a rollout waits
+    on a worker call; status.rollout and status.assignment are in the API server; a new operator
+    process resumes the rollout from them and completes it."""
+    h = k8s
+    stuck = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def hang(kind: str, pod: str, partitions: list[str]) -> None:
+        if kind == at:
+            loop.call_soon_threadsafe(stuck.set)
+            await asyncio.sleep(3600)  # the operator "dies" here: cancelled by runner.stop()
+
+    first = await start_on_one(h, hook=hang)
+    h.start_load(200, 14)
+    await asyncio.sleep(2)
+    await h.scale(2)
+    await asyncio.wait_for(stuck.wait(), 60)
+    await first.stop()  # type: ignore[attr-defined]
+    persisted = await h.status()
+    assert persisted.get("rollout"), f"no rollout in status when the operator died: {persisted}"
+    generation = (persisted.get("assignment") or {}).get("generation")
+    second = h.operator()
+    await second.start()
+    await wait_until(lambda: h.balanced(2), 90, "rollout completed by the new operator", h)
+    after = await h.status()
+    assert after["assignment"]["generation"] > generation
+    v = await finish(h, second)
+    print(f"operator restart before {at}: produced {v.produced}, replayed {v.replayed}")
