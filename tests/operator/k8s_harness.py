@@ -13,6 +13,7 @@ Faults are injected at the operator's one public seam for worker calls, ``contro
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import signal
@@ -30,7 +31,7 @@ from multilane.demo_check import Verdict, judge, read_counts
 from multilane.demo_processors import SLEEP_ENV
 from multilane.operator.handlers import HandlerSettings
 from multilane.operator.handoff import HandoffControlClient
-from multilane.operator.kube import KubeClient
+from multilane.operator.kube import KubeClient, api_path
 from multilane.operator.workers import ReleasedPartition
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
@@ -207,11 +208,18 @@ class K8sHarness:
     def load_done(self) -> bool:
         return self.load_thread is not None and not self.load_thread.is_alive()
 
+    async def token(self) -> str:
+        """The control token the operator generated (its Secret ``orders-control-token``)."""
+        secret = await self.kube.get(api_path("v1", "secrets", NS, f"{NAME}-control-token")) or {}
+        if "token" in (secret.get("data") or {}):
+            return base64.b64decode(secret["data"]["token"]).decode()
+        return str((secret.get("stringData") or {}).get("token") or TOKEN)
+
     async def committed(self) -> dict[tuple[str, int], int]:
         """Committed offsets of the active partitions, from the workers' /v1/status (through the
         pod network)."""
         out: dict[tuple[str, int], int] = {}
-        client = HandoffControlClient(TOKEN, timeout_s=5)
+        client = HandoffControlClient(await self.token(), timeout_s=5)
         try:
             for pod in list(self.double.pods):
                 with contextlib.suppress(Exception):
