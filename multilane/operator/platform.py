@@ -15,6 +15,7 @@ process renewed once.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,7 +63,20 @@ def parse_time(value: str | None) -> dt.datetime | None:
         return None
 
 
+# Test-only: a template for worker control URLs in place of the headless Service's DNS names, with
+# the placeholders {pod}, {service}, {namespace} and {port} (tests/operator/pods.py routes
+# http://127.0.0.1:PORT/{namespace}/{pod} to the pod's process). Unset (the default) in a cluster.
+CONTROL_URL_TEMPLATE_ENV = "MULTILANE_CONTROL_URL_TEMPLATE"
+
+
 def default_control_url(ref: ConsumerRef, pod: str) -> str:
+    """``http://POD.NAME-workers.NAMESPACE.svc:8471``: the pod's DNS name under the headless Service
+    (or :data:`CONTROL_URL_TEMPLATE_ENV`'s template when set)."""
+    template = os.environ.get(CONTROL_URL_TEMPLATE_ENV)
+    if template:
+        return template.format(
+            pod=pod, service=ref.workers_service, namespace=ref.namespace, port=CONTROL_PORT
+        )
     return f"http://{pod}.{ref.workers_service}.{ref.namespace}.svc:{CONTROL_PORT}"
 
 

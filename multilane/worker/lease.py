@@ -40,6 +40,9 @@ __all__ = ["LeaseKeeper", "LeaseSettings"]
 log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Test-only: where the service account files are when not at SA_DIR (the operator tests' pod double
+# writes a pod's token and CA elsewhere). Unset in a real pod.
+SA_DIR_ENV = "MULTILANE_SERVICE_ACCOUNT_DIR"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class LeaseSettings:
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         duration = float(os.environ.get("MULTILANE_LEASE_DURATION_SECONDS", "15"))
         pod = os.environ["MULTILANE_POD_NAME"]
+        sa_dir = Path(os.environ.get(SA_DIR_ENV) or SA_DIR)
         return cls(
             api_url=f"https://{host}:{port}",
             namespace=os.environ["MULTILANE_POD_NAMESPACE"],
@@ -79,8 +83,8 @@ class LeaseSettings:
             lease_duration_s=duration,
             stop_margin_s=duration / 3,
             renew_interval_s=duration / 5,
-            token=(SA_DIR / "token").read_text().strip(),
-            ca_file=str(SA_DIR / "ca.crt"),
+            token=(sa_dir / "token").read_text().strip(),
+            ca_file=str(sa_dir / "ca.crt"),
         )
 
 

@@ -1,0 +1,580 @@
+"""``StatefulSetProcessDouble``: the StatefulSet controller and the kubelet for the operator tests, with
+a real ``multilane worker`` process per pod. A test double, not a cluster. Does I/O (processes, files,
+HTTP, TLS).
+
+What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
+
+1. **StatefulSet controller.** Pods ``NAME-0 .. NAME-(replicas-1)`` are created from
+   ``spec.template`` (labels, spec; owner reference to the StatefulSet, so the emulator's garbage
+   collector removes them with it). Pods at or above ``replicas`` are deleted, the highest ordinal
+   first: ``metadata.deletionTimestamp`` is set, the process gets SIGTERM, then SIGKILL after the
+   template's ``terminationGracePeriodSeconds``, then the pod object is removed. A pod deleted
+   through the API (``kubectl delete pod``) loses its process the same way and is created again.
+2. **kubelet: the container.** ``command``/``args`` of the first container, with ``$(VAR)`` expanded
+   from the container's env; the command ``multilane`` runs as ``sys.executable -m multilane`` (the
+   "image" is this interpreter and its environment, minus ``KUBERNETES_*``). Env: ``value``,
+   ``valueFrom.fieldRef`` (``metadata.name``, ``metadata.namespace``), ``valueFrom.secretKeyRef`` and
+   ``envFrom.secretRef`` (with ``prefix``) read from the emulated API server, as the kubelet does.
+3. **Volumes.** Each ``volumeMount`` becomes a host directory; arguments that name a path under a
+   ``mountPath``, and env values equal to one, are rewritten to it (other env values are left
+   alone: the tests pass host paths, such as the processors' event log, in ``spec.workload.env``).
+   ``secret`` volumes: the Secret's ``items`` written out (``defaultMode``); ``emptyDir``: a
+   directory per pod (kept across container restarts, new for a new pod); a
+   ``volumeClaimTemplates`` claim: one directory per claim and ordinal under ``ROOT/pvc/`` that
+   outlives its pods, like a PersistentVolumeClaim (the worker's state store).
+4. **Pod network.** Pods share the host's loopback, so each ``containerPort`` gets a free host
+   port; the value of every ``--...port`` option equal to a container port is rewritten to it. The
+   headless Service's DNS names are replaced by a router: ``http://127.0.0.1:ROUTER/NS/POD/...``
+   forwards to the pod's control port (502 when its process does not answer), so worker control
+   URLs come from the operator's ``MULTILANE_CONTROL_URL_TEMPLATE`` hook (or
+   :meth:`control_url`).
+5. **Service account.** ``KUBERNETES_SERVICE_HOST``/``PORT`` point at a TLS front of the emulated API
+   server (a self-signed certificate for 127.0.0.1, one front per pod so that a test can cut one
+   pod's API access: :meth:`cut_api`); the token and ``ca.crt`` are written to a per-pod directory
+   named by ``MULTILANE_SERVICE_ACCOUNT_DIR`` (the worker's test-only stand-in for
+   ``/var/run/secrets/kubernetes.io/serviceaccount``). So each worker renews its own Lease with its
+   own ``LeaseKeeper`` and fences itself when it cannot.
+6. **Restarts and readiness.** A container that exits while its pod is not terminating is
+   started again after ``restart_delay_s`` (``restartPolicy: Always``; ``restartCount`` counted).
+   The ``readinessProbe`` (``httpGet`` on a named port) is polled; ``status.phase``, ``podIP``,
+   the ``Ready`` condition and ``containerStatuses`` are written to the pod's status.
+
+Not emulated: images (every pod runs this checkout), resource limits, securityContext (no UID
+change, writable root filesystem), the liveness probe (no restarts on a failing probe), init and
+sidecar containers, scheduling, ``OrderedReady`` pod management, CrashLoopBackOff's growing delay,
+NetworkPolicy, and a pod's own IP (all pods are 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import os
+import re
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+
+from multilane.operator.kube import KubeClient, api_path
+from multilane.testing.broker import free_port
+
+__all__ = ["PodProcess", "StatefulSetProcessDouble", "TlsFront", "self_signed_cert"]
+
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)\)")
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate (and key) for 127.0.0.1, made with the ``openssl`` command."""
+    cert, key = directory / "apiserver.crt", directory / "apiserver.key"
+    if not cert.exists():
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-keyout", str(key), "-out", str(cert), "-subj", "/CN=kubernetes",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return cert, key
+
+
+def _secret_data(secret: dict[str, Any] | None) -> dict[str, bytes]:
+    """A Secret's keys as the kubelet sees them: ``data`` (base64) merged with ``stringData`` (which a
+    real API server folds into ``data`` on write; the emulator keeps it as written)."""
+    out = {k: base64.b64decode(v) for k, v in ((secret or {}).get("data") or {}).items()}
+    out.update({k: str(v).encode() for k, v in ((secret or {}).get("stringData") or {}).items()})
+    return out
+
+
+class TlsFront:
+    """TLS in front of the emulated API server (plain HTTP) on its own port; :meth:`cut` closes every
+    connection and refuses new ones until :meth:`heal` (a network partition between a pod and the
+    API server)."""
+
+    def __init__(self, upstream_port: int, cert: Path, key: Path) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.cut_since: float | None = None
+        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ctx.load_cert_chain(str(cert), str(key))
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self._ctx)
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    def cut(self) -> None:
+        self.cut_since = time.monotonic()
+        for w in list(self._writers):
+            w.close()
+        self._writers.clear()
+
+    def heal(self) -> None:
+        self.cut_since = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut_since is not None:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update((writer, up_writer))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                dst.close()
+
+        try:
+            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        finally:
+            self._writers.discard(writer)
+            self._writers.discard(up_writer)
+
+
+@dataclass
+class PodProcess:
+    """One pod: its object's name and the (current) container process."""
+
+    name: str
+    ordinal: int
+    sts: str
+    dir: Path
+    ports: dict[int, int]  # containerPort -> host port
+    named_ports: dict[str, int]  # port name -> containerPort
+    front: TlsFront
+    proc: subprocess.Popen[bytes] | None = None
+    pids: list[int] = field(default_factory=list)  # every incarnation, in order
+    restarts: int = 0
+    terminating: bool = False
+    exited_at: float | None = None
+    ready: bool | None = None
+    started_at: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def host_port(self, name_or_port: str | int) -> int:
+        container = self.named_ports[name_or_port] if isinstance(name_or_port, str) else name_or_port
+        return self.ports[container]
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class StatefulSetProcessDouble:
+    """See the module docstring. ``start()``/``stop()`` from the test's event loop."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        api_url: str,
+        namespace: str,
+        root: Path,
+        interval_s: float = 0.5,
+        restart_delay_s: float = 1.0,
+        grace_cap_s: float = 30.0,
+    ) -> None:
+        self.kube = kube
+        self.api_url = api_url
+        self.namespace = namespace
+        self.root = root
+        self.interval_s = interval_s
+        self.restart_delay_s = restart_delay_s
+        self.grace_cap_s = grace_cap_s  # bound on terminationGracePeriodSeconds (tests stay short)
+        self.pods: dict[str, PodProcess] = {}
+        self.removed: list[str] = []  # pods deleted, in order
+        self.router_port = free_port()
+        self._cert, self._key = self_signed_cert(root)
+        self._task: asyncio.Task[None] | None = None
+        self._runner: aiohttp.web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._deleting: dict[str, asyncio.Task[None]] = {}
+
+    # ---- public ----------------------------------------------------------------------------------
+
+    @property
+    def control_url_template(self) -> str:
+        """The value for the operator's ``MULTILANE_CONTROL_URL_TEMPLATE``."""
+        return f"http://127.0.0.1:{self.router_port}/{{namespace}}/{{pod}}"
+
+    def control_url(self, ref: Any, pod: str) -> str:
+        """``KubernetesPlatform(control_url=...)``: the router URL of ``pod``."""
+        return f"http://127.0.0.1:{self.router_port}/{getattr(ref, 'namespace', self.namespace)}/{pod}"
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+        app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{namespace}/{pod}/{tail:.*}", self._route)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.router_port).start()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._deleting.values()):
+            task.cancel()
+        for pod in list(self.pods.values()):  # SIGTERM (final commits), SIGKILL after 30 s
+            pod.terminating = True
+            self._kill(pod, signal.SIGTERM)
+        for pod in list(self.pods.values()):
+            await self._reap(pod, 30.0)
+            await pod.front.stop()
+        self.pods.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+
+    def kill9(self, pod: str) -> int:
+        """SIGKILL the pod's current process (the kubelet starts it again); returns its PID."""
+        p = self.pods[pod]
+        pid = p.pid
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def cut_api(self, pod: str) -> None:
+        self.pods[pod].front.cut()
+
+    def heal_api(self, pod: str) -> None:
+        self.pods[pod].front.heal()
+
+    def logs(self, pod: str) -> str:
+        files = sorted((self.root / "pods" / pod).glob("log-*"))
+        return "".join(p.read_text(errors="replace") for p in files)
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sync_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next pass retries; say why
+                print(f"statefulset double: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            await asyncio.sleep(self.interval_s)
+
+    async def sync_once(self) -> None:
+        pods_path = api_path("v1", "pods", self.namespace)
+        objects = {p["metadata"]["name"]: p for p in await self.kube.list(pods_path)}
+        # Pods deleted through the API: their process goes.
+        for name, pod in list(self.pods.items()):
+            if name not in objects and name not in self._deleting:
+                self._kill(pod, signal.SIGTERM)
+                await self._reap(pod, self.grace_cap_s)
+                await pod.front.stop()
+                del self.pods[name]
+                self.removed.append(name)
+        for sts in await self.kube.list(api_path("apps/v1", "statefulsets", self.namespace)):
+            name = sts["metadata"]["name"]
+            replicas = int((sts.get("spec") or {}).get("replicas") or 0)
+            template = sts["spec"]["template"]
+            for i in range(replicas):
+                pod_name = f"{name}-{i}"
+                if pod_name in self._deleting:
+                    continue
+                if pod_name not in objects:
+                    objects[pod_name] = await self._create_pod(sts, pod_name)
+                if pod_name not in self.pods:
+                    await self._start_pod(sts, objects[pod_name], i)
+            surplus = sorted(
+                (int(n.rpartition("-")[2]), n)
+                for n in objects
+                if n.rpartition("-")[0] == name and n.rpartition("-")[2].isdigit()
+                and int(n.rpartition("-")[2]) >= replicas
+            )
+            grace = float(template["spec"].get("terminationGracePeriodSeconds", 30))
+            for _, pod_name in reversed(surplus):  # the highest ordinal first
+                if pod_name not in self._deleting:
+                    self._deleting[pod_name] = asyncio.create_task(self._delete_pod(pod_name, grace))
+        # Containers: restart the exited ones, report readiness.
+        for pod in list(self.pods.values()):
+            if pod.terminating:
+                continue
+            if not pod.running():
+                now = time.monotonic()
+                if pod.exited_at is None:
+                    pod.exited_at = now
+                elif now - pod.exited_at >= self.restart_delay_s:
+                    pod.restarts += 1
+                    sts_path = api_path("apps/v1", "statefulsets", self.namespace, pod.sts)
+                    sts_obj = await self.kube.get(sts_path)
+                    if sts_obj is not None:
+                        await self._launch(pod, sts_obj["spec"]["template"])
+            await self._report(pod, objects.get(pod.name))
+
+    # ---- pods ------------------------------------------------------------------------------------
+
+    async def _create_pod(self, sts: dict[str, Any], name: str) -> dict[str, Any]:
+        template = sts["spec"]["template"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "StatefulSet",
+                        "name": sts["metadata"]["name"],
+                        "uid": sts["metadata"].get("uid", ""),
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": template.get("spec") or {},
+        }
+        return await self.kube.create(api_path("v1", "pods", self.namespace), body) or body
+
+    async def _start_pod(self, sts: dict[str, Any], obj: dict[str, Any], ordinal: int) -> None:
+        name = obj["metadata"]["name"]
+        container = sts["spec"]["template"]["spec"]["containers"][0]
+        named = {str(p.get("name")): int(p["containerPort"]) for p in container.get("ports") or []}
+        front = TlsFront(self._api_port(), self._cert, self._key)
+        await front.start()
+        pod_dir = self.root / "pods" / name
+        if pod_dir.exists():  # a new pod of the same name: new emptyDirs
+            for old in sorted(pod_dir.glob("emptydir-*")):
+                shutil.rmtree(old, ignore_errors=True)
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        pod = PodProcess(
+            name=name,
+            ordinal=ordinal,
+            sts=sts["metadata"]["name"],
+            dir=pod_dir,
+            ports={port: free_port() for port in named.values()},
+            named_ports=named,
+            front=front,
+        )
+        self.pods[name] = pod
+        await self._launch(pod, sts["spec"]["template"])
+
+    def _api_port(self) -> int:
+        return int(self.api_url.rsplit(":", 1)[1].split("/")[0])
+
+    async def _launch(self, pod: PodProcess, template: dict[str, Any]) -> None:
+        spec = template["spec"]
+        container = spec["containers"][0]
+        mounts = await self._volumes(pod, spec, container)
+        env = await self._env(pod, container)
+
+        def rewrite(value: str) -> str:
+            for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
+                if value == mount or value.startswith(mount.rstrip("/") + "/"):
+                    return host + value[len(mount):]
+            return value
+
+        env = {k: mounts.get(v, v) for k, v in env.items()}  # only a value that names a mount itself
+        # The kubelet's service-account and API-server wiring (step 5 of the module docstring).
+        sa_dir = pod.dir / "serviceaccount"
+        sa_dir.mkdir(exist_ok=True)
+        (sa_dir / "token").write_text(f"token-of-{pod.name}")
+        (sa_dir / "ca.crt").write_text(self._cert.read_text())
+        (sa_dir / "namespace").write_text(self.namespace)
+        env.update(
+            KUBERNETES_SERVICE_HOST="127.0.0.1",
+            KUBERNETES_SERVICE_PORT=str(pod.front.port),
+            MULTILANE_SERVICE_ACCOUNT_DIR=str(sa_dir),
+        )
+        argv = [*container.get("command", []), *container.get("args", [])]
+        argv = [_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
+        out: list[str] = []
+        for i, arg in enumerate(argv):
+            if i > 0 and argv[i - 1].startswith("--") and argv[i - 1].endswith("port") and arg.isdigit():
+                arg = str(pod.ports.get(int(arg), int(arg)))
+            out.append(rewrite(arg))
+        if out and out[0] == "multilane":
+            out = [sys.executable, "-m", "multilane", *out[1:]]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        log = (pod.dir / f"log-{pod.restarts:03d}").open("ab")
+        pod.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the test's loop owns it)
+            out, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=str(pod.dir),
+        )  # fmt: skip
+        log.close()
+        pod.pids.append(pod.proc.pid)
+        pod.exited_at = None
+        pod.ready = None
+        pod.started_at = time.monotonic()
+
+    async def _volumes(
+        self, pod: PodProcess, spec: dict[str, Any], container: dict[str, Any]
+    ) -> dict[str, str]:
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts: dict[str, str] = {}
+        for m in container.get("volumeMounts") or []:
+            vol = volumes.get(m["name"])
+            if vol is not None and "secret" in vol:
+                host = pod.dir / f"secret-{m['name']}"
+                host.mkdir(exist_ok=True)
+                secret_name = vol["secret"]["secretName"]
+                secret = await self.kube.get(api_path("v1", "secrets", self.namespace, secret_name))
+                data = _secret_data(secret)
+                items = vol["secret"].get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    target = host / item["path"]
+                    target.write_bytes(data.get(item["key"], b""))
+                    target.chmod(int(vol["secret"].get("defaultMode", 0o644)))
+            elif vol is not None and "emptyDir" in vol:
+                host = pod.dir / f"emptydir-{m['name']}"
+                host.mkdir(exist_ok=True)
+            else:  # a claim of volumeClaimTemplates: outlives the pod
+                host = self.root / "pvc" / f"{m['name']}-{pod.name}"
+                host.mkdir(parents=True, exist_ok=True)
+            mounts[m["mountPath"]] = str(host)
+        return mounts
+
+    async def _env(self, pod: PodProcess, container: dict[str, Any]) -> dict[str, str]:
+        env: dict[str, str] = {}
+        secrets: dict[str, dict[str, str]] = {}
+
+        async def secret(name: str) -> dict[str, str]:
+            if name not in secrets:
+                obj = await self.kube.get(api_path("v1", "secrets", self.namespace, name))
+                secrets[name] = {k: v.decode() for k, v in _secret_data(obj).items()}
+            return secrets[name]
+
+        for source in container.get("envFrom") or []:
+            if "secretRef" in source:
+                for k, v in (await secret(source["secretRef"]["name"])).items():
+                    env[source.get("prefix", "") + k] = v
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), str(item["value"]))
+                continue
+            ref = item.get("valueFrom") or {}
+            if "fieldRef" in ref:
+                path = ref["fieldRef"]["fieldPath"]
+                env[item["name"]] = {"metadata.name": pod.name, "metadata.namespace": self.namespace}[path]
+            elif "secretKeyRef" in ref:
+                key = ref["secretKeyRef"]
+                env[item["name"]] = (await secret(key["name"]))[key["key"]]
+        return env
+
+    async def _report(self, pod: PodProcess, obj: dict[str, Any] | None) -> None:
+        """Readiness probe (GET /healthz on the probe's port) -> the pod's status."""
+        if obj is None:
+            return
+        ready = False
+        if pod.running():
+            container = (obj.get("spec") or {}).get("containers", [{}])[0]
+            probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
+            port = probe.get("port", "control")
+            try:
+                host_port = pod.host_port(port if isinstance(port, str) else int(port))
+                assert self._session is not None
+                async with self._session.get(
+                    f"http://127.0.0.1:{host_port}{probe.get('path', '/healthz')}",
+                    timeout=aiohttp.ClientTimeout(total=2),
+                ) as resp:
+                    ready = resp.status == 200
+            except (aiohttp.ClientError, TimeoutError, KeyError):
+                ready = False
+        if ready == pod.ready:
+            return
+        pod.ready = ready
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = {
+            "phase": "Running" if pod.running() else "Pending",
+            "podIP": "127.0.0.1",
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": stamp}
+            ],
+            "containerStatuses": [
+                {"name": "worker", "ready": ready, "restartCount": pod.restarts, "started": pod.running()}
+            ],
+        }
+        with contextlib.suppress(Exception):
+            path = api_path("v1", "pods", self.namespace, pod.name, "status")
+            await self.kube.patch(path, {"status": status})
+
+    async def _delete_pod(self, name: str, grace_s: float) -> None:
+        """Graceful deletion: deletionTimestamp, SIGTERM, SIGKILL after the grace period, object gone."""
+        path = api_path("v1", "pods", self.namespace, name)
+        try:
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            with contextlib.suppress(Exception):
+                meta = {"deletionTimestamp": stamp, "deletionGracePeriodSeconds": int(grace_s)}
+                await self.kube.patch(path, {"metadata": meta})
+            pod = self.pods.get(name)
+            if pod is not None:
+                pod.terminating = True
+                self._kill(pod, signal.SIGTERM)
+                await self._reap(pod, min(grace_s, self.grace_cap_s))
+                await pod.front.stop()
+            with contextlib.suppress(Exception):
+                await self.kube.delete(path)
+            self.pods.pop(name, None)
+            self.removed.append(name)
+        finally:
+            self._deleting.pop(name, None)
+
+    @staticmethod
+    def _kill(pod: PodProcess, sig: int) -> None:
+        if pod.proc is not None and pod.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pod.proc.pid, sig)
+
+    async def _reap(self, pod: PodProcess, grace_s: float) -> None:
+        if pod.proc is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while pod.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 (a process)
+            await asyncio.sleep(0.1)
+        if pod.proc.poll() is None:
+            self._kill(pod, signal.SIGKILL)
+            await asyncio.to_thread(pod.proc.wait)
+
+    # ---- the pod network -------------------------------------------------------------------------
+
+    async def _route(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        pod = self.pods.get(request.match_info["pod"])
+        if pod is None or request.match_info["namespace"] != self.namespace or not pod.running():
+            return aiohttp.web.json_response({"error": "no route to pod"}, status=502)
+        url = f"http://127.0.0.1:{pod.host_port('control')}/{request.match_info['tail']}"
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        assert self._session is not None
+        try:
+            async with self._session.request(
+                request.method, url, data=await request.read(), headers=headers
+            ) as resp:
+                body = await resp.read()
+                return aiohttp.web.Response(
+                    status=resp.status, body=body, content_type=resp.content_type or "application/json"
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return aiohttp.web.json_response({"error": f"pod unreachable: {exc}"}, status=502)
