@@ -216,12 +216,14 @@ def start_lease_keeper(engine: Any, settings: LeaseSettings) -> LeaseKeeper:
 
     1. ``on_lost`` (no renewal for ``lease_duration - stop_margin`` seconds) calls ``engine.fence()``:
        processing and committing stop at once, before the operator may consider the worker dead.
-    2. ``on_renewed`` only logs: the engine stays fenced until the operator pushes an assignment with
-       a higher generation (its partitions may have moved meanwhile).
+    2. ``on_renewed`` calls ``engine.lease_renewed()``: the engine stays fenced until the operator
+       pushes an assignment with a higher generation (its partitions may have moved meanwhile), and
+       accepts none before the renewal.
     3. The keeper keeps trying to renew until stopped (``await keeper.stop()``).
     """
     def renewed() -> None:
-        # 2. stay fenced
+        # 2. stay fenced, but accept a higher generation from now on
+        engine.lease_renewed()
         log.warning("lease %s renewed again; waiting for an assignment with a higher generation",
                     settings.name)
 

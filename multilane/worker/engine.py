@@ -87,6 +87,10 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         # while set, nothing is fetched, processed or committed, and only an assignment with a higher
         # generation is accepted (it clears it).
         self._fenced_at: int | None = None
+        # True from a lost Lease (fence()) until it is renewed (lease_renewed()). Invariant: while
+        # True, assign() accepts no generation at all, so a worker that may be considered dead by the
+        # operator at any moment never resumes processing.
+        self._lease_lost = False
         self._factor = config.factor
         self._parts: dict[TopicPartitionId, PartitionRuntime] = {}
         # Partitions whose state is being opened (restore or promotion) before they join ``_parts``.
@@ -329,6 +333,11 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
             if self._fenced_at is not None and generation <= self._fenced_at:
                 raise FencingError(f"fenced (lease lost) at generation {self._fenced_at}: waiting for "
                                    f"a higher generation than {generation}")
+            if self._fenced_at is not None and self._lease_lost:
+                # the operator may not see the Lease as expired yet; processing resumes only once it
+                # is held again (else a new owner could start while this worker still runs)
+                raise FencingError(f"fenced (lease lost) at generation {self._fenced_at}: the lease is "
+                                   "not renewed yet")
             self.generation = generation
             self._reopen_pending.clear()  # this assignment decides every partition
             # 2. release (fenced partitions: dropped uncommitted, re-added fresh if still wanted)
@@ -396,6 +405,11 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         """True between :meth:`fence` and the next accepted assignment."""
         return self._fenced_at is not None
 
+    def lease_renewed(self) -> None:
+        """The Lease is held again (``LeaseKeeper``'s ``on_renewed``): a fenced engine may now accept
+        an assignment with a higher generation (it stays fenced until one arrives)."""
+        self._lease_lost = False
+
     def fence(self) -> None:
         """Stop processing and committing at once: the worker's Lease was lost (``LeaseKeeper``'s
         ``on_lost``), so the operator may hand its partitions to another worker (steps 1-4).
@@ -407,13 +421,15 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
            already fetched for it are ignored by the fetch loop.
         3. Its lanes are closed: queued records are dropped, running async records cancelled, a
            thread-pool batch stops after its current record; outcomes arriving later are ignored.
-        4. :meth:`assign` refuses every generation up to the current one; an assignment with a higher
+        4. :meth:`assign` refuses every generation up to the current one, and every generation while
+           the Lease is not renewed (:meth:`lease_renewed`); then an assignment with a higher
            generation drops the fenced partitions without committing and adds the wanted ones from
            their committed offsets (the next owner may have committed meanwhile). Until then the
            reopen of a partition whose state lost a change does not run.
         """
         if not self.config.operator_mode:
             raise EngineError("fence() is for operator mode (the Lease belongs to the operator)")
+        self._lease_lost = True
         if self._fenced_at is not None:
             return
         # 1. no more commits

@@ -1,7 +1,7 @@
 """The Kubernetes path end to end: the real kopf operator against the emulated API server, the
 :class:`~tests.operator.pods.StatefulSetProcessDouble` (a real ``multilane worker`` per pod, each
 renewing its own Lease through TLS), the embedded broker, and the demo's stateful processor under
-paced load. The verdict is :func:`multilane.demo_check.judge`: every delivery checker, and the state
+paced load. The verdict is :func:`multilane.demo.check.judge`: every delivery checker, and the state
 restored from the changelogs equal to the reference counts of the produced records.
 
 Faults are injected at the operator's one public seam for worker calls, ``control_factory``:
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest_asyncio
 
-from multilane.demo_check import Verdict, judge, read_counts
-from multilane.demo_processors import SLEEP_ENV
+from multilane.demo.check import Verdict, judge, read_counts
+from multilane.demo.processors import SLEEP_ENV
 from multilane.operator.handlers import HandlerSettings
 from multilane.operator.handoff import HandoffControlClient
 from multilane.operator.kube import KubeClient, api_path
@@ -41,7 +41,7 @@ from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, OperatorRunner, cr
 from tests.operator.pods import StatefulSetProcessDouble
 
 PARTITIONS = 4
-PROCESSOR = "multilane.demo_processors:stateful_io"
+PROCESSOR = "multilane.demo.processors:stateful_io"
 NAME = "orders"
 
 Hook = Callable[[str, str, list[str]], Awaitable[None]]  # (kind, pod, partitions)

@@ -29,16 +29,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
 CUT_S = 13.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known bug (reported to the lead): AssignmentCoordinator.sync answers a worker's 'fenced: true' "
-        "with a higher generation at once, while the worker still cannot renew its Lease; the engine "
-        "lifts the fence on any higher generation and LeaseKeeper calls on_lost only once, so the "
-        "worker processes again without a Lease (and would beside the new owner once the operator "
-        "sees the Lease expire)"
-    ),
-)
 async def test_lease_lost_and_renewed_fences_without_double_processing(k8s: K8sHarness) -> None:
     h = k8s
     runner = h.operator()
