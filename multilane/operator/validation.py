@@ -161,7 +161,7 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
     lanes_per_replica = _int(scaling, "maxLanesPerReplica", 64, problems) or 64
     if lanes_per_replica < 1:
         problems.append(Problem("InvalidSpec", "maxLanesPerReplica must be >= 1"))
-    interval = _num(scaling, "intervalSeconds", 15, problems)
+    interval = _num(scaling, "intervalSeconds", 5, problems)
     if max_moves < 1 or interval < 1:
         problems.append(Problem("InvalidSpec", "maxPartitionsMovedAtOnce and intervalSeconds must be >= 1"))
 

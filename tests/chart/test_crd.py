@@ -255,7 +255,7 @@ def test_defaulting_fills_the_documented_defaults(openapi_schema: Manifest) -> N
     assert scaling["targetCatchUpSeconds"] == 300
     assert scaling["targetUtilisation"] == 0.7
     assert (scaling["scaleDownDelaySeconds"], scaling["stabilisationSeconds"]) == (300, 60)
-    assert (scaling["maxPartitionsMovedAtOnce"], scaling["intervalSeconds"]) == (4, 15)
+    assert (scaling["maxPartitionsMovedAtOnce"], scaling["intervalSeconds"]) == (4, 5)
     assert scaling["metrics"]["source"] == "kafka"
     assert "replicas" not in scaling and "maxLag" not in scaling
     state = spec["state"]

@@ -26,7 +26,7 @@ def test_defaults_match_the_crd() -> None:
     assert problems == [] and parsed is not None
     assert (parsed.min_replicas, parsed.max_replicas, parsed.min_factor, parsed.max_factor) == (1, 10, 1, 64)
     assert parsed.ordering == "key" and parsed.replicas is None and parsed.max_moves == 4
-    assert parsed.interval_s == 15 and parsed.metrics.source == "kafka"
+    assert parsed.interval_s == 5 and parsed.metrics.source == "kafka"
 
 
 def test_bounds_ordering_and_owned_config_are_refused() -> None:
