@@ -26,7 +26,7 @@ async def test_create_stamps_defaults_prunes_and_validates(kube: KubeClient, api
     with pytest.raises(KubeConflictError):
         await kube.create(CR_COLLECTION, body)
     bad = consumer_body("emu2", "k:9092", "orders")
-    bad["spec"]["scaling"]["intervalSeconds"] = 1  # CRD minimum is 5
+    bad["spec"]["scaling"]["intervalSeconds"] = 0  # CRD minimum is 1
     with pytest.raises(KubeError, match="422"):
         await kube.create(CR_COLLECTION, bad)
 
