@@ -58,9 +58,15 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int, first: int = 0) -> float:
+def _produce_changelog(
+    bootstrap: str, topic: str, records: int, keys: int, first: int = 0, shuffled: bool = False
+) -> float:
     """Write ``records`` put envelopes over ``keys`` keys to partition 0, for source offsets
-    ``first..first+records-1``; returns seconds."""
+    ``first..first+records-1``; returns seconds. Record ``i`` writes key ``i % keys`` (the keys in
+    sorted order, pass after pass) or, ``shuffled``, key ``perm[i % keys]`` of a fixed random
+    permutation (the order of a real workload: RocksDB's inserts are then random)."""
+    import random
+
     from confluent_kafka import Producer
 
     from multilane.worker.keyranges import key_hash
@@ -73,9 +79,12 @@ def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int, firs
     })  # fmt: skip
     names = [b"key-%06d" % k for k in range(keys)]
     hashes = [key_hash(n) for n in names]
+    order = list(range(keys))
+    if shuffled:
+        random.Random(keys).shuffle(order)
     t0 = time.perf_counter()
     for i in range(first, first + records):
-        k = i % keys
+        k = order[i % keys]
         value = ChangelogCodec.encode_put((i // keys + 1).to_bytes(8, "big"), i, hashes[k])
         while True:
             try:

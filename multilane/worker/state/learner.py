@@ -11,6 +11,9 @@ Start (the tail thread, when the store starts empty and a snapshot URI is config
    store and tail the changelog from its ``changelog_offset``; no snapshot, or an unusable one: tail
    from offset 0. If that offset is no longer in the changelog (topic recreated), wipe the store and
    tail from 0. Stopping the learner during the load leaves it failed (promotion restores in full).
+A store that starts empty is written in bulk mode (``store.py``); at the first end of the changelog the
+thread ends the bulk load (flush, one compaction) *before* it reports caught up, so that no flush or
+compaction of the initial restore is left to run during a promotion.
 
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
 1. stop the tail thread;
@@ -22,6 +25,9 @@ Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine ope
 4. apply the held-back changes that are now applicable, in changelog order, and drop the rest (their
    records are processed again by the new owner).
 The pause is the time of steps 3-4: one fetch round-trip plus the tail written since the last poll.
+Nothing in it depends on the size of the state: the store is handed over open (no reopen, no flush,
+no compaction, no iteration); only a learner promoted before it ever caught up still ends its bulk
+load there (a flush of at most the bulk memtables, no compaction).
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class PartitionLearner:
                     self._restart_from_zero(exc)
                     continue
                 if eof and not self.caught_up.is_set():
+                    self._end_bulk()
                     self.caught_up.set()
                     self.status.phase = "learning"
                     log.info(
@@ -147,6 +154,20 @@ class PartitionLearner:
             self.status.phase = "failed"
             self.status.error = str(exc)
             log.exception("learner %s[%d] failed", self.topic, self.partition)
+
+    def _end_bulk(self) -> None:
+        """The initial restore reached the end of the changelog: flush and compact it now, in the
+        background, rather than leave the work to a promotion or to the active owner."""
+        if not self.store.bulk:
+            return
+        t0 = time.monotonic()
+        self.store.end_bulk()
+        log.info(
+            "learner %s[%d]: bulk load ended (flush and compaction %.2fs)",
+            self.topic,
+            self.partition,
+            time.monotonic() - t0,
+        )
 
     def _load_snapshot(self) -> bool:
         """Step 0: load a snapshot into the (empty) store; True when the tail starts at its offset."""
@@ -246,6 +267,8 @@ class PartitionLearner:
         writes, dropped = self.applier.drain()
         if writes:
             self.store.apply(writes)
+        if self.store.bulk:  # promoted before it ever caught up: no compaction in the pause
+            self.store.end_bulk(compact=False)
         self.status.buffered = 0
         self.status.unread = 0
         self.status.publish()
