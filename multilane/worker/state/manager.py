@@ -181,7 +181,8 @@ class StateManager:
         2. Otherwise make sure the changelog topic exists.
         3. Take the checkpoint: reuse the local store when ``checkpoint_usable``, else wipe it (an
            interrupted bulk load's marker makes any checkpoint unusable). A wiped store is filled in
-           bulk mode (``bulk_restore``; ended, i.e. flushed and compacted, after step 5).
+           bulk mode (``bulk_restore``; ended, i.e. flushed, after step 5; RocksDB compacts it in the
+           background).
         4. No usable checkpoint and a snapshot URI: load the newest usable snapshot into the empty
            store (``snapshot.py``); the changelog is then read from its ``changelog_offset``. No
            snapshot, or an unusable one (logged, counted, the store left empty): from offset 0.
@@ -301,7 +302,7 @@ class StateManager:
                 start = 0
                 position, applier = self._replay(topic, partition, store, flt, sources, start, status)
             bulk_t0 = time.monotonic()
-            store.end_bulk()
+            store.end_bulk(compact=False)  # the compaction runs in the background
             bulk_s = time.monotonic() - bulk_t0
         except BaseException:
             status.phase = "failed"
@@ -309,7 +310,7 @@ class StateManager:
             raise
         log.info(
             "restored %s[%d] from changelog offset %d to %d in %.2fs (%d snapshot keys, %d applied, "
-            "%d skipped; bulk flush and compaction %.2fs)",
+            "%d skipped; bulk flush %.2fs)",
             topic,
             partition,
             start,

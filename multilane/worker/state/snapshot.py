@@ -97,14 +97,22 @@ class SnapshotLoader:
         changelog_topic_of: Callable[[str], str],
         *,
         batch_rows: int = 10_000,
+        sort_rows: int = 262_144,
     ) -> None:
+        """``batch_rows``: rows per write batch. ``sort_rows``: into a store in bulk mode, rows are
+        read in chunks of this many and each chunk is written in key order (sorted by pyarrow; the
+        files are in key-hash order, and sorted inserts into RocksDB's memtable cost about a third
+        less CPU than random ones)."""
         if not uri:
             raise ValueError("snapshot uri must be non-empty")
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+        if sort_rows < 1:
+            raise ValueError(f"sort_rows must be >= 1, got {sort_rows}")
         require_snapshot_support()
         self.uri = uri
         self.batch_rows = batch_rows
+        self.sort_rows = sort_rows
         self._changelog_topic_of = changelog_topic_of
 
     def load(
@@ -206,12 +214,16 @@ class SnapshotLoader:
         from multilane.pipeline.reader import SnapshotCorruptError
 
         rows = 0
-        for batch in part.iter_item_batches(self.batch_rows):
-            if stop is not None and stop.is_set():
-                raise SnapshotStoppedError(f"stopped while loading snapshot {part.snapshot_id}")
-            rows += store.apply(batch)
-            status.snapshot_rows_loaded = rows
-            status.publish()
+        size = self.batch_rows
+        for chunk in part.iter_item_batches(self.sort_rows if store.bulk else size):
+            if store.bulk:
+                chunk = _key_order(chunk)
+            for i in range(0, len(chunk), size):
+                if stop is not None and stop.is_set():
+                    raise SnapshotStoppedError(f"stopped while loading snapshot {part.snapshot_id}")
+                rows += store.apply(chunk[i : i + size])
+                status.snapshot_rows_loaded = rows
+                status.publish()
         if rows != part.rows:
             raise SnapshotCorruptError(
                 f"snapshot {part.snapshot_id}: {rows} rows of {part.topic}[{part.partition}], "
@@ -240,3 +252,12 @@ class SnapshotLoader:
             type(exc).__name__,
             exc,
         )
+
+
+def _key_order(items: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``items`` sorted by key (bytewise, RocksDB's order), the sort done by pyarrow in C++."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(pa.array([k for k, _ in items], pa.binary())).to_pylist()
+    return [items[i] for i in order]

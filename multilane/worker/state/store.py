@@ -19,12 +19,13 @@ started empty, nothing reads it meanwhile) run in *bulk mode* (:meth:`PartitionS
 steps 1-2; :meth:`PartitionStore.end_bulk`, steps 3-5):
 
 1. write the ``BULK-LOAD`` marker (fsync'd): the store now holds writes that are not durable;
-2. switch to bulk options: small memtables (random-order inserts into a small skiplist are about
-   twice as cheap as into the default 64 MiB one), no automatic compaction and no write stalls (the
-   level-0 files pile up instead);
+2. switch to bulk options: 16 MiB memtables (random-order inserts into a small skiplist cost about
+   half of those into the default 64 MiB one), no automatic compaction and no write stalls (the
+   level-0 files pile up instead: about 15 for 5 M small keys);
 3. flush the memtables and wait for the flush (the sync at the end);
-4. compact the whole key space once (level 0 into one sorted level, so that reads are not slowed by
-   dozens of level-0 files and no background compaction runs later, e.g. during a promotion);
+4. optionally compact the whole key space once (level 0 into one sorted level: a learner does it
+   before it reports caught up, so that no compaction runs during a promotion; a full restore skips
+   it and leaves the compaction to RocksDB's background threads while the partition processes);
 5. restore the normal options and remove the marker (fsync'd).
 
 A kill -9 at any point before step 5 leaves the marker: the next open of the partition discards any
@@ -52,7 +53,7 @@ BULK_MARKER = "BULK-LOAD"
 # Mutable RocksDB options (SetOptions) of the bulk mode and the values they go back to afterwards.
 _BULK_OPTIONS = {
     "disable_auto_compactions": "true",
-    "write_buffer_size": str(8 << 20),
+    "write_buffer_size": str(16 << 20),
     "max_write_buffer_number": "4",
     "level0_slowdown_writes_trigger": "100000",
     "level0_stop_writes_trigger": "100000",
