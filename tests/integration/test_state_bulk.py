@@ -105,7 +105,8 @@ def test_bulk_and_plain_restores_and_a_bulk_learner_equal_the_reference(
             time.sleep(0.02)
         store = learner.store(topic_name, 0)
         # Caught up means the bulk load is over: nothing left to flush or compact at promotion.
-        assert not store.bulk and not store.marker_path.exists() and store.level0_files() == 0
+        assert not store.bulk and not store.marker_path.exists() and not store.compaction_pending()
+        assert learner.learner_status()[0]["unread"] == 0
         learner.open_partition(topic_name, 0, len(ops), None)
         assert learner.store(topic_name, 0) is store  # handed over open, no reopen
         assert dict(store.items()) == expected

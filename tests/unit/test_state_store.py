@@ -201,7 +201,7 @@ def test_bulk_mode_marker_options_and_end(tmp_path: Path) -> None:
     assert PartitionStore(s.directory).bulk_interrupted
     s.apply((b"k%06d" % i, b"v%d" % i) for i in range(50_000))
     s.apply([(b"k%06d" % 7, None)])
-    s.end_bulk()
+    s.end_bulk(compact=True)
     assert not s.bulk and not s.marker_path.exists()
     assert not PartitionStore(s.directory).bulk_interrupted
     assert s.level0_files() == 0  # flushed and compacted into one sorted level

@@ -12,8 +12,10 @@ Start (the tail thread, when the store starts empty and a snapshot URI is config
    from offset 0. If that offset is no longer in the changelog (topic recreated), wipe the store and
    tail from 0. Stopping the learner during the load leaves it failed (promotion restores in full).
 A store that starts empty is written in bulk mode (``store.py``); at the first end of the changelog the
-thread ends the bulk load (flush, one compaction) *before* it reports caught up, so that no flush or
-compaction of the initial restore is left to run during a promotion.
+thread ends the bulk load (flush) and waits for RocksDB's background compaction of it *before* it
+reports caught up (``unread`` stays unknown meanwhile, so the operator does not release the partition
+yet), so that no flush or compaction of the initial restore is left to run during a promotion; a
+promotion that comes anyway does not wait for the compaction (it is stopped like any tail step).
 
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
 1. stop the tail thread;
@@ -98,7 +100,7 @@ class PartitionLearner:
         status.phase = "restoring"
         status.committed_offset = committed_offset
         self.restorer = ChangelogRestorer(
-            reader, store, self.applier, status, stall_timeout_s=stall_timeout_s
+            reader, store, self.applier, status, stall_timeout_s=stall_timeout_s, end_after_bulk=True
         )
         self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
         self._poll_interval_s = poll_interval_s
@@ -156,17 +158,24 @@ class PartitionLearner:
             log.exception("learner %s[%d] failed", self.topic, self.partition)
 
     def _end_bulk(self) -> None:
-        """The initial restore reached the end of the changelog: flush and compact it now, in the
-        background, rather than leave the work to a promotion or to the active owner."""
+        """The initial restore reached the end of the changelog: flush it and let RocksDB compact it
+        now, before the learner reports caught up, rather than during a promotion. A stop (promotion)
+        ends the wait at once; the compaction then finishes in the background."""
         if not self.store.bulk:
             return
         t0 = time.monotonic()
         self.store.end_bulk()
+        flushed = time.monotonic()
+        while self.store.compaction_pending() and not self._stop.wait(0.02):
+            pass
+        self.status.unread = 0
+        self.status.publish()
         log.info(
-            "learner %s[%d]: bulk load ended (flush and compaction %.2fs)",
+            "learner %s[%d]: bulk load ended (flush %.2fs, compaction %.2fs)",
             self.topic,
             self.partition,
-            time.monotonic() - t0,
+            flushed - t0,
+            time.monotonic() - flushed,
         )
 
     def _load_snapshot(self) -> bool:
@@ -267,8 +276,8 @@ class PartitionLearner:
         writes, dropped = self.applier.drain()
         if writes:
             self.store.apply(writes)
-        if self.store.bulk:  # promoted before it ever caught up: no compaction in the pause
-            self.store.end_bulk(compact=False)
+        if self.store.bulk:  # promoted before it ever caught up: a flush, no compaction, in the pause
+            self.store.end_bulk()
         self.status.buffered = 0
         self.status.unread = 0
         self.status.publish()

@@ -302,7 +302,7 @@ class StateManager:
                 start = 0
                 position, applier = self._replay(topic, partition, store, flt, sources, start, status)
             bulk_t0 = time.monotonic()
-            store.end_bulk(compact=False)  # the compaction runs in the background
+            store.end_bulk()  # RocksDB compacts it in the background
             bulk_s = time.monotonic() - bulk_t0
         except BaseException:
             status.phase = "failed"

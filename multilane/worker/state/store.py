@@ -23,10 +23,11 @@ steps 1-2; :meth:`PartitionStore.end_bulk`, steps 3-5):
    half of those into the default 64 MiB one), no automatic compaction and no write stalls (the
    level-0 files pile up instead: about 15 for 5 M small keys);
 3. flush the memtables and wait for the flush (the sync at the end);
-4. optionally compact the whole key space once (level 0 into one sorted level: a learner does it
-   before it reports caught up, so that no compaction runs during a promotion; a full restore skips
-   it and leaves the compaction to RocksDB's background threads while the partition processes);
-5. restore the normal options and remove the marker (fsync'd).
+4. restore the normal options: RocksDB's background threads now compact the level-0 files (a
+   learner waits for that before it reports caught up, so that no compaction of its initial restore
+   runs during a promotion, while a promotion never waits for it; a full restore lets it run while
+   the partition processes); ``compact=True`` compacts synchronously instead;
+5. remove the marker (fsync'd).
 
 A kill -9 at any point before step 5 leaves the marker: the next open of the partition discards any
 checkpoint and wipes the store (and a checkpoint is never written while the marker exists, because
@@ -162,9 +163,10 @@ class PartitionStore:
                 # 2.
                 db.set_options(_BULK_OPTIONS)
 
-    def end_bulk(self, compact: bool = True) -> None:
-        """Steps 3-5: flush (wait), compact, normal options, marker removed. Does I/O (seconds for
-        millions of keys: the compaction rewrites the level-0 files once)."""
+    def end_bulk(self, compact: bool = False) -> None:
+        """Steps 3-5: flush (wait), normal options (background compaction resumes), marker removed.
+        ``compact``: compact the whole key space before returning (seconds for millions of keys).
+        Does I/O."""
         if not self.bulk:
             return
         db = self._handle()
@@ -173,10 +175,17 @@ class PartitionStore:
         # 4.
         if compact:
             db.compact_range(None, None)
-        # 5.
         db.set_options(_NORMAL_OPTIONS)
+        # 5.
         self.bulk = False
         _remove_marker(self.marker_path)
+
+    def compaction_pending(self) -> bool:
+        """True while RocksDB has a compaction running or scheduled (e.g. after a bulk load)."""
+        db = self._handle()
+        pending = db.property_int_value("rocksdb.compaction-pending") or 0
+        running = db.property_int_value("rocksdb.num-running-compactions") or 0
+        return bool(pending or running)
 
     def level0_files(self) -> int:
         """Files at level 0 (tests and benchmarks: a bulk load ends with none)."""
