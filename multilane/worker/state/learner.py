@@ -104,6 +104,7 @@ class PartitionLearner:
         )
         self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
         self._poll_interval_s = poll_interval_s
+        self.compaction_wait_s = 300.0  # longest wait for the compaction after the initial bulk load
         self._snapshots = snapshots
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -167,7 +168,15 @@ class PartitionLearner:
         self.store.end_bulk()
         flushed = time.monotonic()
         while self.store.compaction_pending() and not self._stop.wait(0.02):
-            pass
+            if time.monotonic() - flushed > self.compaction_wait_s:
+                log.warning(
+                    "learner %s[%d]: the compaction after the bulk load is still running after %.0fs; "
+                    "reporting caught up anyway",
+                    self.topic,
+                    self.partition,
+                    self.compaction_wait_s,
+                )
+                break
         self.status.unread = 0
         self.status.publish()
         log.info(

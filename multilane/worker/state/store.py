@@ -67,6 +67,8 @@ _NORMAL_OPTIONS = {
     "level0_stop_writes_trigger": "36",
 }
 
+_LEVEL0_COMPACTION_TRIGGER = 4  # RocksDB's default level0_file_num_compaction_trigger
+
 _SAFE_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -181,11 +183,12 @@ class PartitionStore:
         _remove_marker(self.marker_path)
 
     def compaction_pending(self) -> bool:
-        """True while RocksDB has a compaction running or scheduled (e.g. after a bulk load)."""
+        """True while RocksDB has a compaction running or scheduled, or level 0 still holds as many
+        files as trigger one (e.g. right after a bulk load, before the compaction was picked up)."""
         db = self._handle()
         pending = db.property_int_value("rocksdb.compaction-pending") or 0
         running = db.property_int_value("rocksdb.num-running-compactions") or 0
-        return bool(pending or running)
+        return bool(pending or running) or self.level0_files() >= _LEVEL0_COMPACTION_TRIGGER
 
     def level0_files(self) -> int:
         """Files at level 0 (tests and benchmarks: a bulk load ends with none)."""
