@@ -261,6 +261,27 @@ class StateManager:
         with self._lock:
             self._status[tp] = status
         t0 = time.monotonic()
+        # One changelog reader (consumer) for the probe of step 4 and the replay of step 5.
+        reader = self._reader(topic, partition)
+        try:
+            self._restore(tp, store, flt, sources, start, status, reader, t0)
+        finally:
+            reader.close()
+
+    def _restore(
+        self,
+        tp: TP,
+        store: PartitionStore,
+        flt: ApplyFilter,
+        sources: set[tuple[int, int]],
+        start: int,
+        status: RestoreStatus,
+        reader: ChangelogReader,
+        t0: float,
+    ) -> None:
+        """Steps 4-6 of :meth:`open_partition` (blocking; Kafka, RocksDB and snapshot I/O)."""
+        topic, partition = tp
+        committed_offset = flt.committed_offset
         # 4.
         from_snapshot = False
         if start == 0 and self._snapshots is not None:
@@ -271,7 +292,7 @@ class StateManager:
                     committed_offset,
                     store,
                     status,
-                    changelog_end=lambda: self._probe_end(topic, partition),
+                    changelog_end=lambda: reader.probe_end(self._stall_timeout_s),
                 )
             except BaseException:
                 status.phase = "failed"
@@ -290,7 +311,7 @@ class StateManager:
         )
         try:
             try:
-                position, applier = self._replay(topic, partition, store, flt, sources, start, status)
+                position, applier = self._replay(reader, store, flt, sources, start, status)
             except ChangelogOffsetError as exc:
                 if not from_snapshot:
                     raise
@@ -300,7 +321,11 @@ class StateManager:
                 store.open()
                 status.snapshot_id, status.snapshot_rows, status.snapshot_rows_loaded = None, 0, 0
                 start = 0
-                position, applier = self._replay(topic, partition, store, flt, sources, start, status)
+                fresh = self._reader(topic, partition)
+                try:
+                    position, applier = self._replay(fresh, store, flt, sources, start, status)
+                finally:
+                    fresh.close()
             bulk_t0 = time.monotonic()
             store.end_bulk()  # RocksDB compacts it in the background
             bulk_s = time.monotonic() - bulk_t0
@@ -324,35 +349,21 @@ class StateManager:
         # 6.
         self._activate(tp, store, flt, position, applier.above_commit_sources)
 
-    def _probe_end(self, topic: str, partition: int) -> int:
-        """The changelog partition's true end offset now (Kafka I/O; one short-lived consumer)."""
-        reader = self._reader(topic, partition)
-        try:
-            return reader.probe_end(self._stall_timeout_s)
-        finally:
-            reader.close()
-
     def _replay(
         self,
-        topic: str,
-        partition: int,
+        reader: ChangelogReader,
         store: PartitionStore,
         flt: ApplyFilter,
         sources: set[tuple[int, int]],
         start: int,
         status: RestoreStatus,
     ) -> tuple[int, ChangeApplier]:
-        """Read the changelog from ``start`` to its end into ``store`` (blocking; Kafka and RocksDB
-        I/O). Returns the end position and the applier (its counts and above-commit sources)."""
-        reader = self._reader(topic, partition)
+        """Read the changelog from ``start`` to its end into ``store`` with ``reader`` (blocking;
+        Kafka and RocksDB I/O). Returns the end position and the applier (its counts and
+        above-commit sources)."""
         applier = ChangeApplier(flt, None, set(sources))
-        try:
-            reader.seek(start)
-            ChangelogRestorer(
-                reader, store, applier, status, stall_timeout_s=self._stall_timeout_s
-            ).run_to_end()
-        finally:
-            reader.close()
+        reader.seek(start)
+        ChangelogRestorer(reader, store, applier, status, stall_timeout_s=self._stall_timeout_s).run_to_end()
         return reader.position, applier
 
     def _activate(
