@@ -228,3 +228,12 @@ def test_bulk_close_makes_writes_durable_and_reopen_continues_the_bulk_load(tmp_
     assert not s.marker_path.exists()
     s.destroy()
     assert not s.directory.exists()
+
+
+def test_put_all_writes_rows_and_rejects_mismatched_lengths(store: PartitionStore) -> None:
+    assert store.put_all([b"a", b"b"], [b"1", b"2"]) == 2
+    assert store.get(b"a") == b"1" and store.get(b"b") == b"2"
+    assert store.put_all([], []) == 0
+    with pytest.raises(ValueError):
+        store.put_all([b"c"], [])
+    assert store.get(b"c") is None
