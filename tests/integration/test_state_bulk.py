@@ -185,3 +185,30 @@ def test_open_waits_for_a_close_still_running_after_the_release_answer(
     [status] = writer.learner_status()
     assert status["records_read"] == 0  # the close's checkpoint was written first, and reused
     assert dict(writer.store(topic_name, 0).items()) == reference(ops)
+
+
+def test_manager_close_waits_for_a_close_still_running(
+    broker: EmbeddedBroker, topic_name: str, tmp_path: Path, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.create_topic(topic_name, 1)
+    sm = StateManager(tmp_path / "m", broker.bootstrap, group)
+    ops = random_ops(500, 50, seed=8)
+    sm.open_partition(topic_name, 0, 0, None)
+    write(sm, topic_name, ops)
+    sm.before_commit(topic_name, 0, len(ops))
+    in_close = threading.Event()
+    original_close = PartitionStore.close
+
+    def slow_close(self: PartitionStore) -> None:
+        in_close.set()
+        time.sleep(0.5)
+        original_close(self)
+
+    monkeypatch.setattr(PartitionStore, "close", slow_close)
+    closer = threading.Thread(target=sm.close_partition, args=(topic_name, 0, True))
+    closer.start()
+    assert in_close.wait(10)
+    sm.close()  # must not close the Kafka clients under the running close, nor return before it
+    assert CheckpointStore(partition_dir(sm.state_dir, topic_name, 0)).read() is not None
+    closer.join(10)
+    assert not closer.is_alive()

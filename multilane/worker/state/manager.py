@@ -611,7 +611,8 @@ class StateManager:
 
     def close(self) -> None:
         """Stop learners (with checkpoints), close still-active partitions *uncleanly* (the engine did
-        not say their final commit happened), flush and close the Kafka clients."""
+        not say their final commit happened), wait for closes still running on other threads (a close
+        after a release answer), flush and close the Kafka clients."""
         with self._lock:
             learners = list(self._learners)
             active = list(self._active)
@@ -620,6 +621,13 @@ class StateManager:
         for topic, partition in active:
             log.warning("state of %s[%d] still active at shutdown: closing uncleanly", topic, partition)
             self.close_partition(topic, partition, clean=False)
+        with self._lock:
+            closing = list(self._closing)
+        for tp in closing:
+            try:
+                self._wait_closed(tp)
+            except StatePhaseError as exc:
+                log.error("%s", exc)
         self._writer.close()
         with self._lock:
             reader, self._committed_reader = self._committed_reader, None
