@@ -13,9 +13,10 @@ Start (the tail thread, when the store starts empty and a snapshot URI is config
    tail from 0. Stopping the learner during the load leaves it failed (promotion restores in full).
 A store that starts empty is written in bulk mode (``store.py``); at the first end of the changelog the
 thread ends the bulk load (flush) and waits for RocksDB's background compaction of it *before* it
-reports caught up (``unread`` stays unknown meanwhile, so the operator does not release the partition
-yet), so that no flush or compaction of the initial restore is left to run during a promotion; a
-promotion that comes anyway does not wait for the compaction (it is stopped like any tail step).
+reports caught up (``unread`` stays unknown meanwhile), so that no flush or compaction of the initial
+restore is left to run during a promotion; a promotion that comes anyway (the operator released on a
+small ``unread`` just before the end) waits for that flush at most, never for the compaction: it stops
+the wait like any tail step.
 
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
 1. stop the tail thread;
