@@ -2,9 +2,13 @@
 
 ``python -m benchmarks.state [--quick] [--json]``. Rows:
 
-1. Restore: a changelog partition of N records over K keys (8-byte counters, the envelope of
-   ``docs/architecture.md``) restored into an empty store by ``StateManager.open_partition``; wall
-   time includes the restore consumer's start-up and the read to the end of the partition.
+1. Restore: a changelog partition of N records over K keys in random key order (8-byte counters, the
+   envelope of ``docs/architecture.md``) restored into an empty store by
+   ``StateManager.open_partition``, on today's plain write path (``bulk_restore=False``) and on the
+   bulk path (``store.py``: bulk mode, ended by a flush; a learner's also by one compaction) in the
+   same run; wall
+   time includes the restore consumer's start-up and the read to the end of the partition. Learners
+   catch up on both paths; the bulk one is promoted.
 2. Write overhead: the engine (in this process, ``EngineRunner``) processing the same topic with a
    stateless no-op processor and with the per-key counting processor (one ``get`` + one ``put`` per
    record, each put also produced to the changelog and flushed before every commit); plus a
@@ -14,8 +18,8 @@
 4. Restore from a snapshot (needs pyarrow; skipped without it): the same changelog is snapshotted
    (``SnapshotJob.run_in_process``: the Spark job's task code in this process, no Spark), a 1% tail
    is appended, then ``StateManager(snapshot_uri=...)`` restores it (``open_partition``) and a learner
-   catches up from it, against a full replay of the same changelog + tail in the same run; the
-   restored stores must be equal.
+   catches up from it, against a full replay of the same changelog + tail in the same run, each on
+   the plain and the bulk path; every restored store must equal the plain replay.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from benchmarks._common import Column, Report, broker_session, log, main, produce_zipf, ratio
 
@@ -44,7 +48,7 @@ class Sizes:
     micro_ops: int
 
 
-FULL = Sizes(1_000_000, 100_000, 200_000, 10_000, 100_000)
+FULL = Sizes(5_000_000, 1_000_000, 200_000, 10_000, 100_000)
 QUICK = Sizes(400_000, 100_000, 20_000, 10_000, 10_000)
 
 
@@ -58,9 +62,15 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int, first: int = 0) -> float:
+def _produce_changelog(
+    bootstrap: str, topic: str, records: int, keys: int, first: int = 0, shuffled: bool = False
+) -> float:
     """Write ``records`` put envelopes over ``keys`` keys to partition 0, for source offsets
-    ``first..first+records-1``; returns seconds."""
+    ``first..first+records-1``; returns seconds. Record ``i`` writes key ``i % keys`` (the keys in
+    sorted order, pass after pass) or, ``shuffled``, key ``perm[i % keys]`` of a fixed random
+    permutation (the order of a real workload: RocksDB's inserts are then random)."""
+    import random
+
     from confluent_kafka import Producer
 
     from multilane.worker.keyranges import key_hash
@@ -73,9 +83,12 @@ def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int, firs
     })  # fmt: skip
     names = [b"key-%06d" % k for k in range(keys)]
     hashes = [key_hash(n) for n in names]
+    order = list(range(keys))
+    if shuffled:
+        random.Random(keys).shuffle(order)
     t0 = time.perf_counter()
     for i in range(first, first + records):
-        k = i % keys
+        k = order[i % keys]
         value = ChangelogCodec.encode_put((i // keys + 1).to_bytes(8, "big"), i, hashes[k])
         while True:
             try:
@@ -88,16 +101,53 @@ def _produce_changelog(bootstrap: str, topic: str, records: int, keys: int, firs
     return time.perf_counter() - t0
 
 
-def bench_restore(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -> None:
+PATHS = (("plain", False), ("bulk", True))  # (name, StateManager(bulk_restore=...))
+
+
+def _restore_once(
+    bootstrap: str, group: str, workdir: str, name: str, bulk: bool, records: int, keys: int
+) -> dict[str, Any]:
+    """One full restore of ``restore-in[0]`` into an empty store; the keys are counted and checked."""
     from multilane.worker.state import StateManager
+
+    sm = StateManager(os.path.join(workdir, f"restore-{name}"), bootstrap, group, bulk_restore=bulk)
+    try:
+        log(f"restore: restoring ({name} path)")
+        t0, cpu0 = time.perf_counter(), _cpu_s()
+        sm.open_partition("restore-in", 0, records, None)
+        seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+        store = sm.store("restore-in", 0)
+        n_keys = sum(1 for _ in store.items())
+        if n_keys != keys:
+            raise RuntimeError(f"{name}: restored {n_keys} keys, expected {keys}")
+        return {
+            "sm": sm,
+            "store": store,
+            "seconds": seconds,
+            "cpu_us": cpu * 1e6 / records,
+            "keys": n_keys,
+            "level0": store.level0_files(),
+        }
+    except BaseException:
+        sm.close()
+        raise
+
+
+def bench_restore(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -> None:
+    """Table 1 (today's plain write path and the bulk path on the same changelog, same run) and 3."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
     from multilane.worker.state.changelog import ChangelogTopicAdmin, changelog_topic_name
 
     group = f"bench-{uuid.uuid4().hex[:8]}"
     table = report.table(
         "restore",
-        f"1. Restore from the changelog: {sizes.restore_records:,} records over {sizes.restore_keys:,} keys",
+        f"1. Restore from the changelog: {sizes.restore_records:,} records over {sizes.restore_keys:,} "
+        "keys in random key order; today's plain write path vs the bulk path",
         [Column("what"), Column("records", fmt=",d"), Column("seconds", fmt=".2f"),
-         Column("rate", "rec/s", ",.0f"), Column("note")],
+         Column("rate", "rec/s", ",.0f"), Column("cpu_us", "CPU µs/rec", ".2f"),
+         Column("speedup", "rate ÷ plain", ".2f"), Column("cpu_ratio", "plain CPU ÷ this", ".2f"),
+         Column("note")],
     )  # fmt: skip
     disk = report.table(
         "disk",
@@ -105,49 +155,56 @@ def bench_restore(report: Report, bootstrap: str, sizes: Sizes, workdir: str) ->
         [Column("when"), Column("keys", fmt=",d"), Column("bytes", fmt=",d"),
          Column("per_key", "bytes/key", ".1f")],
     )  # fmt: skip
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("restore-in", 1, 1)])["restore-in"].result(30)
     clt = changelog_topic_name(group, "restore-in")
     ChangelogTopicAdmin(bootstrap).ensure(clt, "restore-in")
     log(f"restore: producing {sizes.restore_records:,} changelog records")
-    produce_s = _produce_changelog(bootstrap, clt, sizes.restore_records, sizes.restore_keys)
+    produce_s = _produce_changelog(bootstrap, clt, sizes.restore_records, sizes.restore_keys, shuffled=True)
     table.add(
         what="produce changelog (lz4)",
         records=sizes.restore_records,
         seconds=produce_s,
         rate=sizes.restore_records / produce_s,
     )
-    sm = StateManager(os.path.join(workdir, "restore"), bootstrap, group)
-    try:
-        log("restore: restoring")
-        t0 = time.perf_counter()
-        cpu0 = _cpu_s()
-        sm.open_partition("restore-in", 0, sizes.restore_records, None)
-        seconds = time.perf_counter() - t0
-        cpu = _cpu_s() - cpu0
-        store = sm.store("restore-in", 0)
-        n_keys = sum(1 for _ in store.items())
-        if n_keys != sizes.restore_keys:
-            raise RuntimeError(f"restored {n_keys} keys, expected {sizes.restore_keys}")
+    results: dict[str, dict[str, Any]] = {}
+    for name, bulk in PATHS:
+        r = results[name] = _restore_once(
+            bootstrap, group, workdir, name, bulk, sizes.restore_records, sizes.restore_keys
+        )
+        r["sm"].close_partition("restore-in", 0, clean=True)
+        r["sm"].close()
+        plain = results["plain"]
         table.add(
-            what="restore (open_partition, empty store)",
+            what=f"restore (open_partition, empty store), {name} path",
             records=sizes.restore_records,
-            seconds=seconds,
-            rate=sizes.restore_records / seconds,
-            note=f"CPU {cpu * 1e6 / sizes.restore_records:.2f} µs/record; {n_keys:,} keys verified",
+            seconds=r["seconds"],
+            rate=sizes.restore_records / r["seconds"],
+            cpu_us=r["cpu_us"],
+            speedup=ratio(plain["seconds"], r["seconds"]),
+            cpu_ratio=ratio(plain["cpu_us"], r["cpu_us"]),
+            note=f"{r['keys']:,} keys verified; {r['level0']} level-0 files after the restore"
+            + ("; incl. the final flush (compaction left to the background)" if bulk else ""),
         )
-        sm.close_partition("restore-in", 0, clean=True)
-        store.open()
-        flushed = store.disk_bytes()
-        disk.add(
-            when="after restore (memtables flushed)", keys=n_keys, bytes=flushed, per_key=flushed / n_keys
-        )
-        store.compact()
-        store.close()
-        compacted = store.disk_bytes()
-        disk.add(when="after full compaction", keys=n_keys, bytes=compacted, per_key=compacted / n_keys)
+    report.goal(
+        "changelog restore rate, bulk ÷ plain path (same run)",
+        ratio(results["plain"]["seconds"], results["bulk"]["seconds"]),
+        5.0,
+    )
+    store = results["bulk"]["store"]
+    store.open()
+    n_keys = results["bulk"]["keys"]
+    flushed = store.disk_bytes()
+    disk.add(when="after a bulk restore (flushed)", keys=n_keys, bytes=flushed,
+             per_key=flushed / n_keys)  # fmt: skip
+    store.compact()
+    store.close()
+    compacted = store.disk_bytes()
+    disk.add(when="after full compaction", keys=n_keys, bytes=compacted, per_key=compacted / n_keys)
+    from multilane.worker.state import StateManager
+
+    sm = StateManager(os.path.join(workdir, "restore-bulk"), bootstrap, group)
+    try:
         t0 = time.perf_counter()
         sm.open_partition("restore-in", 0, sizes.restore_records, None)
         table.add(
@@ -163,32 +220,37 @@ def bench_restore(report: Report, bootstrap: str, sizes: Sizes, workdir: str) ->
     bench_snapshot_restore(report, bootstrap, group, sizes, workdir)
 
 
-def _equal_note(states: dict[str, dict[bytes, bytes]], name: str) -> str:
-    if name == "replay":
-        return f"{len(states[name]):,} keys"
-    return f"{len(states[name]):,} keys; equal to the replay: {states[name] == states['replay']}"
+def _equal_note(states: dict[str, dict[bytes, bytes]], name: str, reference: str) -> str:
+    if name == reference:
+        return f"{len(states[name]):,} keys (the reference)"
+    return f"{len(states[name]):,} keys; equal to the {reference}: {states[name] == states[reference]}"
 
 
 def bench_snapshot_restore(report: Report, bootstrap: str, group: str, sizes: Sizes, workdir: str) -> None:
-    """Rows of table 4: snapshot + 1% tail vs full replay, through ``StateManager`` (steps 1-4).
+    """Rows of table 4: snapshot + 1% tail vs full replay, plain and bulk write paths, through
+    ``StateManager`` (steps 1-4).
 
     1. Snapshot the changelog (in process, no Spark), bounded at the committed offset.
     2. Append a 1% tail and commit it (the learner and the restore apply it).
-    3. Full replay into an empty store (no snapshot URI), then restore with the snapshot URI; compare.
-    4. A learner with the snapshot URI: time to catch up.
+    3. Full replay into an empty store (no snapshot URI) and restore with the snapshot URI, each on
+       the plain and the bulk path; every store must equal the plain replay.
+    4. A learner with the snapshot URI (bulk path): time to catch up.
     """
     from confluent_kafka import Consumer, TopicPartition
 
     from multilane.worker.state import StateManager
     from multilane.worker.state.changelog import changelog_topic_name
 
+    n = sizes.restore_records
     table = report.table(
         "snapshot_restore",
-        f"4. Restore from a snapshot + 1% tail vs full replay ({sizes.restore_records:,} records, "
-        f"{sizes.restore_keys:,} keys)",
+        f"4. Restore from a snapshot + 1% tail vs full replay ({n:,} records, {sizes.restore_keys:,} keys), "
+        "plain and bulk write paths",
         [Column("what"), Column("records", "changelog records read", fmt=",d"),
          Column("keys", "snapshot keys", fmt=",d"), Column("seconds", fmt=".2f"),
-         Column("speedup", "vs full replay", ".1f"), Column("note")],
+         Column("cpu_us", "CPU µs per record or row", ".2f"),
+         Column("speedup", "plain replay ÷ this", ".1f"),
+         Column("speedup_same", "replay ÷ this, same path", ".1f"), Column("note")],
     )  # fmt: skip
     try:
         from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
@@ -200,7 +262,6 @@ def bench_snapshot_restore(report: Report, bootstrap: str, group: str, sizes: Si
         return
     # 1.
     uri = os.path.join(workdir, "snapshots")
-    n = sizes.restore_records
     log("snapshot restore: snapshotting the changelog in process")
     t0 = time.perf_counter()
     result = SnapshotJob(
@@ -219,54 +280,72 @@ def bench_snapshot_restore(report: Report, bootstrap: str, group: str, sizes: Si
     # 2.
     tail = max(n // 100, 1)
     changelog = changelog_topic_name(group, "restore-in")
-    _produce_changelog(bootstrap, changelog, tail, sizes.restore_keys, first=n)
+    _produce_changelog(bootstrap, changelog, tail, sizes.restore_keys, first=n, shuffled=True)
     committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     committer.commit(offsets=[TopicPartition("restore-in", 0, n + tail)], asynchronous=False)
     committer.close()
     # 3.
     states: dict[str, dict[bytes, bytes]] = {}
     seconds: dict[str, float] = {}
-    for name, snap_uri in (("replay", None), ("snapshot", uri)):
-        sm = StateManager(os.path.join(workdir, f"snap-{name}"), bootstrap, group, snapshot_uri=snap_uri)
+    runs = [(f"{kind} {path}", kind, path, bulk) for kind in ("replay", "snapshot") for path, bulk in PATHS]
+    for name, kind, path, bulk in runs:
+        snap_uri = uri if kind == "snapshot" else None
+        sm = StateManager(os.path.join(workdir, f"snap-{kind}-{path}"), bootstrap, group,
+                          snapshot_uri=snap_uri, bulk_restore=bulk)  # fmt: skip
         try:
             log(f"snapshot restore: open_partition ({name})")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), _cpu_s()
             sm.open_partition("restore-in", 0, n + tail, None)
-            seconds[name] = time.perf_counter() - t0
+            seconds[name], cpu = time.perf_counter() - t0, _cpu_s() - cpu0
             states[name] = dict(sm.store("restore-in", 0).items())
             [st] = sm.learner_status()
         finally:
             sm.close()
+        units = cast(int, st["records_read"]) + cast(int, st["snapshot_rows_loaded"])
         table.add(
-            what="restore (open_partition)" + (", full replay" if snap_uri is None else ", snapshot + tail"),
+            what=f"restore (open_partition), {'full replay' if kind == 'replay' else 'snapshot + tail'}, "
+            f"{path} path",
             records=st["records_read"],
             keys=st["snapshot_rows_loaded"],
             seconds=seconds[name],
-            speedup=ratio(seconds["replay"], seconds[name]),
-            note=_equal_note(states, name),
+            cpu_us=cpu * 1e6 / max(units, 1),
+            speedup=ratio(seconds["replay plain"], seconds[name]),
+            speedup_same=ratio(seconds[f"replay {path}"], seconds[name]),
+            note=_equal_note(states, name, "replay plain"),
         )
-    if states["snapshot"] != states["replay"]:
-        report.errors.append("restore from snapshot + tail differs from the full replay")
+        if states[name] != states["replay plain"]:
+            report.errors.append(f"{name} differs from the plain full replay")
+    report.goal(
+        f"snapshot + tail vs full replay at {n:,} records, bulk path (ratio)",
+        ratio(seconds["replay bulk"], seconds["snapshot bulk"]),
+        10.0,
+    )
+    report.goal(
+        f"snapshot + tail (bulk path) vs today's full replay (plain path) at {n:,} records (ratio)",
+        ratio(seconds["replay plain"], seconds["snapshot bulk"]),
+        10.0,
+    )
     # 4.
     learner = StateManager(os.path.join(workdir, "snap-learner"), bootstrap, group, snapshot_uri=uri)
     try:
         t0 = time.perf_counter()
         learner.learn("restore-in", 0)
         while not learner.learner_caught_up("restore-in", 0):
-            if time.perf_counter() - t0 > 600:
-                raise TimeoutError("learner did not catch up in 600 s")
+            if time.perf_counter() - t0 > 1800:
+                raise TimeoutError("learner did not catch up in 1800 s")
             time.sleep(0.02)
         caught_up = time.perf_counter() - t0
         [st] = learner.learner_status()
-        equal = dict(learner.store("restore-in", 0).items()) == states["replay"]
+        equal = dict(learner.store("restore-in", 0).items()) == states["replay plain"]
     finally:
         learner.close()
     table.add(
-        what="learner catch-up from snapshot + tail",
+        what="learner catch-up from snapshot + tail (bulk path)",
         records=st["records_read"],
         keys=st["snapshot_rows_loaded"],
         seconds=caught_up,
-        speedup=ratio(seconds["replay"], caught_up),
+        speedup=ratio(seconds["replay plain"], caught_up),
+        speedup_same=ratio(seconds["replay bulk"], caught_up),
         note=f"equal to the replay: {equal} (compare with table 1's learner catch-up from the changelog)",
     )
     if not equal:
@@ -274,8 +353,8 @@ def bench_snapshot_restore(report: Report, bootstrap: str, group: str, sizes: Si
 
 
 def bench_promotion(table: Any, bootstrap: str, group: str, sizes: Sizes, workdir: str) -> None:
-    """A learner restores the same changelog in the background; promotion then pauses for the
-    catch-up of the tail only."""
+    """Learners restore the same changelog in the background (plain and bulk path); promotion of the
+    bulk one then pauses for the catch-up of the tail only."""
     from confluent_kafka import Consumer, TopicPartition
 
     from multilane.worker.state import StateManager
@@ -283,32 +362,42 @@ def bench_promotion(table: Any, bootstrap: str, group: str, sizes: Sizes, workdi
     committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     committer.commit(offsets=[TopicPartition("restore-in", 0, sizes.restore_records)], asynchronous=False)
     committer.close()
-    learner = StateManager(os.path.join(workdir, "learner"), bootstrap, group)
-    try:
-        t0 = time.perf_counter()
-        learner.learn("restore-in", 0)
-        while not learner.learner_caught_up("restore-in", 0):
-            if time.perf_counter() - t0 > 600:
-                raise TimeoutError("learner did not catch up in 600 s")
-            time.sleep(0.05)
-        caught_up = time.perf_counter() - t0
-        table.add(
-            what="learner catch-up (background)",
-            records=sizes.restore_records,
-            seconds=caught_up,
-            rate=sizes.restore_records / caught_up,
-        )
-        t0 = time.perf_counter()
-        learner.open_partition("restore-in", 0, sizes.restore_records, None)
-        table.add(
-            what="promotion of the caught-up learner",
-            records=0,
-            seconds=time.perf_counter() - t0,
-            note="the engine's pause: stop tail thread, fresh fetch to the end, apply held-back changes",
-        )
-        learner.close_partition("restore-in", 0, clean=True)
-    finally:
-        learner.close()
+    caught: dict[str, float] = {}
+    for name, bulk in PATHS:
+        learner = StateManager(os.path.join(workdir, f"learner-{name}"), bootstrap, group, bulk_restore=bulk)
+        try:
+            t0, cpu0 = time.perf_counter(), _cpu_s()
+            learner.learn("restore-in", 0)
+            while not learner.learner_caught_up("restore-in", 0):
+                if time.perf_counter() - t0 > 1800:
+                    raise TimeoutError("learner did not catch up in 1800 s")
+                time.sleep(0.05)
+            caught[name] = time.perf_counter() - t0
+            cpu = _cpu_s() - cpu0
+            store = learner.store("restore-in", 0)
+            table.add(
+                what=f"learner catch-up (background), {name} path",
+                records=sizes.restore_records,
+                seconds=caught[name],
+                rate=sizes.restore_records / caught[name],
+                cpu_us=cpu * 1e6 / sizes.restore_records,
+                speedup=ratio(caught["plain"], caught[name]),
+                note=f"{store.level0_files()} level-0 files when caught up"
+                + ("; incl. the final flush and compaction" if bulk else ""),
+            )
+            if not bulk:
+                continue
+            t0 = time.perf_counter()
+            learner.open_partition("restore-in", 0, sizes.restore_records, None)
+            table.add(
+                what="promotion of the caught-up learner (bulk path)",
+                records=0,
+                seconds=time.perf_counter() - t0,
+                note="the engine's pause: stop tail thread, fresh fetch to the end, apply held-back changes",
+            )
+            learner.close_partition("restore-in", 0, clean=True)
+        finally:
+            learner.close()
 
 
 def _run_engine(bootstrap: str, topic: str, records: int, processor: Any, hooks: Any) -> dict[str, float]:

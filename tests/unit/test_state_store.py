@@ -189,3 +189,51 @@ def test_view_record_key_outside_the_lane_range_is_refused(store: PartitionStore
     with pytest.raises(StateKeyError, match="outside"):
         v.get(key)
     assert store.get(key) is None
+
+
+def test_bulk_mode_marker_options_and_end(tmp_path: Path) -> None:
+    s = PartitionStore(partition_dir(tmp_path, "orders", 3))
+    s.begin_bulk()
+    assert not s.marker_path.exists()  # created when the database opens
+    s.open()
+    assert s.bulk and s.marker_path.exists()
+    # Another handle's view of the directory (as after a kill -9): the bulk load is unfinished.
+    assert PartitionStore(s.directory).bulk_interrupted
+    s.apply((b"k%06d" % i, b"v%d" % i) for i in range(50_000))
+    s.apply([(b"k%06d" % 7, None)])
+    s.end_bulk(compact=True)
+    assert not s.bulk and not s.marker_path.exists()
+    assert not PartitionStore(s.directory).bulk_interrupted
+    assert s.level0_files() == 0  # flushed and compacted into one sorted level
+    assert s.get(b"k%06d" % 8) == b"v8" and s.get(b"k%06d" % 7) is None
+    assert sum(1 for _ in s.items()) == 49_999
+    s.close()
+
+
+def test_bulk_close_makes_writes_durable_and_reopen_continues_the_bulk_load(tmp_path: Path) -> None:
+    s = PartitionStore(partition_dir(tmp_path, "orders", 3))
+    s.begin_bulk()
+    s.open()
+    s.apply([(b"a", b"1"), (b"b", b"2")])
+    s.close()  # flushes: the writes are on disk, so the marker goes
+    assert not s.marker_path.exists() and s.bulk
+    s.open()  # still a bulk load: marker and bulk options again
+    assert s.marker_path.exists()
+    assert s.get(b"a") == b"1"
+    s.wipe()  # a wipe removes the marker with the database
+    assert not s.marker_path.exists() and not s.db_path.exists()
+    s.open()
+    assert s.get(b"a") is None and s.marker_path.exists()
+    s.end_bulk(compact=False)
+    assert not s.marker_path.exists()
+    s.destroy()
+    assert not s.directory.exists()
+
+
+def test_put_all_writes_rows_and_rejects_mismatched_lengths(store: PartitionStore) -> None:
+    assert store.put_all([b"a", b"b"], [b"1", b"2"]) == 2
+    assert store.get(b"a") == b"1" and store.get(b"b") == b"2"
+    assert store.put_all([], []) == 0
+    with pytest.raises(ValueError):
+        store.put_all([b"c"], [])
+    assert store.get(b"c") is None

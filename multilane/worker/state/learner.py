@@ -11,6 +11,12 @@ Start (the tail thread, when the store starts empty and a snapshot URI is config
    store and tail the changelog from its ``changelog_offset``; no snapshot, or an unusable one: tail
    from offset 0. If that offset is no longer in the changelog (topic recreated), wipe the store and
    tail from 0. Stopping the learner during the load leaves it failed (promotion restores in full).
+A store that starts empty is written in bulk mode (``store.py``); at the first end of the changelog the
+thread ends the bulk load (flush) and waits for RocksDB's background compaction of it *before* it
+reports caught up (``unread`` stays unknown meanwhile), so that no flush or compaction of the initial
+restore is left to run during a promotion; a promotion that comes anyway (the operator released on a
+small ``unread`` just before the end) waits for that flush at most, never for the compaction: it stops
+the wait like any tail step.
 
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
 1. stop the tail thread;
@@ -22,6 +28,9 @@ Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine ope
 4. apply the held-back changes that are now applicable, in changelog order, and drop the rest (their
    records are processed again by the new owner).
 The pause is the time of steps 3-4: one fetch round-trip plus the tail written since the last poll.
+Nothing in it depends on the size of the state: the store is handed over open (no reopen, no flush,
+no compaction, no iteration); only a learner promoted before it ever caught up still ends its bulk
+load there (a flush of at most the bulk memtables, no compaction).
 """
 
 from __future__ import annotations
@@ -92,10 +101,11 @@ class PartitionLearner:
         status.phase = "restoring"
         status.committed_offset = committed_offset
         self.restorer = ChangelogRestorer(
-            reader, store, self.applier, status, stall_timeout_s=stall_timeout_s
+            reader, store, self.applier, status, stall_timeout_s=stall_timeout_s, end_after_bulk=True
         )
         self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
         self._poll_interval_s = poll_interval_s
+        self.compaction_wait_s = 300.0  # longest wait for the compaction after the initial bulk load
         self._snapshots = snapshots
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,6 +139,7 @@ class PartitionLearner:
                     self._restart_from_zero(exc)
                     continue
                 if eof and not self.caught_up.is_set():
+                    self._end_bulk()
                     self.caught_up.set()
                     self.status.phase = "learning"
                     log.info(
@@ -147,6 +158,35 @@ class PartitionLearner:
             self.status.phase = "failed"
             self.status.error = str(exc)
             log.exception("learner %s[%d] failed", self.topic, self.partition)
+
+    def _end_bulk(self) -> None:
+        """The initial restore reached the end of the changelog: flush it and let RocksDB compact it
+        now, before the learner reports caught up, rather than during a promotion. A stop (promotion)
+        ends the wait at once; the compaction then finishes in the background."""
+        if not self.store.bulk:
+            return
+        t0 = time.monotonic()
+        self.store.end_bulk()
+        flushed = time.monotonic()
+        while self.store.compaction_pending() and not self._stop.wait(0.02):
+            if time.monotonic() - flushed > self.compaction_wait_s:
+                log.warning(
+                    "learner %s[%d]: the compaction after the bulk load is still running after %.0fs; "
+                    "reporting caught up anyway",
+                    self.topic,
+                    self.partition,
+                    self.compaction_wait_s,
+                )
+                break
+        self.status.unread = 0
+        self.status.publish()
+        log.info(
+            "learner %s[%d]: bulk load ended (flush %.2fs, compaction %.2fs)",
+            self.topic,
+            self.partition,
+            flushed - t0,
+            time.monotonic() - flushed,
+        )
 
     def _load_snapshot(self) -> bool:
         """Step 0: load a snapshot into the (empty) store; True when the tail starts at its offset."""
@@ -246,6 +286,8 @@ class PartitionLearner:
         writes, dropped = self.applier.drain()
         if writes:
             self.store.apply(writes)
+        if self.store.bulk:  # promoted before it ever caught up: a flush, no compaction, in the pause
+            self.store.end_bulk()
         self.status.buffered = 0
         self.status.unread = 0
         self.status.publish()

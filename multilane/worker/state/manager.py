@@ -80,10 +80,18 @@ class StateManager:
         restore_stall_timeout_s: float = 60.0,
         flush_timeout_s: float = 60.0,
         snapshot_uri: str | None = None,
+        bulk_restore: bool = True,
+        close_wait_s: float = 120.0,
     ) -> None:
         """``snapshot_uri``: where the snapshot job publishes state snapshots (``docs/snapshots.md``);
         full restores and learners then start from the newest usable snapshot plus the changelog tail.
-        Needs pyarrow (:class:`~multilane.worker.state.snapshot.SnapshotSupportError` otherwise)."""
+        Needs pyarrow (:class:`~multilane.worker.state.snapshot.SnapshotSupportError` otherwise).
+
+        ``bulk_restore``: restores into an empty store (full restores, a learner's initial restore,
+        snapshot loads) write in the store's bulk mode (``store.py``); False keeps the plain write
+        path (benchmarks compare both). ``close_wait_s``: how long an open, learn or drop of a
+        partition waits for a close of the same partition still running (``close_partition`` may run
+        after the engine answered a release)."""
         if on_corrupt not in ("fail", "skip"):
             raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
         if not group:
@@ -102,6 +110,8 @@ class StateManager:
         self._poll_interval_s = committed_poll_interval_s
         self._stall_timeout_s = restore_stall_timeout_s
         self._flush_timeout_s = flush_timeout_s
+        self.bulk_restore = bulk_restore
+        self._close_wait_s = close_wait_s
         self._writer = ChangelogWriter(bootstrap_servers, producer_config)
         self._admin = ChangelogTopicAdmin(bootstrap_servers, changelog_topic_config, admin_config)
         self._committed_reader: CommittedOffsetReader | None = None
@@ -109,6 +119,9 @@ class StateManager:
         self._active: dict[TP, ActivePartitionState] = {}
         self._learners: dict[TP, PartitionLearner] = {}
         self._status: dict[TP, RestoreStatus] = {}
+        # Partitions whose close_partition is running; the event is set when it has finished.
+        # Invariant: an entry exists exactly while a close of that partition runs.
+        self._closing: dict[TP, threading.Event] = {}
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -142,19 +155,34 @@ class StateManager:
         except CheckpointError as exc:
             log.warning("ignoring %s: %s", ckpts.path, exc)
             ckpt = None
+        if PartitionStore(directory).bulk_interrupted:
+            log.warning("a bulk load of %s was interrupted: the store is wiped", directory)
+            ckpt = None
         ckpts.remove()
         return ckpt
+
+    def _wait_closed(self, tp: TP) -> None:
+        """Wait until a close of ``tp`` that is still running has finished (it may run after the engine
+        answered a release; an open, learn or drop must not touch the files before it is done)."""
+        with self._lock:
+            done = self._closing.get(tp)
+        if done is not None and not done.wait(self._close_wait_s):
+            raise StatePhaseError(f"{tp[0]}[{tp[1]}] is still closing after {self._close_wait_s}s")
 
     # -- PartitionStateHooks --------------------------------------------------------------------------
 
     def open_partition(
         self, topic: str, partition: int, committed_offset: int | None, progress: DoneOracle | None
     ) -> None:
-        """Make the partition's store current and active (blocking; steps 1-6).
+        """Make the partition's store current and active (blocking; steps 0-6).
 
+        0. Wait for a close of the partition that is still running (``close_partition``).
         1. A partition this worker is learning is promoted (fast path; see ``learner.py``).
         2. Otherwise make sure the changelog topic exists.
-        3. Take the checkpoint: reuse the local store when ``checkpoint_usable``, else wipe it.
+        3. Take the checkpoint: reuse the local store when ``checkpoint_usable``, else wipe it (an
+           interrupted bulk load's marker makes any checkpoint unusable). A wiped store is filled in
+           bulk mode (``bulk_restore``; ended, i.e. flushed, after step 5; RocksDB compacts it in the
+           background).
         4. No usable checkpoint and a snapshot URI: load the newest usable snapshot into the empty
            store (``snapshot.py``); the changelog is then read from its ``changelog_offset``. No
            snapshot, or an unusable one (logged, counted, the store left empty): from offset 0.
@@ -170,6 +198,8 @@ class StateManager:
         tp = (topic, partition)
         committed_offset = 0 if committed_offset is None else max(0, committed_offset)
         flt = ApplyFilter(committed_offset, progress)
+        # 0.
+        self._wait_closed(tp)
         with self._lock:
             if tp in self._active:
                 raise StatePhaseError(f"{topic}[{partition}] is already active")
@@ -224,11 +254,34 @@ class StateManager:
                 log.info("checkpoint of %s[%d] not reusable (%s); full restore", topic, partition, why)
         if start == 0:
             store.wipe()
+            if self.bulk_restore:
+                store.begin_bulk()
         store.open()
         status = RestoreStatus(topic, partition, committed_offset=committed_offset)
         with self._lock:
             self._status[tp] = status
         t0 = time.monotonic()
+        # One changelog reader (consumer) for the probe of step 4 and the replay of step 5.
+        reader = self._reader(topic, partition)
+        try:
+            self._restore(tp, store, flt, sources, start, status, reader, t0)
+        finally:
+            reader.close()
+
+    def _restore(
+        self,
+        tp: TP,
+        store: PartitionStore,
+        flt: ApplyFilter,
+        sources: set[tuple[int, int]],
+        start: int,
+        status: RestoreStatus,
+        reader: ChangelogReader,
+        t0: float,
+    ) -> None:
+        """Steps 4-6 of :meth:`open_partition` (blocking; Kafka, RocksDB and snapshot I/O)."""
+        topic, partition = tp
+        committed_offset = flt.committed_offset
         # 4.
         from_snapshot = False
         if start == 0 and self._snapshots is not None:
@@ -239,7 +292,7 @@ class StateManager:
                     committed_offset,
                     store,
                     status,
-                    changelog_end=lambda: self._probe_end(topic, partition),
+                    changelog_end=lambda: reader.probe_end(self._stall_timeout_s),
                 )
             except BaseException:
                 status.phase = "failed"
@@ -258,7 +311,7 @@ class StateManager:
         )
         try:
             try:
-                position, applier = self._replay(topic, partition, store, flt, sources, start, status)
+                position, applier = self._replay(reader, store, flt, sources, start, status)
             except ChangelogOffsetError as exc:
                 if not from_snapshot:
                     raise
@@ -268,14 +321,21 @@ class StateManager:
                 store.open()
                 status.snapshot_id, status.snapshot_rows, status.snapshot_rows_loaded = None, 0, 0
                 start = 0
-                position, applier = self._replay(topic, partition, store, flt, sources, start, status)
+                fresh = self._reader(topic, partition)
+                try:
+                    position, applier = self._replay(fresh, store, flt, sources, start, status)
+                finally:
+                    fresh.close()
+            bulk_t0 = time.monotonic()
+            store.end_bulk()  # RocksDB compacts it in the background
+            bulk_s = time.monotonic() - bulk_t0
         except BaseException:
             status.phase = "failed"
             store.close()
             raise
         log.info(
             "restored %s[%d] from changelog offset %d to %d in %.2fs (%d snapshot keys, %d applied, "
-            "%d skipped)",
+            "%d skipped; bulk flush %.2fs)",
             topic,
             partition,
             start,
@@ -284,39 +344,26 @@ class StateManager:
             status.snapshot_rows_loaded,
             applier.applied,
             applier.skipped,
+            bulk_s,
         )
         # 6.
         self._activate(tp, store, flt, position, applier.above_commit_sources)
 
-    def _probe_end(self, topic: str, partition: int) -> int:
-        """The changelog partition's true end offset now (Kafka I/O; one short-lived consumer)."""
-        reader = self._reader(topic, partition)
-        try:
-            return reader.probe_end(self._stall_timeout_s)
-        finally:
-            reader.close()
-
     def _replay(
         self,
-        topic: str,
-        partition: int,
+        reader: ChangelogReader,
         store: PartitionStore,
         flt: ApplyFilter,
         sources: set[tuple[int, int]],
         start: int,
         status: RestoreStatus,
     ) -> tuple[int, ChangeApplier]:
-        """Read the changelog from ``start`` to its end into ``store`` (blocking; Kafka and RocksDB
-        I/O). Returns the end position and the applier (its counts and above-commit sources)."""
-        reader = self._reader(topic, partition)
+        """Read the changelog from ``start`` to its end into ``store`` with ``reader`` (blocking;
+        Kafka and RocksDB I/O). Returns the end position and the applier (its counts and
+        above-commit sources)."""
         applier = ChangeApplier(flt, None, set(sources))
-        try:
-            reader.seek(start)
-            ChangelogRestorer(
-                reader, store, applier, status, stall_timeout_s=self._stall_timeout_s
-            ).run_to_end()
-        finally:
-            reader.close()
+        reader.seek(start)
+        ChangelogRestorer(reader, store, applier, status, stall_timeout_s=self._stall_timeout_s).run_to_end()
         return reader.position, applier
 
     def _activate(
@@ -382,21 +429,40 @@ class StateManager:
     def close_partition(self, topic: str, partition: int, clean: bool) -> None:
         """Close the partition's store (steps 1-3). ``clean``: the engine made its final commit.
 
+        May run after the engine answered the release (the flush of the memtables is off the handoff's
+        critical path): the partition leaves ``_active`` at once, and an ``open_partition``, ``learn``
+        or ``drop`` of it waits until this close has finished (``_closing``), so that none of them
+        touches the files (or reads a checkpoint) before step 3.
+
         1. Flush the partition's changes; a lost change turns a clean close into an unclean one.
         2. Close the database (flushing its memtables).
         3. Clean: write the checkpoint. Unclean: none, so the next open wipes the store.
         """
         tp = (topic, partition)
+        self._wait_closed(tp)
         with self._lock:
             part = self._active.pop(tp, None)
             learner = self._learners.pop(tp, None)
             self._status.pop(tp, None)
+            done = None if part is None and learner is None else threading.Event()
+            if done is not None:
+                self._closing[tp] = done
         metrics.forget(topic, partition)
-        if learner is not None:
-            self._close_learner(learner, clean)
+        if done is None:
             return
-        if part is None:
-            return
+        try:
+            if learner is not None:
+                self._close_learner(learner, clean)
+            elif part is not None:
+                self._close_active(part, clean)
+        finally:
+            with self._lock:
+                self._closing.pop(tp, None)
+            done.set()
+
+    def _close_active(self, part: ActivePartitionState, clean: bool) -> None:
+        """Steps 1-3 of :meth:`close_partition` for an active partition."""
+        topic, partition = part.topic, part.partition
         # 1.
         if clean:
             try:
@@ -436,12 +502,15 @@ class StateManager:
         1. Make sure the changelog topic exists; read the input group's committed offset.
         2. Take the checkpoint: reuse the store when the committed offset has not moved behind it
            (sources not yet committed stay *unverified* until they commit or promotion checks them).
-        3. Otherwise wipe the store and start at changelog offset 0; with a snapshot URI the tail
-           thread first loads the newest usable snapshot (bounded at or below ``committed``) and
-           starts at its ``changelog_offset`` (``learner.py``, step 0 of the thread).
+        3. Otherwise wipe the store and start at changelog offset 0, in bulk mode (``bulk_restore``;
+           the tail thread ends it, flushing and compacting, at its first end of the changelog); with
+           a snapshot URI the tail thread first loads the newest usable snapshot (bounded at or below
+           ``committed``) and starts at its ``changelog_offset`` (``learner.py``, step 0 of the
+           thread).
         4. Start the tail thread.
         """
         tp = (topic, partition)
+        self._wait_closed(tp)
         with self._lock:
             if tp in self._active:
                 raise StatePhaseError(f"{topic}[{partition}] is active here: use demote()")
@@ -460,6 +529,8 @@ class StateManager:
             # 3.
             if start == 0:
                 store.wipe()
+                if self.bulk_restore:
+                    store.begin_bulk()
             store.open()
             reader = self._reader(topic, partition)
             reader.seek(start)
@@ -492,6 +563,7 @@ class StateManager:
     def drop(self, topic: str, partition: int) -> None:
         """Stop learning (if learning) and delete the partition's local files. Not for active ones."""
         tp = (topic, partition)
+        self._wait_closed(tp)
         with self._lock:
             if tp in self._active:
                 raise StatePhaseError(f"{topic}[{partition}] is active here: release it before dropping")
@@ -548,7 +620,8 @@ class StateManager:
 
     def close(self) -> None:
         """Stop learners (with checkpoints), close still-active partitions *uncleanly* (the engine did
-        not say their final commit happened), flush and close the Kafka clients."""
+        not say their final commit happened), wait for closes still running on other threads (a close
+        after a release answer), flush and close the Kafka clients."""
         with self._lock:
             learners = list(self._learners)
             active = list(self._active)
@@ -557,6 +630,13 @@ class StateManager:
         for topic, partition in active:
             log.warning("state of %s[%d] still active at shutdown: closing uncleanly", topic, partition)
             self.close_partition(topic, partition, clean=False)
+        with self._lock:
+            closing = list(self._closing)
+        for tp in closing:
+            try:
+                self._wait_closed(tp)
+            except StatePhaseError as exc:
+                log.error("%s", exc)
         self._writer.close()
         with self._lock:
             reader, self._committed_reader = self._committed_reader, None

@@ -141,6 +141,8 @@ class ChangelogReader:
         msgs = self._consumer.consume(max_records, timeout_s)
         entries: list[ChangelogEntry] = []
         append = entries.append
+        new = tuple.__new__  # the C constructor: half the cost of ChangelogEntry(...) per record
+        entry_type = ChangelogEntry
         unpack = HEADER_STRUCT.unpack_from
         eof = False
         records = 0
@@ -163,11 +165,11 @@ class ChangelogReader:
                 magic, op, src, h = unpack(value)
                 if magic == MAGIC and src >= 0:
                     if op == b"P":
-                        append(ChangelogEntry(offset, key, src, h, value[HEADER_SIZE:]))
+                        append(new(entry_type, (offset, key, src, h, value[HEADER_SIZE:])))
                         prev = None
                         continue
                     if op == b"D" and len(value) == HEADER_SIZE:
-                        append(ChangelogEntry(offset, key, src, h, None))
+                        append(new(entry_type, (offset, key, src, h, None)))
                         prev = key
                         continue
             self._prev = prev

@@ -99,13 +99,18 @@ class ChangelogRestorer:
         *,
         stall_timeout_s: float = 60.0,
         batch_size: int = 10_000,
+        end_after_bulk: bool = False,
     ) -> None:
+        """``end_after_bulk``: at the end of the partition, leave ``unread`` unknown (None) while the
+        store is still in bulk mode -- the learner reports it caught up only after ending the bulk
+        load."""
         self.reader = reader
         self.store = store
         self.applier = applier
         self.status = status
         self.stall_timeout_s = stall_timeout_s
         self.batch_size = batch_size
+        self.end_after_bulk = end_after_bulk
         self._meter = RateMeter()
 
     def step(self, timeout_s: float) -> bool:
@@ -120,7 +125,10 @@ class ChangelogRestorer:
         st.records_per_second = self._meter.add(batch.records)
         st.changelog_position = self.reader.position
         st.buffered = len(self.applier.buffer) if self.applier.buffer is not None else 0
-        st.unread = 0 if batch.eof else self.reader.remaining()
+        if batch.eof:
+            st.unread = None if self.end_after_bulk and self.store.bulk else 0
+        else:
+            st.unread = self.reader.remaining()
         st.publish()
         return batch.eof
 

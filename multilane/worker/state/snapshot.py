@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -97,7 +97,11 @@ class SnapshotLoader:
         changelog_topic_of: Callable[[str], str],
         *,
         batch_rows: int = 10_000,
+        sort_rows: int = 262_144,
     ) -> None:
+        """``batch_rows``: rows per write batch. Into a store in bulk mode the rows are written file by
+        file in key order (each file's table sorted by pyarrow; the files are in key-hash order, and
+        sorted inserts into RocksDB's memtable cost about a third less CPU than random ones)."""
         if not uri:
             raise ValueError("snapshot uri must be non-empty")
         if batch_rows < 1:
@@ -206,12 +210,22 @@ class SnapshotLoader:
         from multilane.snapshots.reader import SnapshotCorruptError
 
         rows = 0
-        for batch in part.iter_item_batches(self.batch_rows):
-            if stop is not None and stop.is_set():
-                raise SnapshotStoppedError(f"stopped while loading snapshot {part.snapshot_id}")
-            rows += store.apply(batch)
-            status.snapshot_rows_loaded = rows
-            status.publish()
+        size = self.batch_rows
+        if store.bulk:
+            for keys, values in _files_in_key_order(part):
+                for i in range(0, len(keys), size):
+                    if stop is not None and stop.is_set():
+                        raise SnapshotStoppedError(f"stopped while loading snapshot {part.snapshot_id}")
+                    rows += store.put_all(keys[i : i + size], values[i : i + size])
+                    status.snapshot_rows_loaded = rows
+                    status.publish()
+        else:
+            for batch in part.iter_item_batches(size):
+                if stop is not None and stop.is_set():
+                    raise SnapshotStoppedError(f"stopped while loading snapshot {part.snapshot_id}")
+                rows += store.apply(batch)
+                status.snapshot_rows_loaded = rows
+                status.publish()
         if rows != part.rows:
             raise SnapshotCorruptError(
                 f"snapshot {part.snapshot_id}: {rows} rows of {part.topic}[{part.partition}], "
@@ -240,3 +254,13 @@ class SnapshotLoader:
             type(exc).__name__,
             exc,
         )
+
+
+def _files_in_key_order(part: SnapshotPartition) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Per data file (each verified when read): its keys and values sorted by key (bytewise,
+    RocksDB's order; pyarrow sorts in C++). One file in memory at a time. The files' key-hash
+    ranges do not overlap (the manifest checks it), so reading the partition by each file's range
+    reads exactly that file."""
+    for f in part.entry.files:
+        table = part.read_table(f.key_range).select(["key", "value"]).sort_by("key")
+        yield table.column("key").to_pylist(), table.column("value").to_pylist()
