@@ -5,6 +5,10 @@ Phases of a partition in this worker: *closed* (maybe with a checkpoint on disk)
 -> *active* -> ``close_partition`` -> *closed*; *closed* -> ``learn`` -> *learning* -> ``open_partition``
 (promotion) -> *active*; *active* -> ``demote`` -> *learning*; *learning*/*closed* -> ``drop`` -> gone.
 See ``docs/state.md`` for the durability order, checkpoint rules and the learner protocol.
+
+Length (~650 lines): the hooks the engine calls (open, before_commit, close) and the learner verbs
+(learn, promote, demote, drop) share one lock over the partitions' stores and their phases; split,
+the phase transitions could no longer be checked in one place.
 """
 
 from __future__ import annotations
