@@ -3,8 +3,9 @@
 #
 #   docker build -t multilane:dev .
 #
-# builder: builds the multilane wheel and installs it with the `state` and `operator` extras (not
-#          `pipeline`: no Spark in this image) into /opt/venv, from binary wheels only.
+# builder: builds the multilane wheel and installs it with the `state`, `snapshots` and `operator`
+#          extras (not `pipeline`: no Spark in this image) into /opt/venv, from binary wheels only, at
+#          the versions CI tested (constraints.txt).
 # runtime: python slim + that venv; no compilers, no pip cache; runs as uid 10001 and works with a
 #          read-only root filesystem (HOME and TMPDIR are /tmp: mount an emptyDir there).
 # Pin PYTHON_IMAGE to a digest (python:3.11-slim-bookworm@sha256:...) for reproducible builds.
@@ -16,15 +17,15 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY multilane ./multilane
 # 1. The wheel of multilane itself (pure Python; setuptools runs in an isolated build env).
 RUN python -m pip wheel --no-deps --wheel-dir /wheels .
-# 2. Install it with its runtime extras. Dependencies must come as binary wheels: the build fails
-#    instead of silently needing a compiler.
+# 2. Install it with its runtime extras, at the tested versions. Dependencies must come as binary
+#    wheels: the build fails instead of silently needing a compiler.
 RUN set -eux; \
     wheel="$(ls /wheels/multilane-*.whl)"; \
-    /opt/venv/bin/pip install --only-binary=:all: "${wheel}[state,operator]"; \
+    /opt/venv/bin/pip install --only-binary=:all: -c constraints.txt "${wheel}[state,snapshots,operator]"; \
     /opt/venv/bin/pip check; \
     /opt/venv/bin/multilane --help >/dev/null; \
     /opt/venv/bin/python -m compileall -q /opt/venv/lib; \

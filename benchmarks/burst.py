@@ -32,7 +32,7 @@ Variants, in the same run:
   tolerance, scale-up at most max(+100 %, +4 pods) per 15 s, 300 s scale-down window.
 
 Goals (ratios and figures of this run): recovery <= 10 s on 4 and 24 partitions; peak lag of
-``multilane`` <= 1/4 of ``before`` with no more scaling actions; a 12-move rollout <= 8 s; the
+``multilane`` <= 1/4 of ``before`` with no more scale-ups; a 12-move rollout <= 8 s; the
 longest per-move pause <= 0.5 s.
 """
 
@@ -250,6 +250,8 @@ async def _scenario(
         "peak_lag": figures.peak_lag,
         "lag_seconds": round(figures.lag_seconds),
         "actions": figures.scale_actions,
+        "ups": figures.scale_ups,
+        "downs": figures.scale_downs,
         "size_changes": figures.size_changes,
         "downs_in_burst": figures.scale_downs_in_burst,
         "moves": len(up),
@@ -282,6 +284,8 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("peak_lag", "peak lag", fmt=","),
             Column("lag_seconds", "lag x s", fmt=","),
             Column("actions", "scaling actions"),
+            Column("ups", "scale-ups"),
+            Column("downs", "scale-downs"),
             Column("size_changes", "size changes"),
             Column("downs_in_burst", "scale-downs in burst"),
             Column("moves", "moves in the burst"),
@@ -317,6 +321,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("peak_lag", "peak-lag ratio", fmt=".2f"),
             Column("lag_seconds", "lag x s ratio", fmt=".2f"),
             Column("actions", "actions (multilane / baseline)"),
+            Column("ups", "scale-ups (multilane / baseline)"),
         ],
     )
     for p in sizes:
@@ -334,14 +339,15 @@ def body(args: argparse.Namespace, report: Report) -> None:
                 peak_lag=ratio(ours["peak_lag"], theirs["peak_lag"]),
                 lag_seconds=ratio(ours["lag_seconds"], theirs["lag_seconds"]),
                 actions=f"{ours['actions']} / {theirs['actions']}",
+                ups=f"{ours['ups']} / {theirs['ups']}",
             )
         if p in (4, 24):
             report.goal(f"recovery on {p} partitions (s)", ours["recovery_s"], 10.0, "<=")
         before = rows.get((p, "before"))
         if before is not None:
             report.goal(
-                f"scaling actions multilane - before on {p} partitions",
-                float(ours["actions"] - before["actions"]),
+                f"scale-ups multilane - before on {p} partitions",
+                float(ours["ups"] - before["ups"]),
                 0.0,
                 "<=",
             )
@@ -359,7 +365,9 @@ def body(args: argparse.Namespace, report: Report) -> None:
     report.note(
         "scaling actions = scale-ups and scale-downs; a factor-follows decision (the factor rising as "
         "the pods of a pending scale-up become ready) completes that scale-up and is counted only in "
-        "'size changes'."
+        "'size changes'. The goal compares scale-ups, the answer to the burst: a policy that scales up "
+        "late also scales down late, after the run ends, so a count of all actions would favour it; "
+        "scale-downs are shown beside them."
     )
     report.note(
         "reaction = burst onset -> first scale decision; recovery = onset -> processing >= 95% of the "

@@ -4,6 +4,9 @@ Each subcommand lives in its own module, imported only when that subcommand runs
 
 - ``add_arguments(parser: argparse.ArgumentParser) -> None``
 - ``run(args: argparse.Namespace) -> int`` (the process exit code)
+
+A subcommand that needs an optional extra (see :mod:`multilane.extras`) names it in :data:`COMMANDS`;
+when the extra is missing the command prints one line saying which, and exits with 2.
 """
 
 from __future__ import annotations
@@ -13,16 +16,21 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# name -> (module, one-line help). Modules are imported lazily so that, say, the worker does not
-# import Spark or kopf.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)"),
-    "loadgen": ("multilane.worker.loadgen", "produce synthetic records (Zipf keys) to a topic"),
-    "operator": ("multilane.operator.cli", "run the kopf operator"),
-    "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff"),
-    "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces"),
-    "snapshot": ("multilane.pipeline.cli", "build state snapshots from changelogs with PySpark"),
-    "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground"),
+from multilane.extras import MissingExtraError, extra_for_module, require
+
+# name -> (module, one-line help, the extras it needs). Modules are imported lazily so that, say, the
+# worker does not import Spark or kopf.
+COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)", ()),
+    "loadgen": ("multilane.worker.loadgen", "produce synthetic records (Zipf keys) to a topic", ()),
+    "operator": ("multilane.operator.cli", "run the kopf operator", ("operator",)),
+    "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff",
+             ("state", "embedded", "plot")),
+    "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces", ()),
+    "snapshot": ("multilane.pipeline.cli", "build state snapshots from changelogs with PySpark",
+                 ("pipeline",)),
+    "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground",
+               ("embedded",)),
 }
 
 
@@ -35,22 +43,29 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, sub = build_parser()
-    for name, (_module, help_text) in COMMANDS.items():
+    for name, (_module, help_text, _extras) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     name = argv[0]
-    module_name, help_text = COMMANDS[name]
+    module_name, help_text, extras = COMMANDS[name]
     try:
+        require(*extras, for_what=f"multilane {name}")
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        print(f"multilane {name}: cannot load {module_name}: {exc}", file=sys.stderr)
+        cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text)
+        module.add_arguments(cmd_parser)
+        args = cmd_parser.parse_args(argv[1:])
+        return int(module.run(args))
+    except MissingExtraError as exc:
+        print(exc, file=sys.stderr)
         return 2
-    cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text)
-    module.add_arguments(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
-    return int(module.run(args))
+    except ModuleNotFoundError as exc:
+        extra = extra_for_module(exc.name or "")
+        if extra is None:
+            raise
+        print(MissingExtraError([extra], f"multilane {name}", [exc.name or ""]), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

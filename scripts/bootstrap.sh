@@ -1,36 +1,55 @@
 #!/usr/bin/env bash
-# Installs everything multilane needs on a fresh Debian machine, idempotently:
-#   - Debian packages: prometheus (tests start it on 127.0.0.1), a JRE for Spark if java is missing;
-#   - a virtualenv in .venv with multilane and all its extras (editable).
-# Prints the venv's python path as its last line. Safe to run again.
+# Installs what multilane needs on a fresh Debian machine, idempotently, for one set of extras:
+#
+#   bash scripts/bootstrap.sh          # `all`: everything the tests and CI need
+#   bash scripts/bootstrap.sh demo     # only what `multilane demo` runs (scripts/demo.sh)
+#
+# - `all` also installs Debian packages: prometheus and shellcheck (tests), a JRE for Spark if `java`
+#   is missing. `demo` needs none.
+# - A virtualenv in .venv gets multilane (editable) with the extras, at the versions CI tested:
+#   constraints.txt (refresh it with scripts/refresh-constraints.sh).
+# Prints the venv's python path as its last line. Safe to run again; an `all` install also serves
+# the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+EXTRAS=${1:-all}
+case "$EXTRAS" in
+  all|demo) ;;
+  *) echo "bootstrap: unknown set of extras '$EXTRAS' (use all or demo)" >&2; exit 2 ;;
+esac
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
 
 need_apt=()
-command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
-command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
-command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+if [ "$EXTRAS" = all ]; then
+  command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+  command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
+  command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}" >&2
   $SUDO apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+  # The Debian package starts nothing by itself in a container, but stop it if a service manager did.
+  if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop prometheus >/dev/null 2>&1 || true; fi
 fi
-# The Debian package starts nothing by itself in a container, but stop it if a service manager did.
-if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop prometheus >/dev/null 2>&1 || true; fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv" >&2
   "$PY" -m venv .venv >&2
 fi
-stamp=.venv/.multilane-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "bootstrap: installing multilane[all] into .venv" >&2
-  .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e '.[all]' >&2
-  touch "$stamp"
+
+# An install is current when its stamp is newer than pyproject.toml and constraints.txt.
+current() {
+  local stamp=".venv/.multilane-installed-$1"
+  [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! constraints.txt -nt "$stamp" ]
+}
+if ! current "$EXTRAS" && ! current all; then
+  echo "bootstrap: installing multilane[$EXTRAS] into .venv (versions from constraints.txt)" >&2
+  PIP_DISABLE_PIP_VERSION_CHECK=1 .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]" >&2
+  touch ".venv/.multilane-installed-$EXTRAS"
 fi
 echo "$(pwd)/.venv/bin/python"

@@ -5,6 +5,7 @@ the summary and the PNG plot. Pure apart from :func:`plot` (writes a PNG) and th
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,8 @@ class BurstFigures:
     scale_actions: int  # scale-ups and scale-downs, whole run (a factor-follows completes its scale-up)
     size_changes: int  # every decision that changed replicas or factor, whole run
     scale_downs_in_burst: int  # decisions that shrank the group between onset and end
+    scale_ups: int = 0  # scale actions that raised replicas or factor, whole run (factor-follows excluded)
+    scale_downs: int = 0  # scale actions that lowered both (or one, the other unchanged), whole run
 
     def lines(self) -> list[str]:
         def secs(x: float | None) -> str:
@@ -98,8 +101,8 @@ class BurstFigures:
             f"reaction            {secs(self.reaction_s)}   (onset -> first scale decision)",
             f"recovery            {secs(self.recovery_s)}   (onset -> processing >= 95% of the input)",
             f"peak lag            {self.peak_lag:,}   lag-seconds {self.lag_seconds:,.0f}",
-            f"scaling actions     {self.scale_actions}   ({self.size_changes} size changes; "
-            f"scale-downs during the burst: {self.scale_downs_in_burst})",
+            f"scaling actions     {self.scale_actions}   ({self.scale_ups} up, {self.scale_downs} down; "
+            f"{self.size_changes} size changes; scale-downs during the burst: {self.scale_downs_in_burst})",
         ]
 
 
@@ -139,6 +142,8 @@ def burst_figures(
     for t, m in decisions:
         if onset_s <= t <= end_s and "scale down" in m:
             downs += 1
+    actions = [m for _, m in decisions if not m.startswith("scale [factor-follows]")]
+    ups = sum(1 for m in actions if _grows(m))
     return BurstFigures(
         onset_s=onset_s,
         end_s=end_s,
@@ -151,7 +156,21 @@ def burst_figures(
         scale_actions=sum(1 for _, m in decisions if not m.startswith("scale [factor-follows]")),
         size_changes=len(decisions),
         scale_downs_in_burst=downs,
+        scale_ups=ups,
+        scale_downs=len(actions) - ups,
     )
+
+
+_SIZE_CHANGE = re.compile(r"replicas (\d+)->(\d+), factor (\d+)->(\d+)")
+
+
+def _grows(message: str) -> bool:
+    """True when a ScalingDecision message (``replicas A->B, factor C->D``) raises either dimension."""
+    m = _SIZE_CHANGE.search(message)
+    if m is None:
+        return "scale up" in message
+    r0, r1, f0, f1 = (int(x) for x in m.groups())
+    return r1 > r0 or f1 > f0
 
 
 _PHASE_STYLE = {

@@ -391,7 +391,7 @@ async def record_pass(
 def _metrics_snapshot(cp: Any, path: Path) -> None:
     """Write the workers' and the control plane's metrics to ``path`` (a failure is logged, not fatal:
     the snapshot is a by-product of the run)."""
-    from multilane.testing.prometheus import write_metrics_snapshot
+    from multilane.testing.metrics_snapshot import write_metrics_snapshot
 
     endpoints = {
         f"http://127.0.0.1:{port}/metrics": {"job": "multilane-workers", "pod": name}

@@ -277,8 +277,11 @@ class DampingRules:
         age = c.now - p.time if p is not None else math.inf
         settling = p is not None and (age < cfg.settle_s or (c.rebalancing and age < cfg.bottleneck_retry_s))
         if settling and p is not None and not p.beyond(c.input_rate, cfg.shortfall_margin):
-            # the pending scale-up covers this demand: its factor follows its pods, nothing more
+            # the pending scale-up covers this demand: its factor follows its pods, nothing more;
+            # while the lag still rises, up to the current need (the factor is the cheap answer)
             target = min(rec.factor, max(p.factor_target, c.cur_f))
+            if shortfall:
+                target = max(target, rec.factor)
             f = self._factor_now(c, c.cur_r, target)
             if f > c.cur_f:
                 return Choice(

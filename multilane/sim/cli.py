@@ -13,6 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
+from multilane.extras import MissingExtraError, require
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -128,6 +130,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--factor must be >= 1")
     except ValueError as exc:
         print(f"multilane simulate: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.sweep:
+            require("pipeline", for_what="multilane simulate --sweep")
+        elif args.out is not None:
+            require("plot", for_what="multilane simulate --out")
+    except MissingExtraError as exc:
+        print(exc, file=sys.stderr)
         return 2
     if args.sweep:
         return _run_sweep(args, console, sim)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from multilane.api import OrderingMode, ProcessorLoadError, load_processor
+from multilane.extras import MissingExtraError, require
 from multilane.worker.config import (
     OWNED_CLIENT_KEYS,
     ConfigError,
@@ -176,6 +177,10 @@ def check_state_args(args: argparse.Namespace) -> None:
             raise ConfigError(f"{', '.join(given)} need(s) --state-dir")
         return
     _parse_kv(args.changelog_config, "--changelog-config")
+    try:
+        require("state", for_what="--state-dir")
+    except MissingExtraError as exc:
+        raise ConfigError(str(exc)) from exc
     if args.snapshot_uri:
         from multilane.worker.state.snapshot import SnapshotSupportError, require_snapshot_support
 

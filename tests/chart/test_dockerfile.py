@@ -80,13 +80,14 @@ def test_two_stages_on_python_311_slim(dockerfile: tuple[dict[str, str], list[St
         assert _resolve(stage.base, global_args).startswith("python:3.11-slim")
 
 
-def test_builder_installs_the_state_and_operator_extras_only(
+def test_builder_installs_the_worker_and_operator_extras_at_tested_versions(
     dockerfile: tuple[dict[str, str], list[Stage]],
 ) -> None:
     builder = dockerfile[1][0]
     runs = " ".join(builder.all("RUN"))
     assert "pip wheel" in runs
-    assert re.search(r"\[state,operator\]", runs)
+    assert re.search(r"\[state,snapshots,operator\]", runs)
+    assert "-c constraints.txt" in runs and "constraints.txt" in " ".join(builder.all("COPY"))
     assert "pipeline" not in runs and "pyspark" not in runs.lower()
     assert "--only-binary=:all:" in runs
 
@@ -135,7 +136,7 @@ def test_dockerignore_is_an_allow_list() -> None:
     ]
     assert lines[0] == "*"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "multilane"}
+    assert allowed == {"pyproject.toml", "README.md", "constraints.txt", "multilane"}
     # everything the Dockerfile copies is allowed
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(encoding="utf-8"), re.M)
     for sources in copied:

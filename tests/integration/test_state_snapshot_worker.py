@@ -27,6 +27,8 @@ from tests.integration.test_state_crash import (
     worker_cmd,
 )
 
+MISSING_SNAPSHOTS = r"needs the 'snapshots' extra .*pip install 'multilane\[snapshots\]'"
+
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -54,7 +56,7 @@ def test_state_flags_reach_the_state_manager(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(ConfigError, match="--changelog-config 'nokey' must look like key=value"):
         check_state_args(_args("--state-dir", str(tmp_path / "s"), "--changelog-config", "nokey"))
     monkeypatch.setitem(sys.modules, "pyarrow", None)
-    with pytest.raises(ConfigError, match=r"install multilane\[pipeline\] or pyarrow"):
+    with pytest.raises(ConfigError, match=MISSING_SNAPSHOTS):
         check_state_args(_args("--state-dir", str(tmp_path / "s"), "--snapshot-uri", "/x"))
 
 

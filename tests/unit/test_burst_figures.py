@@ -29,6 +29,7 @@ def test_figures_of_a_burst_met_after_four_seconds() -> None:
     assert f.recovery_s == 4.0
     assert f.peak_lag == 4000
     assert f.scale_actions == 4  # the factor-follows completes the shortfall's scale-up
+    assert (f.scale_ups, f.scale_downs) == (2, 2)
     assert f.size_changes == 5
     assert f.scale_downs_in_burst == 1
     assert f.offered_rate == 1000.0

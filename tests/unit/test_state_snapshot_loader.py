@@ -12,6 +12,8 @@ import pytest
 
 from multilane.worker.state.restore import RestoreStatus
 
+MISSING_SNAPSHOTS = r"needs the 'snapshots' extra .*pip install 'multilane\[snapshots\]'"
+
 if TYPE_CHECKING:
     from multilane.worker.state.store import PartitionStore
 
@@ -35,7 +37,7 @@ def test_snapshot_uri_without_pyarrow_fails_clearly(monkeypatch: pytest.MonkeyPa
     from multilane.worker.state.snapshot import SnapshotLoader, SnapshotSupportError
 
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` raise ImportError
-    with pytest.raises(SnapshotSupportError, match=r"install multilane\[pipeline\] or pyarrow"):
+    with pytest.raises(SnapshotSupportError, match=MISSING_SNAPSHOTS):
         SnapshotLoader(str(tmp_path), lambda t: f"g.{t}.changelog")
     with pytest.raises(SnapshotSupportError, match="pyarrow"):
         StateManager(tmp_path / "s", "127.0.0.1:1", "g", snapshot_uri=str(tmp_path / "snap"))

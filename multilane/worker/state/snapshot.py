@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from multilane.extras import MissingExtraError, require
 from multilane.worker.state import metrics
 from multilane.worker.state.errors import RestoreError, StateError
 from multilane.worker.state.restore import RestoreStatus
@@ -65,13 +66,9 @@ def require_snapshot_support() -> None:
     """Raise :class:`SnapshotSupportError` unless pyarrow (which reads snapshots) can be imported.
     Imports pyarrow (no other I/O)."""
     try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
-    except ImportError as exc:
-        raise SnapshotSupportError(
-            f"a state snapshot URI is set but pyarrow cannot be imported ({exc}): "
-            "install multilane[pipeline] or pyarrow"
-        ) from exc
+        require("snapshots", for_what="a state snapshot URI")
+    except MissingExtraError as exc:
+        raise SnapshotSupportError(str(exc)) from exc
 
 
 @dataclass(frozen=True, slots=True)
