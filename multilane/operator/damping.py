@@ -278,11 +278,13 @@ class DampingRules:
         settling = p is not None and (age < cfg.settle_s or (c.rebalancing and age < cfg.bottleneck_retry_s))
         if settling and p is not None and not p.beyond(c.input_rate, cfg.shortfall_margin):
             # the pending scale-up covers this demand: its factor follows its pods, nothing more;
-            # while the lag still rises, up to the current need (the factor is the cheap answer)
+            # while the lag still rises, up to the current need (the factor is the cheap answer;
+            # part of the two-speed policy: not with factor_first off)
             target = min(rec.factor, max(p.factor_target, c.cur_f))
-            if shortfall:
+            if shortfall and cfg.factor_first:
                 target = max(target, rec.factor)
-            f = self._factor_now(c, c.cur_r, target)
+            # never beyond the lane budget of the pods that run now (more pods wait for the settle)
+            f = factor_for_pods(cfg, min(c.ready, c.cur_r), target, c.cur_f) if cfg.factor_first else target
             if f > c.cur_f:
                 return Choice(
                     c.cur_r,

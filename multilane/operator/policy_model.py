@@ -90,8 +90,9 @@ class PolicyConfig:
     """>= 0: a rising lag above this many seconds of input (and above 100 records) is a shortfall."""
     factor_first: bool = True
     """While pods are added, run only the factor the ready pods carry within their lane budget (the
-    factor follows the new pods). False: the recommended factor at once (the policy before the
-    two-speed change; the burst benchmark's baseline)."""
+    factor follows the new pods, and while the lag still rises it follows the current need). False:
+    the recommended factor at once, and a pending scale-up's factor stays at its own target (the
+    policy before the two-speed change; the burst benchmark's baseline)."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []

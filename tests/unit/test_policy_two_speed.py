@@ -231,3 +231,28 @@ def test_a_scale_up_before_any_input_holds_back_no_burst() -> None:
         look(12, lag=6000, input_rate=4000, processing_rate=400, size=size, partitions=64, ready=2), state
     )
     assert d.changed and d.rule == "beyond-pending", d.reason
+
+
+def test_a_pending_scale_ups_factor_follows_the_current_need_only_in_the_two_speed_policy() -> None:
+    """A small scale-up is pending (sized for 230 rec/s) and the lag rises with input the settle rule
+    treats as covered (``shortfall_margin`` infinite): the two-speed policy raises the factor in place
+    to the current need, as far as the one ready pod carries it; with ``factor_first`` off (the burst
+    benchmark's ``before`` baseline) the pending scale-up's own target holds until it settled."""
+    answers = {}
+    for factor_first in (True, False):
+        policy = AutoscalePolicy(replace(DEMO, shortfall_margin=math.inf, factor_first=factor_first))
+        state = PolicyState()
+        size = (1, 2)
+        d, state = policy.decide(look(0, lag=20, input_rate=150, processing_rate=150, size=size), state)
+        d, state = policy.decide(look(2, lag=500, input_rate=230, processing_rate=150, size=size), state)
+        assert d.changed and d.factor > 2, d.reason
+        size = (d.replicas, d.factor)
+        d, state = policy.decide(
+            look(10, lag=6000, input_rate=1500, processing_rate=200, size=size, ready=size[0]), state
+        )
+        answers[factor_first] = (d.rule, size, (d.replicas, d.factor))
+    rule, before, after = answers[True]
+    assert rule == "factor-follows" and after[0] == before[0] == 1
+    assert after[1] == DEMO.max_lanes_per_replica // DEMO.partitions  # one pod's lane budget: 16
+    rule, before, after = answers[False]
+    assert rule == "settling" and after == before
