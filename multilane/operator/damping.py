@@ -301,6 +301,18 @@ class DampingRules:
                 f"scale-up {age:.0f}s ago (sized for {p.sized_for or 0.0:.1f} rec/s) has settled "
                 f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
             )
+        if settling and p is not None and shortfall and self._pods_carry(c, p, rec):
+            # demand grew beyond what the pending scale-up was sized for, but the pods it added
+            # carry it: the factor follows them (in place, the same scale-up), now sized for it
+            f = factor_for_pods(cfg, min(c.ready, c.cur_r), max(rec.factor, c.cur_f), c.cur_f)
+            if f > c.cur_f:
+                why = (
+                    f"factor {c.cur_f} -> {f}: input {c.input_rate:.1f} rec/s grew beyond the "
+                    f"{p.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and its "
+                    f"{c.ready} of {c.cur_r} pods carry it"
+                )
+                p.sized_for = c.input_rate
+                return Choice(c.cur_r, f, "factor-follows", why)
         if shortfall:
             r = max(rec.replicas, c.cur_r)
             f = self._factor_now(c, r, max(rec.factor, c.cur_f))
@@ -342,6 +354,17 @@ class DampingRules:
             "stabilising",
             f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
             f"{cfg.stabilisation_s:.0f}s stabilisation window",
+        )
+
+    def _pods_carry(self, c: DampingContext, p: ScaleUpRecord, rec: Recommendation) -> bool:
+        """The pending scale-up added pods, all of them are ready, and the recommendation needs no
+        more: a higher factor on them answers the demand (two-speed policy only)."""
+        return (
+            self.config.factor_first
+            and p.replicas_after > p.replicas_before
+            and c.cur_r == p.replicas_after
+            and c.ready >= c.cur_r
+            and rec.replicas <= c.cur_r
         )
 
     def _factor_now(self, c: DampingContext, replicas: int, wanted: int) -> int:

@@ -256,3 +256,30 @@ def test_a_pending_scale_ups_factor_follows_the_current_need_only_in_the_two_spe
     assert after[1] == DEMO.max_lanes_per_replica // DEMO.partitions  # one pod's lane budget: 16
     rule, before, after = answers[False]
     assert rule == "settling" and after == before
+
+
+def test_demand_beyond_a_pending_scale_up_that_its_new_pods_carry_raises_only_the_factor() -> None:
+    """The burst's first decision saw a partial rate (the sample straddled the onset): 2 pods for
+    1,000 rec/s. Two seconds later the input is 1,500 rec/s, beyond the 25 % margin, and both pods are
+    ready: the factor follows them to the current need, in place, as the same scale-up (rule
+    ``factor-follows``), and the pending scale-up is now sized for 1,500 rec/s. Without
+    ``factor_first`` the same demand is a new scale-up (``beyond-pending``)."""
+    rules = {}
+    for factor_first in (True, False):
+        config = replace(DEMO, factor_first=factor_first)
+        policy = AutoscalePolicy(config)
+        state = PolicyState()
+        size = (1, 3)
+        d, state = policy.decide(look(0, lag=20, input_rate=150, processing_rate=150, size=size), state)
+        d, state = policy.decide(look(2, lag=2500, input_rate=1000, processing_rate=150, size=size), state)
+        assert d.changed and d.replicas == 2, d.reason
+        size = (d.replicas, d.factor)
+        d, state = policy.decide(
+            look(4, lag=5000, input_rate=1500, processing_rate=400, size=size, ready=2, rebalancing=True),
+            state,
+        )
+        rules[factor_first] = d.rule
+        if factor_first:
+            assert d.replicas == 2 and size[1] < d.factor <= config.max_lanes_per_replica * 2 // config.partitions
+            assert state.pending_scale_up is not None and state.pending_scale_up.sized_for == 1500
+    assert rules == {True: "factor-follows", False: "beyond-pending"}
