@@ -280,6 +280,7 @@ def test_demand_beyond_a_pending_scale_up_that_its_new_pods_carry_raises_only_th
         )
         rules[factor_first] = d.rule
         if factor_first:
-            assert d.replicas == 2 and size[1] < d.factor <= config.max_lanes_per_replica * 2 // config.partitions
+            budget = config.max_lanes_per_replica * 2 // config.partitions
+            assert d.replicas == 2 and size[1] < d.factor <= budget
             assert state.pending_scale_up is not None and state.pending_scale_up.sized_for == 1500
     assert rules == {True: "factor-follows", False: "beyond-pending"}
