@@ -14,7 +14,10 @@ __all__ = ["RULES", "Decision", "Observation", "PolicyConfig", "validate_observa
 RULES: dict[str, str] = {
     "shortfall": "scale up at once to the current need: the lag is rising",
     "beyond-pending": "scale up at once: the need is clearly beyond what the pending scale-up was sized for",
-    "factor-follows": "raise the factor toward the pending scale-up's target as its pods become ready",
+    "factor-follows": (
+        "raise the factor as the pending scale-up's pods become ready: to its target, or to the current "
+        "need while the lag rises and those pods carry it (the same scale-up, in place)"
+    ),
     "stabilised": "scale up: recommended throughout the stabilisation window",
     "settling": "hold: a scale-up is settling (and its rollout running)",
     "stabilising": "hold: a scale-up without lag evidence waits for the stabilisation window",
