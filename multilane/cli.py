@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces"),
     "snapshot": ("multilane.pipeline.cli", "build state snapshots from changelogs with PySpark"),
     "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground"),
+    "check-logs": ("multilane.testing.check_logs", "delivery checkers over event logs collected from pods"),
 }
 
 
