@@ -317,7 +317,7 @@ async def run_operator_burst(
             if client is not None:
                 await client.close()
             admin.close()
-    assert result is not None
+    assert result is not None and loadgen is not None
     counts, _committed = await asyncio.to_thread(read_counts, bootstrap, topic, topic, range(partitions))
     verdict = judge(result.records, read_event_log(events_log), counts)
     offset = loadgen.started - t0

@@ -174,7 +174,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)  # kmock's key types are narrower
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(dict(self.objects[key].raw))
@@ -328,8 +328,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         diff = self._merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
         response = await super()._handle(evolved)
-        key = (res, request.namespace, request.name)
-        if key in self.objects and self.objects[key].deleted:
+        stored: Any = (res, request.namespace, request.name)
+        if stored in self.objects and self.objects[stored].deleted:
             await self._collect_garbage()  # a finalizer removal completed a deletion
         return response
 
@@ -346,7 +346,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if isinstance(payload, dict) and request.resource is not None:
             res = request.resource
             info = self.resources.get(res, None)
-            kind = (info.kind if info is not None and info.kind else "List") + "List"
+            kind = (getattr(info, "kind", None) or "List") + "List"
             payload["kind"] = kind
             payload["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
         return payload

@@ -19,7 +19,7 @@ from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.k8s_burst import BurstShape, run_operator_burst
 from tests.operator.conftest import CRD_PATH
 
-pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
+pytestmark = pytest.mark.broker
 
 PARTITIONS = 4
 # benchmarks/burst.py RATES[4]: a lull of 150 rec/s and a burst of 1,500 rec/s, 50 ms of I/O per record
@@ -41,6 +41,7 @@ def test_capacity_change_reads_the_decision_message() -> None:
     assert capacity_change("scale [idle]: replicas 3->1, factor 8->8: idle") == -16
 
 
+@pytest.mark.asyncio(loop_scope="function")
 async def test_burst_through_the_operator(broker: EmbeddedBroker, topic_name: str, tmp_path: Path) -> None:
     broker.create_topic(topic_name, PARTITIONS)
     run = await run_operator_burst(broker.bootstrap, topic_name, PARTITIONS, tmp_path, SHAPE, CRD_PATH)
