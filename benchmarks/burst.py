@@ -30,6 +30,12 @@ Variants, in the same run:
 - ``keda-hpa``: replicas only, at a fixed factor, as KEDA's Kafka scaler under the HPA would drive
   the same platform: desired = ceil(total lag / lagThreshold), 15 s sync and polling, 10 %
   tolerance, scale-up at most max(+100 %, +4 pods) per 15 s, 300 s scale-down window.
+- ``operator`` (not in the default ``--variants``; ``--variants multilane,operator`` prints it beside
+  the local plane's row): the ``multilane`` row through the Kubernetes path -- the real kopf operator
+  (a timer every ``--operator-tick`` s) against the emulated API server, a real ``multilane worker``
+  per pod of the StatefulSet it renders, each renewing its own Lease, and the operator's production
+  metric source (committed and end offsets); :mod:`multilane.testing.k8s_burst` says what is
+  emulated and what differs. Figures are measured the same way.
 
 Goals (ratios and figures of this run): recovery <= 10 s on 4 and 24 partitions; peak lag of
 ``multilane`` <= 1/4 of ``before`` with no more scale-ups; a 12-move rollout <= 8 s; the
@@ -51,7 +57,9 @@ from typing import Any
 
 from benchmarks._common import Column, Report, broker_session, log, main, ratio
 
-VARIANTS = ("multilane", "before", "keda-hpa")
+VARIANTS = ("multilane", "before", "keda-hpa", "operator")
+DEFAULT_VARIANTS = ("multilane", "before", "keda-hpa")
+CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "parallelconsumers.multilane.dev.yaml"
 # lull, burst (rec/s, total): what two cores carry with the stateful processor (a RocksDB write and a
 # changelog record per record) beside the broker, the workers and the load generator
 RATES = {4: (150.0, 1500.0), 24: (150.0, 1500.0), 64: (200.0, 2000.0)}
@@ -59,7 +67,14 @@ RATES = {4: (150.0, 1500.0), 24: (150.0, 1500.0), 64: (200.0, 2000.0)}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", default="", help="comma-separated partition counts (default 4,24,64)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated variants, of {','.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})",
+    )
+    parser.add_argument(
+        "--operator-tick", type=float, default=0.25, help="the operator variant's control-loop period (s)"
+    )
     parser.add_argument("--sleep-ms", type=float, default=50.0, help="simulated remote I/O per record")
     parser.add_argument("--burst-s", type=float, default=0.0, help="burst length (default 30 s, quick 15 s)")
     parser.add_argument("--keda-factor", type=int, default=16, help="the keda-hpa baseline's fixed factor")
@@ -218,8 +233,58 @@ async def _scenario(
         result.delivered_per_s,
         clock_offset_s=loadgen.started - t0,
     )
+    (workdir / f"timeline-{partitions}-{variant}-{run}.json").write_text(
+        json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
+    )
     moves = list(cp.executor.completed if cp.executor is not None else [])
-    # the scale-up's rollout: moves released between the onset and the end of the burst (wall clock)
+    return _row(partitions, variant, figures, moves, verdict, wall0, timeline.events)
+
+
+async def _operator_scenario(
+    bootstrap: str, partitions: int, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """The ``multilane`` row through the kopf operator and the StatefulSet process double (the steps of
+    :func:`multilane.testing.k8s_burst.run_operator_burst`, the load and figures of :func:`_scenario`)."""
+    from multilane.demo.run import _create_topic
+    from multilane.testing.k8s_burst import BurstShape, run_operator_burst
+
+    run = uuid.uuid4().hex[:6]
+    topic = f"burst-{partitions}-operator-{run}"
+    lull, burst = RATES.get(partitions, (10.0 * partitions, 100.0 * partitions))
+    burst_s = args.burst_s or (15.0 if args.quick else 30.0)
+    warm, tail = (8.0, 8.0) if args.quick else (10.0, 20.0)
+    await asyncio.to_thread(_create_topic, bootstrap, topic, partitions)
+    shape = BurstShape(lull, burst, warm, burst_s, tail, sleep_ms=args.sleep_ms)
+    result = await run_operator_burst(
+        bootstrap,
+        topic,
+        partitions,
+        workdir,
+        shape,
+        CRD_PATH,
+        max_replicas=3 if partitions <= 4 else 6,
+        tick_s=args.operator_tick,
+    )
+    timeline = result.timeline
+    (workdir / f"timeline-{partitions}-operator-{run}.json").write_text(
+        json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
+    )
+    return _row(
+        partitions, "operator", result.figures, result.handoffs, result.verdict, result.wall0, timeline.events
+    )
+
+
+def _row(
+    partitions: int,
+    variant: str,
+    figures: Any,
+    moves: list[Any],
+    verdict: Any,
+    wall0: float,
+    events: list[tuple[float, str, str]],
+) -> dict[str, Any]:
+    """Step 4's row: the burst figures, the scale-up's rollout (moves released between the onset and
+    the end of the burst, wall clock) and the verdict."""
     onset_wall = wall0 + figures.onset_s
     up = [
         h for h in moves if h.released_at is not None and onset_wall <= h.released_at <= wall0 + figures.end_s
@@ -227,10 +292,7 @@ async def _scenario(
     span = None
     if up:
         span = max(h.promoted_at or h.released_at or 0.0 for h in up) - min(h.released_at or 0.0 for h in up)
-    (workdir / f"timeline-{partitions}-{variant}-{run}.json").write_text(
-        json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
-    )
-    for t, reason, message in timeline.events:
+    for t, reason, message in events:
         if reason == "ScalingDecision":
             log(f"  t={t:5.1f}s {message[:160]}")
     checks = (
@@ -269,11 +331,18 @@ def body(args: argparse.Namespace, report: Report) -> None:
     sizes = tuple(int(s) for s in args.partitions.split(",") if s) or ((4,) if args.quick else (4, 24, 64))
     variants = [v for v in args.variants.split(",") if v in VARIANTS]
     report.params.update(
-        {"partitions": list(sizes), "variants": variants, "sleep_ms": args.sleep_ms, "rates": RATES}
+        {
+            "partitions": list(sizes),
+            "variants": variants,
+            "sleep_ms": args.sleep_ms,
+            "rates": RATES,
+            "operator_tick_s": args.operator_tick,
+        }
     )
     table = report.table(
         "burst",
-        "A 10x step burst: reaction and recovery of the control plane (real workers, local platform)",
+        "A 10x step burst: reaction and recovery of the control plane (real workers; the local platform, "
+        "or for variant operator the kopf operator with a pod per worker)",
         [
             Column("partitions"),
             Column("variant"),
@@ -306,7 +375,10 @@ def body(args: argparse.Namespace, report: Report) -> None:
             for variant in variants:
                 log(f"burst: {p} partitions, {variant}")
                 try:
-                    row = asyncio.run(_scenario(broker.bootstrap, p, variant, args, tmp))
+                    if variant == "operator":
+                        row = asyncio.run(_operator_scenario(broker.bootstrap, p, args, tmp))
+                    else:
+                        row = asyncio.run(_scenario(broker.bootstrap, p, variant, args, tmp))
                 except Exception as exc:  # a row fails alone
                     table.add_unavailable(f"{type(exc).__name__}: {exc}", partitions=p, variant=variant)
                     continue
@@ -369,6 +441,14 @@ def body(args: argparse.Namespace, report: Report) -> None:
         "late also scales down late, after the run ends, so a count of all actions would favour it; "
         "scale-downs are shown beside them."
     )
+    if "operator" in variants:
+        report.note(
+            "variant operator = the multilane row through the kopf operator (a timer every "
+            f"{args.operator_tick:g} s) against the emulated API server, a real worker process per pod "
+            "of the rendered StatefulSet (multilane.testing.pods), its own Lease per pod, and the "
+            "operator's default metric source (Kafka committed and end offsets); the local plane "
+            "decides from the workers' /v1/status. Figures are measured the same way for both."
+        )
     report.note(
         "reaction = burst onset -> first scale decision; recovery = onset -> processing >= 95% of the "
         "burst's achieved input for 3 s; rollout = first release -> last promotion; a move's pause = "

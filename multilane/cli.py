@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                  ("pipeline",)),
     "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground",
                ("embedded",)),
+    "check-logs": ("multilane.testing.check_logs", "delivery checkers over event logs collected from pods",
+                   ()),
 }
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multilane.operator.assignment import AssignmentState
+from multilane.operator.assignment import AssignmentState, WorkerControl
 from multilane.operator.children import ConsumerRef
 from multilane.operator.controller import ConsumerController, DecidingPolicy, TickResult
 from multilane.operator.handoff import (
@@ -41,7 +41,7 @@ from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableErr
 from multilane.operator.local_platform import LocalPlatform, LocalWorkerTemplate, write_json_atomic
 from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.planner import format_partition
-from multilane.operator.platform import WorkerInfo
+from multilane.operator.platform import Platform, WorkerInfo
 from multilane.operator.policy import PolicyConfig, PolicyState
 from multilane.operator.rollout import Rollout
 from multilane.operator.sources import MetricSample, MetricsUnavailableError, QueryContext
@@ -114,7 +114,8 @@ class LocalWorkerControl:
 
 
 class WorkerStatusSource:
-    """Metric source over the workers' ``/v1/status`` (see the module docstring).
+    """Metric source over the workers' ``/v1/status`` (see the module docstring). Any platform and
+    worker control will do: the burst benchmark samples the Kubernetes path's pods with it too.
 
     Invariants: ``_lag``/``_hwm`` keep the last value seen per partition (a partition in transit
     between owners keeps its last lag); rates come from consecutive samples of this source.
@@ -122,8 +123,8 @@ class WorkerStatusSource:
 
     def __init__(
         self,
-        platform: LocalPlatform,
-        control: LocalWorkerControl,
+        platform: Platform,
+        control: WorkerControl,
         ref: ConsumerRef,
         admin: KafkaAdminClient | None = None,
         clock: Callable[[], float] = time.time,

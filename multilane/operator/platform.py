@@ -64,7 +64,7 @@ def parse_time(value: str | None) -> dt.datetime | None:
 
 
 # Test-only: a template for worker control URLs in place of the headless Service's DNS names, with
-# the placeholders {pod}, {service}, {namespace} and {port} (tests/operator/pods.py routes
+# the placeholders {pod}, {service}, {namespace} and {port} (multilane/testing/pods.py routes
 # http://127.0.0.1:PORT/{namespace}/{pod} to the pod's process). Unset (the default) in a cluster.
 CONTROL_URL_TEMPLATE_ENV = "MULTILANE_CONTROL_URL_TEMPLATE"
 

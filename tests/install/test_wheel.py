@@ -85,7 +85,7 @@ def test_the_core_alone_runs_the_worker_and_names_missing_extras(wheel: Path, tm
                      cwd=outside).stdout.strip()
         assert found == "True", f"{absent} is installed in the core venv"
     exe = str(tmp_path / "core" / "bin" / "multilane")
-    for command in ("worker", "loadgen", "simulate"):
+    for command in ("worker", "loadgen", "simulate", "check-logs"):
         done = _run([exe, command, "--help"], cwd=outside)
         assert done.stdout.startswith(f"usage: multilane {command}"), done.stdout
     for command, (_module, _help, extras) in cli.COMMANDS.items():

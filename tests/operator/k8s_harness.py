@@ -1,5 +1,5 @@
 """The Kubernetes path end to end: the real kopf operator against the emulated API server, the
-:class:`~tests.operator.pods.StatefulSetProcessDouble` (a real ``multilane worker`` per pod, each
+:class:`~multilane.testing.pods.StatefulSetProcessDouble` (a real ``multilane worker`` per pod, each
 renewing its own Lease through TLS), the embedded broker, and the demo's stateful processor under
 paced load. The verdict is :func:`multilane.demo.check.judge`: every delivery checker, and the state
 restored from the changelogs equal to the reference counts of the produced records.
@@ -35,10 +35,10 @@ from multilane.operator.kube import KubeClient, api_path
 from multilane.operator.workers import ReleasedPartition
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
+from multilane.testing.pods import StatefulSetProcessDouble
 from multilane.testing.processors import append_kill_marker, read_event_log
 from multilane.worker.loadgen import RateProfile, produce_paced
 from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, OperatorRunner, cr_path
-from tests.operator.pods import StatefulSetProcessDouble
 
 PARTITIONS = 4
 PROCESSOR = "multilane.demo.processors:stateful_io"

@@ -1,5 +1,5 @@
 """``multilane operator`` as a process: kubeconfig login, cluster-wide watching, JSON logs, liveness
-endpoint, operator metrics. Against the emulated API server (tests/operator/emulator.py) and the
+endpoint, operator metrics. Against the emulated API server (multilane/testing/kube_api.py) and the
 embedded broker; no workers (nothing to assign), so this checks the wiring, not the control loop.
 """
 

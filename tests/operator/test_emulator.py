@@ -1,4 +1,4 @@
-"""Checks of the API-server emulator itself (tests/operator/emulator.py): the behaviours the other
+"""Checks of the API-server emulator itself (multilane/testing/kube_api.py): the behaviours the other
 operator tests rely on."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Restore-before-handoff through the real operator (kopf against the emulated API server), with a
-real ``multilane worker`` process per pod (``tests/operator/pods.py``), each renewing its own Lease,
+real ``multilane worker`` process per pod (``multilane/testing/pods.py``), each renewing its own Lease,
 on the embedded broker, under paced load. Every test ends with every delivery checker and the state
 restored from the changelogs equal to the reference (``tests/operator/k8s_harness.py``).
 

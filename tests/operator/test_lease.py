@@ -1,7 +1,7 @@
 """The worker-side ``LeaseKeeper`` against the emulated API server, and the operator's view of the
 same Lease through ``KubernetesPlatform``.
 
-Emulated: the API server (tests/operator/emulator.py; PUT with optimistic concurrency is emulated
+Emulated: the API server (multilane/testing/kube_api.py; PUT with optimistic concurrency is emulated
 there). Real: LeaseKeeper, KubernetesPlatform, the Lease manifest the operator creates.
 """
 
@@ -17,10 +17,10 @@ import pytest
 from multilane.operator.children import ConsumerRef, lease_manifest
 from multilane.operator.kube import KubeClient, api_path
 from multilane.operator.platform import KubernetesPlatform
+from multilane.testing.kube_api import ApiServerEmulator
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 from tests.operator.conftest import NS
 from tests.operator.doubles import wait_for
-from tests.operator.emulator import ApiServerEmulator
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

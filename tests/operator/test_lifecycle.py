@@ -1,4 +1,4 @@
-"""The real kopf operator against the emulated API server (tests/operator/emulator.py), the embedded
+"""The real kopf operator against the emulated API server (multilane/testing/kube_api.py), the embedded
 Kafka broker (real topics, real admin calls) and the worker-fleet double (tests/operator/doubles.py).
 
 Emulated, not real: the API server (kmock + ApiServerEmulator), the StatefulSet controller/kubelet

@@ -1,7 +1,7 @@
 """Worker side of fencing: a worker that cannot renew its Lease stops processing and committing at
 once, and resumes only with an assignment of a higher generation.
 
-Emulated: the API server (tests/operator/emulator.py), which is made to fail the worker's Lease
+Emulated: the API server (multilane/testing/kube_api.py), which is made to fail the worker's Lease
 calls. Real: the embedded Kafka broker, the engine, ``LeaseKeeper`` and the CLI's wiring of the two
 (``multilane.worker.cli.start_lease_keeper``).
 """
@@ -24,6 +24,7 @@ from multilane.operator.platform import WorkerInfo
 from multilane.operator.workers import ReleasedPartition, WorkerFencedError
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
+from multilane.testing.kube_api import ApiServerEmulator
 from multilane.testing.processors import EventRecorder, ProcessorConfig
 from multilane.worker.cli import lease_settings, start_lease_keeper
 from multilane.worker.config import ConfigError
@@ -32,7 +33,6 @@ from multilane.worker.lease import LeaseSettings
 from tests.integration.test_engine_harness import committed_offset, config, produce
 from tests.operator.conftest import NS
 from tests.operator.doubles import wait_for
-from tests.operator.emulator import ApiServerEmulator
 
 REF = ConsumerRef(name="app", namespace=NS, uid="uid-1")
 N = 6000

@@ -1,6 +1,6 @@
-"""``StatefulSetProcessDouble``: the StatefulSet controller and the kubelet for the operator tests, with
-a real ``multilane worker`` process per pod. A test double, not a cluster. Does I/O (processes, files,
-HTTP, TLS).
+"""``StatefulSetProcessDouble``: the StatefulSet controller and the kubelet for the operator tests and
+the burst benchmark's ``operator`` variant, with a real ``multilane worker`` process per pod. A test
+double, not a cluster. Does I/O (processes, files, HTTP, TLS).
 
 What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
 
@@ -55,7 +55,6 @@ import os
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import time
@@ -68,23 +67,11 @@ import aiohttp.web
 
 from multilane.operator.kube import KubeClient, api_path
 from multilane.testing.broker import free_port
+from multilane.testing.tls_front import TlsFront, self_signed_cert
 
-__all__ = ["PodProcess", "StatefulSetProcessDouble", "TlsFront", "self_signed_cert"]
+__all__ = ["PodProcess", "StatefulSetProcessDouble"]
 
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)\)")
-
-
-def self_signed_cert(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate (and key) for 127.0.0.1, made with the ``openssl`` command."""
-    cert, key = directory / "apiserver.crt", directory / "apiserver.key"
-    if not cert.exists():
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-keyout", str(key), "-out", str(cert), "-subj", "/CN=kubernetes",
-             "-addext", "subjectAltName=IP:127.0.0.1"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    return cert, key
 
 
 def _secret_data(secret: dict[str, Any] | None) -> dict[str, bytes]:
@@ -93,67 +80,6 @@ def _secret_data(secret: dict[str, Any] | None) -> dict[str, bytes]:
     out = {k: base64.b64decode(v) for k, v in ((secret or {}).get("data") or {}).items()}
     out.update({k: str(v).encode() for k, v in ((secret or {}).get("stringData") or {}).items()})
     return out
-
-
-class TlsFront:
-    """TLS in front of the emulated API server (plain HTTP) on its own port; :meth:`cut` closes every
-    connection and refuses new ones until :meth:`heal` (a network partition between a pod and the
-    API server)."""
-
-    def __init__(self, upstream_port: int, cert: Path, key: Path) -> None:
-        self.upstream_port = upstream_port
-        self.port = free_port()
-        self.cut_since: float | None = None
-        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ctx.load_cert_chain(str(cert), str(key))
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self._ctx)
-
-    async def stop(self) -> None:
-        self.cut()
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
-
-    def cut(self) -> None:
-        self.cut_since = time.monotonic()
-        for w in list(self._writers):
-            w.close()
-        self._writers.clear()
-
-    def heal(self) -> None:
-        self.cut_since = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut_since is not None:
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            writer.close()
-            return
-        self._writers.update((writer, up_writer))
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                dst.close()
-
-        try:
-            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-        finally:
-            self._writers.discard(writer)
-            self._writers.discard(up_writer)
 
 
 @dataclass

@@ -24,19 +24,25 @@ Emulated here (kmock 0.8 lacks them; see FACTS.md in the shared reference folder
 
 The request log (``kmock.requests``) keeps only the requests in flight (see ``_handle``).
 
-Not emulated: controllers (no pods appear for a StatefulSet; tests create them), label-selector
-filtering on the server (the operator filters on its side too), watch ``resourceVersion``
-bookmarks, RBAC/authentication, admission webhooks.
+Not emulated: controllers (no pods appear for a StatefulSet; tests create them, or
+:class:`~multilane.testing.pods.StatefulSetProcessDouble` runs them), label-selector filtering on the
+server (the operator filters on its side too), watch ``resourceVersion`` bookmarks,
+RBAC/authentication, admission webhooks.
+
+:func:`emulated_api_server` serves it on loopback with the ParallelConsumer CRD and the builtin
+resources the operator and the workers use (the operator tests' ``api`` fixture, the burst
+benchmark's ``operator`` variant). Test support: needs the ``test`` extra (kmock, jsonschema).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import itertools
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,21 @@ import yaml
 from kmock._internal import enums  # the action enum is not re-exported under this name
 
 _rv = itertools.count(1000)
+
+# (group/version, plural, kind, has a status subresource): the builtin resources the operator, its
+# children and the workers' Leases use.
+BUILTINS: tuple[tuple[str, str, str, bool], ...] = (
+    ("v1", "pods", "Pod", True),
+    ("v1", "secrets", "Secret", False),
+    ("v1", "services", "Service", True),
+    ("v1", "serviceaccounts", "ServiceAccount", False),
+    ("v1", "events", "Event", False),
+    ("apps/v1", "statefulsets", "StatefulSet", True),
+    ("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    ("rbac.authorization.k8s.io/v1", "roles", "Role", False),
+    ("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", False),
+    ("coordination.k8s.io/v1", "leases", "Lease", False),
+)
 
 
 def _strip_x(schema: Any) -> Any:
@@ -153,7 +174,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
-        key = (request.resource, request.namespace, request.name)
+        key: Any = (request.resource, request.namespace, request.name)  # kmock's key types are narrower
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(dict(self.objects[key].raw))
@@ -307,8 +328,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         diff = self._merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
         response = await super()._handle(evolved)
-        key = (res, request.namespace, request.name)
-        if key in self.objects and self.objects[key].deleted:
+        stored: Any = (res, request.namespace, request.name)
+        if stored in self.objects and self.objects[stored].deleted:
             await self._collect_garbage()  # a finalizer removal completed a deletion
         return response
 
@@ -325,7 +346,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if isinstance(payload, dict) and request.resource is not None:
             res = request.resource
             info = self.resources.get(res, None)
-            kind = (info.kind if info is not None and info.kind else "List") + "List"
+            kind = (getattr(info, "kind", None) or "List") + "List"
             payload["kind"] = kind
             payload["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
         return payload
@@ -369,3 +390,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True)
+
+
+@contextlib.asynccontextmanager
+async def emulated_api_server(crd_path: Path) -> AsyncIterator[tuple[ApiServerEmulator, str]]:
+    """The emulator serving on loopback with the CRD at ``crd_path`` and :data:`BUILTINS` loaded;
+    yields ``(emulator, base URL)``."""
+    async with ApiServerEmulator() as emu, kmock.Server(emu):
+        emu.load_crd(crd_path)
+        for gv, plural, kind, status in BUILTINS:
+            emu.add_builtin(gv if "/" in gv else f"/{gv}", plural, kind, status=status)
+        # kopf's namespace observer waits for the namespaces resource to be discoverable (it is not
+        # listed: the operator runs cluster-wide).
+        emu.add_builtin("/v1", "namespaces", "Namespace", namespaced=False)
+        yield emu, str(emu.url).rstrip("/")
