@@ -122,6 +122,12 @@ async def test_operator_restart_mid_rollout_resumes_from_status(k8s: K8sHarness,
     await second.start()
     await wait_until(lambda: h.balanced(2), 90, "rollout completed by the new operator", h)
     after = await h.status()
-    assert after["assignment"]["generation"] > generation
+    # Before a release the new operator still has a generation to persist (the promotion's); a
+    # promotion's generation is persisted before its push, so the resumed push re-sends it.
+    if at == "release":
+        assert after["assignment"]["generation"] > generation
+    else:
+        assert after["assignment"]["generation"] >= generation
+    assert not after.get("rollout", {}).get("moves"), f"rollout not finished: {after.get('rollout')}"
     v = await finish(h, second)
     print(f"operator restart before {at}: produced {v.produced}, replayed {v.replayed}")
