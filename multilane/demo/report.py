@@ -44,6 +44,39 @@ class DemoSample:
     owners: Mapping[str, str]  # partition -> owner (or "A -> B" during a move)
     load: str  # which step of the load profile runs
 
+    @classmethod
+    def from_status(
+        cls,
+        now: float,
+        metrics: Any,
+        status: Mapping[str, Any],
+        alive: int,
+        partitions: Sequence[str],
+        load: str,
+    ) -> DemoSample:
+        """A sample from a control-plane status (``assignment`` members, ``rollout`` moves, ``factor``)
+        and a metric sample (``total_lag``, ``input_rate``, ``processing_rate``; None: not measured)."""
+        assigned = (status.get("assignment") or {}).get("members") or []
+        members = {p: w["worker"] for w in assigned for p in w["partitions"]}
+        phases = {p: "active" if p in members else "unassigned" for p in partitions}
+        owners = dict(members)
+        for mv in (status.get("rollout") or {}).get("moves") or []:
+            if mv.get("phase") in ("learning", "releasing", "promoting", "pending"):
+                phases[mv["partition"]] = mv["phase"]
+                owners[mv["partition"]] = f"{mv.get('source') or '-'} -> {mv['target']}"
+        m = metrics
+        return cls(
+            t=now,
+            lag=0 if m is None else m.total_lag,
+            input_rate=0.0 if m is None or m.input_rate is None else m.input_rate,
+            processing_rate=0.0 if m is None or m.processing_rate is None else m.processing_rate,
+            replicas=alive,
+            factor=int(status.get("factor") or 1),
+            phases=phases,
+            owners=owners,
+            load=load,
+        )
+
 
 @dataclass(frozen=True)
 class HandoffPause:

@@ -422,27 +422,8 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 def _sample(now: float, m: Any, status: dict[str, Any], report: Any, partitions: list[str], load: str) -> Any:
     from multilane.demo.report import DemoSample
 
-    members = {
-        p: w["worker"] for w in (status.get("assignment") or {}).get("members") or [] for p in w["partitions"]
-    }
-    phases = {p: "active" if p in members else "unassigned" for p in partitions}
-    owners = dict(members)
-    for mv in (status.get("rollout") or {}).get("moves") or []:
-        if mv["phase"] in ("learning", "releasing", "promoting", "pending"):
-            phases[mv["partition"]] = mv["phase"]
-            owners[mv["partition"]] = f"{mv.get('source') or '-'} -> {mv['target']}"
     alive = sum(1 for w in report.workers if w.alive)
-    return DemoSample(
-        t=now,
-        lag=0 if m is None else m.total_lag,
-        input_rate=0.0 if m is None or m.input_rate is None else m.input_rate,
-        processing_rate=0.0 if m is None or m.processing_rate is None else m.processing_rate,
-        replicas=alive,
-        factor=int(status.get("factor") or 1),
-        phases=phases,
-        owners=owners,
-        load=load,
-    )
+    return DemoSample.from_status(now, m, status, alive, partitions, load)
 
 
 def _drained(statuses: dict[str, dict[str, Any]], result: Any) -> bool:

@@ -311,8 +311,7 @@ class DampingRules:
                     f"{p.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and its "
                     f"{c.ready} of {c.cur_r} pods carry it"
                 )
-                p.sized_for = c.input_rate
-                return Choice(c.cur_r, f, "factor-follows", why)
+                return Choice(c.cur_r, f, "factor-follows", why, resized_input=c.input_rate)
         if shortfall:
             r = max(rec.replicas, c.cur_r)
             f = self._factor_now(c, r, max(rec.factor, c.cur_f))
@@ -449,3 +448,6 @@ class Choice:
     rule: str
     reason: str
     sized_for: float | None = None
+    resized_input: float | None = None
+    """Only on a ``factor-follows``: the input rate the pending scale-up is sized for from now on
+    (None: unchanged). Applied by the caller (step 6 of ``decide``)."""

@@ -174,8 +174,11 @@ class AutoscalePolicy:
             if cfg.partitions * new_f > cur_lanes or new_r > cur_r:
                 p = st.pending_scale_up
                 if choice.rule == "factor-follows" and p is not None:
-                    # the same scale-up, completed as its pods became ready
+                    # the same scale-up, completed as its pods became ready (and re-sized when the
+                    # demand grew beyond it but its pods carry it)
                     p.lanes_after = cfg.partitions * new_f
+                    if choice.resized_input is not None:
+                        p.sized_for = choice.resized_input
                 else:
                     st.pending_scale_up = ScaleUpRecord(
                         time=now,

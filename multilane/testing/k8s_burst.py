@@ -161,26 +161,7 @@ def consumer_body(
 def _sample(
     now: float, m: MetricSample | None, status: dict[str, Any], alive: int, partitions: Sequence[str]
 ) -> DemoSample:
-    members = {
-        p: w["worker"] for w in (status.get("assignment") or {}).get("members") or [] for p in w["partitions"]
-    }
-    phases = {p: "active" if p in members else "unassigned" for p in partitions}
-    owners = dict(members)
-    for mv in (status.get("rollout") or {}).get("moves") or []:
-        if mv.get("phase") in ("learning", "releasing", "promoting", "pending"):
-            phases[mv["partition"]] = mv["phase"]
-            owners[mv["partition"]] = f"{mv.get('source') or '-'} -> {mv['target']}"
-    return DemoSample(
-        t=now,
-        lag=0 if m is None else m.total_lag,
-        input_rate=0.0 if m is None or m.input_rate is None else m.input_rate,
-        processing_rate=0.0 if m is None or m.processing_rate is None else m.processing_rate,
-        replicas=alive,
-        factor=int(status.get("factor") or 1),
-        phases=phases,
-        owners=owners,
-        load="burst",
-    )
+    return DemoSample.from_status(now, m, status, alive, partitions, "burst")
 
 
 def _drained(statuses: dict[str, dict[str, Any]], records: Sequence[Any]) -> bool:
