@@ -6,9 +6,10 @@ Phases of a partition in this worker: *closed* (maybe with a checkpoint on disk)
 (promotion) -> *active*; *active* -> ``demote`` -> *learning*; *learning*/*closed* -> ``drop`` -> gone.
 See ``docs/state.md`` for the durability order, checkpoint rules and the learner protocol.
 
-Length (~650 lines): the hooks the engine calls (open, before_commit, close) and the learner verbs
-(learn, promote, demote, drop) share one lock over the partitions' stores and their phases; split,
-the phase transitions could no longer be checked in one place.
+The hooks the engine calls (open, before_commit, close) and the learner verbs (learn, promote,
+demote, drop) share one lock over the partitions' stores and their phases, so every phase transition
+is here, checkable in one place. What an open does to the store itself (a learner's promotion, the
+checkpoint rules, the snapshot load, the changelog replay) is in ``opening.py``.
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ from types import TracebackType
 from prometheus_client.registry import Collector
 
 from multilane.worker.keyranges import KeyRange
-from multilane.worker.state import metrics
-from multilane.worker.state.apply import ApplyFilter, ChangeApplier, DoneOracle
+from multilane.worker.state import metrics, opening
+from multilane.worker.state.apply import ApplyFilter, DoneOracle
 from multilane.worker.state.changelog import ChangelogTopicAdmin, ChangelogWriter, changelog_topic_name
 from multilane.worker.state.checkpoint import Checkpoint, CheckpointStore
 from multilane.worker.state.committed import CommittedOffsetReader
-from multilane.worker.state.errors import CheckpointError, StateDurabilityError, StatePhaseError
+from multilane.worker.state.errors import StateDurabilityError, StatePhaseError
 from multilane.worker.state.learner import PartitionLearner
+from multilane.worker.state.opening import OpenRestorer, checkpoint_usable
 from multilane.worker.state.partition import ActivePartitionState
-from multilane.worker.state.reader import ChangelogOffsetError, ChangelogReader, OnCorrupt
-from multilane.worker.state.restore import ChangelogRestorer, RestoreStatus
+from multilane.worker.state.reader import ChangelogReader, OnCorrupt
+from multilane.worker.state.restore import RestoreStatus
 from multilane.worker.state.snapshot import SnapshotLoader
 from multilane.worker.state.store import PartitionStore, partition_dir
 from multilane.worker.state.view import KeyRangeStateView
@@ -43,22 +45,6 @@ __all__ = ["StateManager", "checkpoint_usable"]
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
-
-
-def checkpoint_usable(ckpt: Checkpoint, flt: ApplyFilter) -> tuple[bool, str]:
-    """May a store closed with ``ckpt`` be reused under ``flt``? Pure.
-
-    Yes when the committed offset has not moved backwards (changes below the old one stay committed)
-    and every change applied at or above the old committed offset is applicable now.
-    """
-    if flt.committed_offset < ckpt.committed_offset:
-        return False, (
-            f"committed offset {flt.committed_offset} is behind the checkpoint's {ckpt.committed_offset}"
-        )
-    bad = [s for s in ckpt.above_commit_sources if not flt.applicable(*s)]
-    if bad:
-        return False, f"{len(bad)} local changes belong to records that are not complete (first {bad[0]})"
-    return True, "ok"
 
 
 class StateManager:
@@ -126,6 +112,8 @@ class StateManager:
         # Partitions whose close_partition is running; the event is set when it has finished.
         # Invariant: an entry exists exactly while a close of that partition runs.
         self._closing: dict[TP, threading.Event] = {}
+        # Steps 4-5 of open_partition (no state of its own).
+        self._restorer = OpenRestorer(self._snapshots, self._reader, stall_timeout_s=self._stall_timeout_s)
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -149,21 +137,6 @@ class StateManager:
             consumer_config=self._consumer_config,
             on_corrupt=self.on_corrupt,
         )
-
-    def _take_checkpoint(self, directory: Path) -> Checkpoint | None:
-        """Read and delete the checkpoint: from here on the store may change, so it must not be reused
-        after a crash."""
-        ckpts = CheckpointStore(directory)
-        try:
-            ckpt = ckpts.read()
-        except CheckpointError as exc:
-            log.warning("ignoring %s: %s", ckpts.path, exc)
-            ckpt = None
-        if PartitionStore(directory).bulk_interrupted:
-            log.warning("a bulk load of %s was interrupted: the store is wiped", directory)
-            ckpt = None
-        ckpts.remove()
-        return ckpt
 
     def _wait_closed(self, tp: TP) -> None:
         """Wait until a close of ``tp`` that is still running has finished (it may run after the engine
@@ -210,57 +183,18 @@ class StateManager:
             learner = self._learners.pop(tp, None)
         # 1.
         if learner is not None:
-            try:
-                result = learner.promote(committed_offset, progress)
-            except BaseException:
-                learner.status.phase = "failed"
-                learner.store.close()
-                raise
-            finally:
-                learner.reader.close()
-            if result.fast:
-                log.info(
-                    "promoted %s[%d] in %.3fs (stop %.3fs, catch-up %.3fs; %d held-back changes applied, "
-                    "%d dropped)",
-                    topic,
-                    partition,
-                    result.seconds,
-                    result.stop_seconds,
-                    result.catch_up_seconds,
-                    result.applied_from_buffer,
-                    result.dropped,
-                )
+            result = opening.promote_learner(learner, committed_offset, progress)
+            if result is not None:
                 self._activate(
                     tp, learner.store, flt, result.changelog_offset, set(result.above_commit_sources)
                 )
                 return
-            log.warning(
-                "slow promotion of %s[%d]: %s; restoring from the changelog start",
-                topic,
-                partition,
-                result.reason,
-            )
-            metrics.SLOW_PROMOTIONS.labels(topic, str(partition)).inc()
-            learner.store.wipe()
         # 2.
         clt = self.changelog_topic(topic)
         self._admin.ensure(clt, topic)
         # 3.
         directory = partition_dir(self.state_dir, topic, partition)
-        store = PartitionStore(directory)
-        ckpt = self._take_checkpoint(directory)
-        start, sources = 0, set()
-        if ckpt is not None:
-            ok, why = checkpoint_usable(ckpt, flt)
-            if ok:
-                start, sources = ckpt.changelog_offset, set(ckpt.above_commit_sources)
-            else:
-                log.info("checkpoint of %s[%d] not reusable (%s); full restore", topic, partition, why)
-        if start == 0:
-            store.wipe()
-            if self.bulk_restore:
-                store.begin_bulk()
-        store.open()
+        store, start, sources = opening.prepare_store(directory, tp, flt, bulk_restore=self.bulk_restore)
         status = RestoreStatus(topic, partition, committed_offset=committed_offset)
         with self._lock:
             self._status[tp] = status
@@ -268,107 +202,14 @@ class StateManager:
         # One changelog reader (consumer) for the probe of step 4 and the replay of step 5.
         reader = self._reader(topic, partition)
         try:
-            self._restore(tp, store, flt, sources, start, status, reader, t0)
+            # 4., 5.
+            position, above_commit_sources = self._restorer.restore(
+                tp, store, flt, sources, start, status, reader, t0
+            )
+            # 6.
+            self._activate(tp, store, flt, position, above_commit_sources)
         finally:
             reader.close()
-
-    def _restore(
-        self,
-        tp: TP,
-        store: PartitionStore,
-        flt: ApplyFilter,
-        sources: set[tuple[int, int]],
-        start: int,
-        status: RestoreStatus,
-        reader: ChangelogReader,
-        t0: float,
-    ) -> None:
-        """Steps 4-6 of :meth:`open_partition` (blocking; Kafka, RocksDB and snapshot I/O)."""
-        topic, partition = tp
-        committed_offset = flt.committed_offset
-        # 4.
-        from_snapshot = False
-        if start == 0 and self._snapshots is not None:
-            try:
-                load = self._snapshots.load(
-                    topic,
-                    partition,
-                    committed_offset,
-                    store,
-                    status,
-                    changelog_end=lambda: reader.probe_end(self._stall_timeout_s),
-                )
-            except BaseException:
-                status.phase = "failed"
-                store.close()
-                raise
-            if load is not None:
-                start, from_snapshot = load.changelog_offset, True
-        # 5.
-        log.info(
-            "restoring %s[%d] from changelog offset %d (committed offset %d%s)",
-            topic,
-            partition,
-            start,
-            committed_offset,
-            f", snapshot {status.snapshot_id}" if from_snapshot else "",
-        )
-        try:
-            try:
-                position, applier = self._replay(reader, store, flt, sources, start, status)
-            except ChangelogOffsetError as exc:
-                if not from_snapshot:
-                    raise
-                log.warning("%s (snapshot %s): replaying the whole changelog", exc, status.snapshot_id)
-                metrics.SNAPSHOT_RESTORES.labels(topic, str(partition), "failed").inc()
-                store.wipe()
-                store.open()
-                status.snapshot_id, status.snapshot_rows, status.snapshot_rows_loaded = None, 0, 0
-                start = 0
-                fresh = self._reader(topic, partition)
-                try:
-                    position, applier = self._replay(fresh, store, flt, sources, start, status)
-                finally:
-                    fresh.close()
-            bulk_t0 = time.monotonic()
-            store.end_bulk()  # RocksDB compacts it in the background
-            bulk_s = time.monotonic() - bulk_t0
-        except BaseException:
-            status.phase = "failed"
-            store.close()
-            raise
-        log.info(
-            "restored %s[%d] from changelog offset %d to %d in %.2fs (%d snapshot keys, %d applied, "
-            "%d skipped; bulk flush %.2fs)",
-            topic,
-            partition,
-            start,
-            position,
-            time.monotonic() - t0,
-            status.snapshot_rows_loaded,
-            applier.applied,
-            applier.skipped,
-            bulk_s,
-        )
-        # 6.
-        self._activate(tp, store, flt, position, applier.above_commit_sources)
-
-    def _replay(
-        self,
-        reader: ChangelogReader,
-        store: PartitionStore,
-        flt: ApplyFilter,
-        sources: set[tuple[int, int]],
-        start: int,
-        status: RestoreStatus,
-    ) -> tuple[int, ChangeApplier]:
-        """Read the changelog from ``start`` to its end into ``store`` with ``reader`` (blocking;
-        Kafka and RocksDB I/O). Returns the end position and the applier (its counts and
-        above-commit sources)."""
-        applier = ChangeApplier(flt, None, set(sources))
-        reader.seek(start)
-        ChangelogRestorer(reader, store, applier, status, stall_timeout_s=self._stall_timeout_s).run_to_end()
-        return reader.position, applier
 
     def _activate(
         self,
@@ -526,7 +367,7 @@ class StateManager:
             # 2.
             directory = partition_dir(self.state_dir, topic, partition)
             store = PartitionStore(directory)
-            ckpt = self._take_checkpoint(directory)
+            ckpt = opening.take_checkpoint(directory)
             start, unverified = 0, set()
             if ckpt is not None and committed >= ckpt.committed_offset:
                 start, unverified = ckpt.changelog_offset, set(ckpt.above_commit_sources)
