@@ -39,8 +39,11 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
    - ``EVENT``: returned to the caller (Kubernetes Event / log line).
 6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
 
-Length (~660 lines): the six steps of a pass, the batched calls and the completed-move records
-share the executor's in-memory state (releases seen, timings); split, each part would need it.
+Modules: this one drives the calls. :mod:`~multilane.operator.handoff_model` (pure) holds the data
+model and the parts of a step that need no I/O (observation, placement, members, completed-move
+records), given the executor's in-memory state (releases seen, timings) as arguments;
+:mod:`~multilane.operator.handoff_control` the worker calls, the status write and a step's result.
+Their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -49,27 +52,34 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import replace
+from typing import Any
 
-from multilane.operator.assignment import AssignmentCoordinator, AssignmentState, WorkerControl
-from multilane.operator.planner import AssignmentPlanner, format_partition
+from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
+from multilane.operator.handoff_control import (
+    HandoffControl,
+    HandoffControlClient,
+    HandoffStep,
+    PersistHandoff,
+)
+from multilane.operator.handoff_model import (
+    HandoffConfig,
+    HandoffRecord,
+    by_worker,
+    drop_orphaned_pending,
+    handed_off_event,
+    observe_worker,
+    place_unowned,
+    promote_members,
+    rebalance_moves,
+    release_members,
+    take_done_records,
+    with_released,
+)
+from multilane.operator.planner import AssignmentPlanner
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.rollout import (
-    Action,
-    ActionKind,
-    MovePhase,
-    Rollout,
-    RolloutCoordinator,
-    WorkerObservation,
-)
-from multilane.operator.workers import (
-    ReleasedPartition,
-    WorkerControlClient,
-    WorkerFencedError,
-    WorkerUnreachableError,
-    _partitions_body,
-)
+from multilane.operator.rollout import Action, ActionKind, MovePhase, Rollout, WorkerObservation
+from multilane.operator.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
 __all__ = [
     "HandoffConfig",
@@ -83,105 +93,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_LEARNING_PHASES = ("restoring", "learning")
-
-
-@runtime_checkable
-class HandoffControl(WorkerControl, Protocol):
-    """The worker control calls the executor needs (the assignment calls plus the learner calls)."""
-
-    async def learn(self, base_url: str, partitions: Iterable[str]) -> None: ...
-
-    async def drop(self, base_url: str, partitions: Iterable[str]) -> None: ...
-
-
-class HandoffControlClient(WorkerControlClient):
-    """:class:`WorkerControlClient` plus ``/v1/learn`` and ``/v1/drop`` (HTTP I/O)."""
-
-    async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
-        await self._call("POST", f"{base_url}/v1/learn", {"partitions": _partitions_body(partitions)})
-
-    async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
-        await self._call("POST", f"{base_url}/v1/drop", {"partitions": _partitions_body(partitions)})
-
-
-@dataclass(frozen=True)
-class HandoffConfig:
-    """From ``spec.state`` and ``spec.scaling``. Invariants: all values > 0."""
-
-    acceptable_recovery_lag: int = 10_000  # spec.state.acceptableRecoveryLag
-    learner_timeout_s: float = 600.0  # spec.state.learnerTimeoutSeconds
-    max_concurrent_warmups: int = 4  # spec.scaling.maxPartitionsMovedAtOnce
-    release_deadline_s: float = 30.0  # drain budget of a releasing worker
-
-    def coordinator(self) -> RolloutCoordinator:
-        return RolloutCoordinator(
-            acceptable_recovery_lag=self.acceptable_recovery_lag,
-            max_concurrent_warmups=self.max_concurrent_warmups,
-            learner_timeout_s=self.learner_timeout_s,
-        )
-
-
-@dataclass(frozen=True)
-class HandoffRecord:
-    """One completed move. ``pause_s``: from the release call to the end of the promotion call (the
-    partition is processed by nobody in between); ``learn_s``: warm-up time before the release."""
-
-    partition: str
-    source: str | None
-    target: str
-    eager: bool
-    learn_s: float
-    pause_s: float
-    final_offset: int | None
-    release_s: float | None = None  # the release call (drain, final commit, store close on the source)
-    promote_s: float | None = None  # the promotion call (tail applied, partition opened on the target)
-    released_at: float | None = None  # wall time (epoch) the release call started
-    promoted_at: float | None = None  # wall time (epoch) the promotion call returned
-
-
-@dataclass
-class HandoffStep:
-    """What a step did and what the caller must write."""
-
-    assignment: AssignmentState
-    rollout: Rollout | None
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    handoffs: list[HandoffRecord] = field(default_factory=list)  # moves completed in this step
-    remove_to: int | None = None  # REMOVE_WORKERS: the replica count to scale the platform down to
-    blocked: str = ""
-    observations: dict[str, WorkerObservation] = field(default_factory=dict)
-
-    @property
-    def in_progress(self) -> bool:
-        return self.rollout is not None or self.assignment.pending is not None
-
-
-PersistHandoff = Callable[[AssignmentState, Rollout | None], Awaitable[None]]
-
-
-def observe_worker(name: str, alive: bool, status: Mapping[str, Any] | None) -> WorkerObservation:
-    """A :class:`WorkerObservation` from a worker's ``/v1/status`` answer (None: no answer). Pure."""
-    if not alive or status is None:
-        return WorkerObservation(name=name, alive=alive)
-    active = frozenset(
-        format_partition(str(p["topic"]), int(p["partition"]))
-        for p in status.get("partitions") or []
-        if p.get("phase") == "active"
-    )
-    learners: dict[str, int | None] = {}
-    for entry in status.get("learners") or []:
-        if entry.get("phase") in _LEARNING_PHASES:
-            # The lag that decides "caught up" is what is still to be *read* from the changelog
-            # (``unread``): changes held back because their records are not committed yet
-            # (``buffered``) are in memory and applied in milliseconds at promotion, and under load
-            # there are always about a commit interval's worth of them.
-            lag = entry.get("unread", entry.get("restore_lag"))
-            learners[format_partition(str(entry["topic"]), int(entry["partition"]))] = (
-                None if lag is None else int(lag)
-            )
-    return WorkerObservation(name=name, alive=True, active=active, learner_lag=learners)
 
 
 class HandoffExecutor:
@@ -249,7 +160,7 @@ class HandoffExecutor:
             return result
         # 3. Place unowned partitions (pending moves whose source died become placements).
         if rollout is not None:
-            kept = self._drop_orphaned_pending(rollout, obs)
+            kept = drop_orphaned_pending(rollout, obs, self.clock)
             if kept != rollout:
                 rollout = kept
                 await self.persist(assignment, rollout)
@@ -277,7 +188,7 @@ class HandoffExecutor:
                 if any(a.kind is ActionKind.RELEASE for a in actions):
                     # the releases just answered: promote their targets now, from what the executor
                     # knows, instead of waiting for every worker's status (the partition is paused)
-                    obs = self._with_released(obs)
+                    obs = with_released(obs, self._released)
                 else:
                     obs = await self._observe(workers)
                 result.observations = obs
@@ -302,16 +213,7 @@ class HandoffExecutor:
             return observe_worker(w.name, w.alive, status)
 
         found = await asyncio.gather(*(one(w) for w in workers))
-        return self._with_released({o.name: o for o in found})
-
-    def _with_released(self, obs: Mapping[str, WorkerObservation]) -> dict[str, WorkerObservation]:
-        """``obs`` with the releases this executor saw answered (a re-sent release answers at once)."""
-        out = dict(obs)
-        for name, o in obs.items():
-            released = {p: off for (src, p), off in self._released.items() if src == name}
-            if released:
-                out[name] = replace(o, released={**o.released, **released})
-        return out
+        return with_released({o.name: o for o in found}, self._released)
 
     async def _place(
         self,
@@ -323,29 +225,11 @@ class HandoffExecutor:
         receivers: set[str],
         result: HandoffStep,
     ) -> AssignmentState:
-        moving = set()
-        if rollout is not None:
-            # The rollout owns every move under way (a learning move whose source died is promoted
-            # by it: its target is already warm); only partitions outside them are placed here.
-            moving = {
-                m.partition
-                for m in rollout.moves
-                if m.phase in (MovePhase.LEARNING, MovePhase.RELEASING, MovePhase.PROMOTING)
-            }
-        alive = {w for w, o in obs.items() if o.alive}
-        owned = {p for w, ps in assignment.members.items() if w in alive for p in ps}
-        unowned = [p for p in partitions if p not in owned and p not in moving]
-        if not unowned or not receivers:
+        """Step 3: push the placements of :func:`place_unowned` (persisted first)."""
+        placed = place_unowned(assignment.members, rollout, obs, partitions, receivers)
+        if placed is None:
             return assignment
-        current = {w: ps for w, ps in assignment.members.items() if w in alive}
-        plan = AssignmentPlanner(max_moves=1).plan(current, receivers, partitions)
-        members = {w: tuple(p for p in ps if p not in unowned) for w, ps in assignment.members.items()}
-        targets: dict[str, list[str]] = {}
-        for m in plan.moves:
-            if m.source is None and m.partition in unowned:
-                targets.setdefault(m.target, []).append(m.partition)
-        for w, ps in targets.items():
-            members[w] = tuple(sorted(set(members.get(w, ())) | set(ps)))
+        members, targets = placed
         assignment = AssignmentState(generation=assignment.generation + 1, members=members)
         # intent first, then the pushes
         await self.persist(assignment, rollout)
@@ -371,15 +255,12 @@ class HandoffExecutor:
         replicas: int,
         result: HandoffStep,
     ) -> Rollout | None:
-        alive = {w for w, o in obs.items() if o.alive}
-        current = {w: ps for w, ps in assignment.members.items() if w in alive}
+        """Step 4: start the rollout of :func:`rebalance_moves` (persisted), or remove leaving workers
+        that hold nothing."""
         leaving = sorted(w for w in by_name if w not in receivers and by_name[w].alive)
         if not receivers:
             return None
-        plan = AssignmentPlanner(max_moves=None).plan(current, receivers, partitions)
-        owner_now = {p: w for w, ps in current.items() for p in ps}
-        owner_next = {p: w for w, ps in plan.assignment.items() for p in ps}
-        moving = {p: owner_next[p] for p in owner_next if p in owner_now and owner_now[p] != owner_next[p]}
+        current, owner_now, moving = rebalance_moves(assignment.members, obs, partitions, receivers)
         holding = [w for w in leaving if current.get(w)]
         if not moving and not holding:
             if leaving and len(by_name) > replicas:
@@ -427,7 +308,7 @@ class HandoffExecutor:
         for a in actions:
             kinds.setdefault(a.kind, []).append(a)
         # 1.
-        learn = _by_worker(kinds.get(ActionKind.LEARN, ()))
+        learn = by_worker(kinds.get(ActionKind.LEARN, ()))
         for ps in learn.values():
             for partition in ps:
                 self._learn_started.setdefault(partition, time.monotonic())
@@ -439,7 +320,7 @@ class HandoffExecutor:
         if ActionKind.RELEASE in kinds:
             assignment = await self._release(kinds[ActionKind.RELEASE], assignment, rollout, by_name, result)
         # 4.
-        drops = _by_worker(kinds.get(ActionKind.DROP_LEARNER, ()))
+        drops = by_worker(kinds.get(ActionKind.DROP_LEARNER, ()))
         await self._each(drops, by_name, self.control.drop, "drop")
         # 5.
         for a in actions:
@@ -476,43 +357,11 @@ class HandoffExecutor:
 
     def _record_done(self, rollout: Rollout, result: HandoffStep) -> None:
         """Moves that reached DONE become :class:`HandoffRecord` s and ``HandedOff`` events."""
-        for m in rollout.moves:
-            if m.phase is MovePhase.DONE and m.partition in self._release_started:
-                started = self._release_started.pop(m.partition)
-                learn_started = self._learn_started.pop(m.partition, started)
-                record = HandoffRecord(
-                    m.partition,
-                    m.source,
-                    m.target,
-                    m.eager,
-                    round(started - learn_started, 3),
-                    round(self._pause_end.pop(m.partition, time.monotonic()) - started, 3),
-                    m.final_offset,
-                    self._call_s.pop(("release", m.partition), None),
-                    self._call_s.pop(("promote", m.partition), None),
-                    self._wall.pop(("released", m.partition), None),
-                    self._wall.pop(("promoted", m.partition), None),
-                )
-                self.completed.append(record)
-                result.handoffs.append(record)
-                result.events.append(
-                    (
-                        "Normal",
-                        "HandedOff",
-                        f"{m.partition}: {m.source} -> {m.target} paused {record.pause_s:.3f}s"
-                        + (" (eager fallback)" if m.eager else ""),
-                    )
-                )
-
-    def _drop_orphaned_pending(self, rollout: Rollout, obs: Mapping[str, WorkerObservation]) -> Rollout:
-        """Abandon pending moves whose source is known dead: the partition has no owner, so it is
-        placed at once instead of waiting for a warm-up slot. Pure."""
-        moves = list(rollout.moves)
-        for i, m in enumerate(moves):
-            source = obs.get(m.source) if m.source is not None else None
-            if m.phase is MovePhase.PENDING and (source is None or not source.alive):
-                moves[i] = m.advance(MovePhase.ABANDONED, self.clock())
-        return replace(rollout, moves=tuple(moves)) if moves != list(rollout.moves) else rollout
+        timings = (self._release_started, self._learn_started, self._pause_end, self._call_s, self._wall)
+        for record in take_done_records(rollout, *timings, time.monotonic):
+            self.completed.append(record)
+            result.handoffs.append(record)
+            result.events.append(handed_off_event(record))
 
     async def _drop_ineligible(
         self,
@@ -556,14 +405,8 @@ class HandoffExecutor:
         result: HandoffStep,
     ) -> AssignmentState:
         """Release every partition of ``actions`` on its source (steps 1-3)."""
-        members = dict(assignment.members)
-        bump = False
-        by_source = _by_worker(a for a in actions if a.worker in by_name)
-        for source, parts in by_source.items():
-            keep = tuple(p for p in members.get(source, ()) if p not in parts)
-            if keep != members.get(source, ()) or any(p not in self._release_started for p in parts):
-                bump = True
-            members[source] = keep
+        by_source = by_worker(a for a in actions if a.worker in by_name)
+        members, bump = release_members(assignment.members, by_source, self._release_started)
         if not by_source:
             return assignment
         if bump:
@@ -595,15 +438,13 @@ class HandoffExecutor:
         result: HandoffStep,
     ) -> AssignmentState:
         """Promote every partition of ``actions`` on its target (steps 1-2)."""
-        by_target = _by_worker(a for a in actions if a.worker in by_name)
+        by_target = by_worker(a for a in actions if a.worker in by_name)
         if not by_target:
             return assignment
         moving = {p for ps in by_target.values() for p in ps}
         for p in moving:
             self._release_started.setdefault(p, time.monotonic())
-        members = {w: tuple(p for p in ps if p not in moving) for w, ps in assignment.members.items()}
-        for target, parts in by_target.items():
-            members[target] = tuple(sorted(set(assignment.members.get(target, ())) | set(parts)))
+        members = promote_members(assignment.members, by_target)
         if members != assignment.members:
             # 1. intent: the partitions belong to their targets (and no longer to dead sources)
             assignment = AssignmentState(generation=assignment.generation, members=members)
@@ -654,13 +495,3 @@ class HandoffExecutor:
         found = await asyncio.gather(*(one(w) for w in sorted(parts_by_worker)))
         answers = {w: (released, took) for w, released, took, _ in found if released is not None}
         return any(f for *_, f in found), answers
-
-
-def _by_worker(actions: Iterable[Action]) -> dict[str, list[str]]:
-    """Partitions of ``actions`` per worker, in order, without repeats."""
-    out: dict[str, list[str]] = {}
-    for a in actions:
-        ps = out.setdefault(a.worker, [])
-        if a.partition not in ps:
-            ps.append(a.partition)
-    return out
