@@ -48,6 +48,8 @@ PURE = (
     "operator/explain.py",
     "operator/planner.py",
     "operator/rollout.py",
+    "operator/handoff_model.py",
+    "worker/state/apply.py",
     "testing/checkers.py",
     "sim/model.py",
     "sim/policies.py",
