@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from multilane.extras import MissingExtraError, require
+from multilane.progress_bar import ProgressBar
 
 __all__ = ["add_arguments", "run"]
 
@@ -110,7 +111,7 @@ def policy_names(arg: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from multilane.sim.engine import make_policy, simulate
+    from multilane.sim.engine import SimResult, make_policy, simulate
     from multilane.sim.report import (
         capacity_notes,
         comparison_rows,
@@ -146,15 +147,19 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"multilane simulate: {exc}", file=sys.stderr)
         return 2
-    all_results = []
-    for trace in traces:
-        policies = [make_policy(n, sim, trace=trace, factor=args.factor) for n in names]
-        results = [simulate(trace, p, sim, args.seed) for p in policies]
-        all_results.extend(results)
-        if args.out is not None:
-            from multilane.sim.plots import plot_trace
+    all_results: list[SimResult] = []
+    with ProgressBar("simulating", total=len(traces) * len(names)) as bar:
+        for trace in traces:
+            results: list[SimResult] = []
+            for name in names:
+                scaling = make_policy(name, sim, trace=trace, factor=args.factor)
+                results.append(simulate(trace, scaling, sim, args.seed))
+                bar.update(len(all_results) + len(results))
+            all_results.extend(results)
+            if args.out is not None:
+                from multilane.sim.plots import plot_trace
 
-            plot_trace(results, args.out)
+                plot_trace(results, args.out)
     rows = comparison_rows(all_results)
     if args.json:
         print(json.dumps({"seed": args.seed, "duration_s": args.duration, "rows": rows}, indent=2))

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from multilane.progress_bar import ProgressBar
 from multilane.testing.checkers import ProducedRecord
 
 __all__ = [
@@ -276,8 +277,10 @@ def produce_records(
     partition: int | None = None,
     producer_config: Mapping[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
+    on_progress: Callable[[int], None] | None = None,
 ) -> LoadResult:
     """Produce ``n`` records as fast as possible and wait for every delivery report (steps 1-3).
+    ``on_progress(produced)`` is called every few thousand records.
 
     1. Precompute the values and the key sequence.
     2. ``produce()`` in a loop (``partition`` None = the client's partitioner picks by key), polling
@@ -308,6 +311,8 @@ def produce_records(
             _produce_one(producer, topic, value, key, partition)
         if i % _POLL_EVERY == 0:
             producer.poll(0)
+            if on_progress is not None:
+                on_progress(i)
     # 3.
     producer.flush(flush_timeout_s)
     result.elapsed_s = time.monotonic() - t0
@@ -329,8 +334,10 @@ def produce_paced(
     should_stop: Callable[[], bool] | None = None,
     tick_s: float = 0.005,
     max_behind_s: float = 1.0,
+    on_progress: Callable[[int], None] | None = None,
 ) -> LoadResult:
     """Produce following ``profile`` (records/s per step), then wait for every delivery report.
+    ``on_progress(seconds)`` is called every tick with the whole seconds of the profile elapsed.
 
     1. Precompute the values and the whole key sequence (``profile.total_records`` keys).
     2. Every ``tick_s``, produce the records that are due by now, and serve delivery reports (the
@@ -370,6 +377,8 @@ def produce_paced(
             if sent % 1000 == 0:
                 producer.poll(0)
         producer.poll(0)
+        if on_progress is not None:
+            on_progress(int(elapsed))
         if sent < total:
             time.sleep(tick_s)
     # 3.
@@ -475,19 +484,26 @@ def run(args: argparse.Namespace) -> int:
             "producer_config": config,
         }
         if profile is None:
-            result = produce_records(args.bootstrap_servers, args.topic, args.records, **common)
+            if args.records < 0:
+                raise ValueError(f"--records must be >= 0, got {args.records}")
+            with ProgressBar("producing records", total=args.records) as bar:
+                result = produce_records(
+                    args.bootstrap_servers, args.topic, args.records, on_progress=bar.update, **common
+                )
         else:
             # SIGTERM ends a paced run early and cleanly: flush, then write the produced set
             stop = threading.Event()
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            result = produce_paced(
-                args.bootstrap_servers,
-                args.topic,
-                profile,
-                should_stop=stop.is_set,
-                max_behind_s=args.max_behind_s,
-                **common,
-            )
+            with ProgressBar("producing (seconds)", total=math.ceil(profile.duration_s)) as bar:
+                result = produce_paced(
+                    args.bootstrap_servers,
+                    args.topic,
+                    profile,
+                    should_stop=stop.is_set,
+                    max_behind_s=args.max_behind_s,
+                    on_progress=bar.update,
+                    **common,
+                )
     except ValueError as exc:
         print(f"multilane loadgen: {exc}", file=sys.stderr)
         return 2
