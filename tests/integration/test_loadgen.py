@@ -199,6 +199,13 @@ def test_cli_rejects_bad_arguments() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "value size must be >= 1" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "multilane", "loadgen", "--bootstrap-servers", "127.0.0.1:1", "--topic", "x",
+         "--records", "-5"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "multilane loadgen: --records must be >= 0, got -5"
 
 
 @pytest.mark.slow
