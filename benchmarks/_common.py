@@ -15,11 +15,12 @@ and this module implements them so that each benchmark only writes its measureme
 * **Never crash on a missing part.** A row that cannot be measured is added with
   :meth:`Table.add_unavailable`, which prints ``not available (<reason>)`` in its place; goals whose
   value is missing are reported as ``not measured``.
-* **Own broker.** Each run starts its own embedded broker (:func:`broker_session`) and stops it by PID
-  at the end; data is produced once per scenario (:func:`produce_zipf`).
+* **Own broker.** Each run starts its own embedded broker (``benchmarks._data.broker_session``) and
+  stops it by PID at the end; data is produced once per scenario (``benchmarks._data.produce_zipf``).
 * **Subprocess rows.** A row measured in a child process (a fresh interpreter: no threads or caches
-  left over from earlier rows) prints one JSON object as its last stdout line; :func:`run_json_child`
-  runs it and returns that object; :func:`emit_child_result` is the child's side.
+  left over from earlier rows) prints one JSON object as its last stdout line;
+  ``benchmarks._children.run_json_child`` runs it and returns that object;
+  ``benchmarks._children.emit_child_result`` is the child's side.
 
 A benchmark module looks like this::
 
@@ -51,13 +52,11 @@ import json
 import math
 import os
 import platform
-import random
 import shlex
-import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -65,19 +64,12 @@ from typing import Any
 __all__ = [
     "Column",
     "Goal",
-    "Meter",
     "Report",
     "Table",
-    "broker_session",
-    "emit_child_result",
     "log",
     "machine_info",
     "main",
-    "produce_zipf",
     "ratio",
-    "run_json_child",
-    "zipf_top_share",
-    "zipf_weights",
 ]
 
 SCHEMA_VERSION = 1
@@ -96,14 +88,14 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Replace non-finite floats by None (JSON has no NaN) and make tuples lists, recursively."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -276,7 +268,7 @@ class Report:
         return "\n\n".join(parts) + "\n"
 
     def to_json(self) -> dict[str, Any]:
-        return _json_safe(
+        return json_safe(
             {
                 "benchmark": self.benchmark,
                 "schema": SCHEMA_VERSION,
@@ -403,262 +395,3 @@ def main(
         sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     return 0 if not report.errors else 1
-
-
-# --------------------------------------------------------------------------------------------- children
-
-
-@dataclass
-class Meter:
-    """Wall and CPU time of one measured run, from its first record to its last.
-
-    Call :meth:`start` when the first record arrives (``already`` = records that arrived with it and
-    are counted as done at that instant, e.g. a first fetched batch), then :meth:`stop` after the last.
-    CPU time is the whole process's (``RUSAGE_SELF``: every thread, librdkafka's included).
-    """
-
-    started_at: float | None = None
-    stopped_at: float | None = None
-    cpu_start: float = 0.0
-    cpu_stop: float = 0.0
-    already: int = 0
-
-    @staticmethod
-    def _cpu() -> float:
-        import resource
-
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        return ru.ru_utime + ru.ru_stime
-
-    def start(self, already: int = 0) -> None:
-        if self.started_at is None:
-            self.started_at = time.perf_counter()
-            self.cpu_start = self._cpu()
-            self.already = already
-
-    def stop(self) -> None:
-        self.stopped_at = time.perf_counter()
-        self.cpu_stop = self._cpu()
-
-    def result(self, records: int, **extra: Any) -> dict[str, Any]:
-        """The child's JSON result: ``records``, ``seconds``, ``rate``, ``cpu_s``, ``cpu_us_per_record``."""
-        if self.started_at is None or self.stopped_at is None:
-            raise RuntimeError("Meter.result() before start() and stop()")
-        seconds = max(self.stopped_at - self.started_at, 1e-9)
-        measured = max(records - self.already, 1)
-        cpu = self.cpu_stop - self.cpu_start
-        return {
-            "records": records,
-            "seconds": seconds,
-            "rate": measured / seconds,
-            "cpu_s": cpu,
-            "cpu_us_per_record": cpu / measured * 1e6,
-            **extra,
-        }
-
-
-class ChildError(RuntimeError):
-    """A measurement child process failed or printed no JSON result."""
-
-
-def emit_child_result(result: Mapping[str, Any]) -> None:
-    """The child's side of :func:`run_json_child`: print ``result`` as the last stdout line."""
-    sys.stdout.write(json.dumps(_json_safe(dict(result)), separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-def run_json_child(
-    argv: Sequence[str],
-    timeout: float,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-    replace_env: bool = False,
-) -> dict[str, Any]:
-    """Run ``argv``, wait at most ``timeout`` s, return the JSON object on its last stdout line.
-
-    ``env`` is added to this process's environment, or replaces it when ``replace_env`` is true.
-
-    The child's stderr is captured; its last lines are in the :class:`ChildError` raised when the child
-    fails, times out (it is killed by PID) or prints no JSON.
-    """
-    full_env = {} if replace_env else dict(os.environ)
-    if env:
-        full_env.update(env)
-    proc = subprocess.Popen(
-        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=cwd, text=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        proc.kill()
-        out, err = proc.communicate()
-        raise ChildError(f"timed out after {timeout:.0f}s; stderr tail: {_tail(err)}") from exc
-    lines = [line for line in out.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines:
-        raise ChildError(f"exit code {proc.returncode}; stderr tail: {_tail(err)}")
-    try:
-        result = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise ChildError(f"last line is not JSON: {lines[-1][:200]!r}; stderr tail: {_tail(err)}") from exc
-    if not isinstance(result, dict):
-        raise ChildError(f"last line is JSON but not an object: {lines[-1][:200]!r}")
-    return result
-
-
-def _tail(text: str, lines: int = 6) -> str:
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:]) or "(empty)"
-
-
-# --------------------------------------------------------------------------------------------- broker/data
-
-
-@contextlib.contextmanager
-def broker_session() -> Iterator[Any]:
-    """Start an embedded broker for this run and stop it by PID when the block ends."""
-    from multilane.testing.broker import EmbeddedBroker
-
-    broker = EmbeddedBroker()
-    broker.start()
-    log(f"broker pid {broker.pid} on {broker.bootstrap}")
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-def zipf_weights(n_keys: int, s: float) -> list[float]:
-    """Unnormalised Zipf weights ``1 / rank**s`` for ranks 1..n_keys."""
-    return [1.0 / (rank**s) for rank in range(1, n_keys + 1)]
-
-
-def zipf_top_share(n_keys: int, s: float) -> float:
-    """The share of records that carry the most frequent key (rank 1) under Zipf(s) over n_keys."""
-    w = zipf_weights(n_keys, s)
-    return w[0] / sum(w)
-
-
-def zipf_key(rank: int) -> bytes:
-    """The key of Zipf rank ``rank`` (1 = most frequent)."""
-    return b"key-%d" % rank
-
-
-@dataclass(frozen=True)
-class ProducedTopic:
-    """What :func:`produce_zipf` wrote, from delivery reports (exact offsets, in offset order).
-
-    Invariant: the offsets ``first_offset .. last_offset`` are exactly the produced records.
-    """
-
-    topic: str
-    records: int
-    first_offset: int
-    last_offset: int
-    seconds: float
-    keys: list[bytes]  # keys[i] is the key of the record at offset first_offset + i
-    generator: str  # which producer made it: multilane's loadgen or the builtin fallback
-
-
-def produce_zipf(
-    bootstrap: str,
-    topic: str,
-    records: int,
-    value_bytes: int = 100,
-    n_keys: int = 10_000,
-    s: float = 1.0,
-    seed: int = 1,
-    producer_config: Mapping[str, Any] | None = None,
-) -> ProducedTopic:
-    """Produce ``records`` records of ``value_bytes`` bytes to partition 0, keys Zipf(s) over ``n_keys``.
-
-    Uses :func:`multilane.worker.loadgen.produce_records` (random, incompressible values) when it
-    imports, else a builtin generator. Uncompressed unless ``producer_config`` says otherwise.
-    Deterministic for a given seed; for a given seed a shorter run's keys are a prefix of a longer
-    run's. Values are never empty (the embedded broker skips empty values). Offsets and keys come from
-    delivery reports, never from the broker's (under-reported) end offset.
-    """
-    config: dict[str, Any] = {"compression.type": "none", **(producer_config or {})}
-    try:
-        from multilane.worker.loadgen import produce_records
-    except ImportError:
-        return _produce_zipf_builtin(bootstrap, topic, records, value_bytes, n_keys, s, seed, config)
-    result = produce_records(
-        bootstrap, topic, records, keys=n_keys, value_size=value_bytes, zipf_s=s, seed=seed, partition=0,
-        producer_config=config,
-    )  # fmt: skip
-    by_offset = {r.offset: r.key or b"" for r in result.records}
-    return _produced(topic, records, by_offset, result.elapsed_s, result.errors,
-                     f"multilane.worker.loadgen ({result.sampler} sampler)")  # fmt: skip
-
-
-def _produced(
-    topic: str, records: int, by_offset: dict[int, bytes], seconds: float, errors: list[str], generator: str
-) -> ProducedTopic:
-    """Check that exactly ``records`` contiguous offsets were delivered; the :class:`ProducedTopic`."""
-    first, last = (min(by_offset), max(by_offset)) if by_offset else (0, -1)
-    if len(by_offset) != records or last - first + 1 != records:
-        raise RuntimeError(
-            f"produced {len(by_offset)}/{records} records to {topic} (offsets {first}..{last}); "
-            f"errors: {errors[:3]}"
-        )
-    return ProducedTopic(
-        topic=topic,
-        records=records,
-        first_offset=first,
-        last_offset=last,
-        seconds=seconds,
-        keys=[by_offset[o] for o in range(first, last + 1)],
-        generator=generator,
-    )
-
-
-def _produce_zipf_builtin(
-    bootstrap: str,
-    topic: str,
-    records: int,
-    value_bytes: int,
-    n_keys: int,
-    s: float,
-    seed: int,
-    producer_config: Mapping[str, Any],
-) -> ProducedTopic:
-    """The fallback generator of :func:`produce_zipf` (Python's ``random``, cycled random values)."""
-    from confluent_kafka import Producer
-
-    rng = random.Random(seed)
-    ranks = rng.choices(range(1, n_keys + 1), weights=zipf_weights(n_keys, s), k=records)
-    keys = [zipf_key(r) for r in range(n_keys + 1)]
-    size = max(1, value_bytes)
-    pool = random.Random(seed ^ 0x5EED).randbytes(size * 4096)
-    values = [pool[i * size : (i + 1) * size] for i in range(4096)]
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "linger.ms": 20,
-        "batch.size": 1_000_000,
-        "queue.buffering.max.messages": 1_000_000,
-        "queue.buffering.max.kbytes": 1_048_576,
-        "acks": 1,
-        "enable.idempotence": False,
-    }
-    config.update(producer_config)
-    producer = Producer(config)
-    failed: list[str] = []
-    by_offset: dict[int, bytes] = {}
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            failed.append(str(err))
-            return
-        by_offset[msg.offset()] = msg.key()
-
-    t0 = time.perf_counter()
-    for i, rank in enumerate(ranks):
-        key, value = keys[rank], values[i % len(values)]
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, partition=0, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    producer.flush(120)
-    return _produced(topic, records, by_offset, time.perf_counter() - t0, failed, "builtin (Python random)")

@@ -55,7 +55,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Column, Report, broker_session, log, main, ratio
+from benchmarks._common import Column, Report, log, main, ratio
+from benchmarks._data import broker_session
 
 VARIANTS = ("multilane", "before", "keda-hpa", "operator")
 DEFAULT_VARIANTS = ("multilane", "before", "keda-hpa")

@@ -28,15 +28,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks._common import (
-    Column,
-    Report,
-    broker_session,
-    log,
-    main,
-    ratio,
-    zipf_top_share,
-)
+from benchmarks._common import Column, Report, log, main, ratio
+from benchmarks._data import broker_session, zipf_top_share
 from benchmarks.baselines.workload import latency_s, mean_latency_s
 from benchmarks.engine_replay import scenario_replay
 from benchmarks.engine_rows import (

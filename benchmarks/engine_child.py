@@ -23,7 +23,7 @@ from benchmarks.engine_rows import BASE_MS
 
 def child_main(argv: Sequence[str]) -> int:
     """``python -m benchmarks.engine_child run ...``: one multilane measurement, JSON on the last line."""
-    from benchmarks._common import emit_child_result
+    from benchmarks._children import emit_child_result
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_child run")
     from benchmarks.baselines.kafka import add_consumer_arguments
@@ -87,7 +87,7 @@ def run_multilane_child(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
     import threading
 
-    from benchmarks._common import Meter
+    from benchmarks._children import Meter
     from multilane.api import OrderingMode
     from multilane.worker.config import EngineConfig
     from multilane.worker.engine import Engine

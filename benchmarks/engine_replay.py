@@ -16,14 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._common import (
-    ChildError,
-    Column,
-    ProducedTopic,
-    Table,
-    log,
-    ratio,
-)
+from benchmarks._children import ChildError
+from benchmarks._common import Column, Table, log, ratio
+from benchmarks._data import ProducedTopic
 from benchmarks.engine_rows import BASE_MS, Ctx
 
 REPLAY_F = 16

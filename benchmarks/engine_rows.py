@@ -13,16 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks._common import (
-    ChildError,
-    ProducedTopic,
-    Report,
-    Table,
-    log,
-    produce_zipf,
-    run_json_child,
-    zipf_top_share,
-)
+from benchmarks._children import ChildError, run_json_child
+from benchmarks._common import Report, Table, log
+from benchmarks._data import ProducedTopic, produce_zipf, zipf_top_share
 from benchmarks.baselines.quix import run_quix
 
 VALUE_BYTES = 100

@@ -42,7 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Column, Report, broker_session, log, main, ratio
+from benchmarks._common import Column, Report, log, main, ratio
+from benchmarks._data import broker_session
 
 SIZES_FULL = (10_000, 1_000_000, 5_000_000)
 SIZES_QUICK = (10_000, 100_000)

@@ -33,7 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Column, Report, broker_session, log, main
+from benchmarks._common import Column, Report, log, main
+from benchmarks._data import broker_session
 
 PASS_SIZES_FULL = ((128, 8), (1000, 50))
 PASS_SIZES_QUICK = ((128, 8), (1000, 50))

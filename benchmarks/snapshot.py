@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._common import Column, Report, broker_session, log, main, ratio
+from benchmarks._common import Column, Report, log, main, ratio
+from benchmarks._data import broker_session
 
 GROUP = "bench"
 

@@ -34,7 +34,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from benchmarks._common import Column, Report, broker_session, log, main, produce_zipf, ratio
+from benchmarks._common import Column, Report, log, main, ratio
+from benchmarks._data import broker_session, produce_zipf
 
 __all__ = ["stateless_noop"]
 

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import sys
 
-from benchmarks._common import Meter, emit_child_result
+from benchmarks._children import Meter, emit_child_result
 from benchmarks.baselines.workload import latency_s
 
 

@@ -15,7 +15,7 @@ import asyncio
 import sys
 import time
 
-from benchmarks._common import Meter, emit_child_result
+from benchmarks._children import Meter, emit_child_result
 from benchmarks.baselines.kafka import add_consumer_arguments, assigned_consumer
 from benchmarks.baselines.workload import latency_s
 

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import log, run_json_child
+from benchmarks._children import run_json_child
+from benchmarks._common import log
 
 QUIX_VERSION = "3.28.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]

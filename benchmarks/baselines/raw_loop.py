@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from benchmarks._common import Meter, emit_child_result
+from benchmarks._children import Meter, emit_child_result
 from benchmarks.baselines.kafka import add_consumer_arguments, assigned_consumer
 
 
