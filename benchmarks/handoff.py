@@ -48,6 +48,7 @@ from benchmarks._data import broker_session
 SIZES_FULL = (10_000, 1_000_000, 5_000_000)
 SIZES_QUICK = (10_000, 100_000)
 MODES = ("restore-before-handoff", "eager")
+EAGER_GOAL_MIN_KEYS = 1_000_000  # below this an eager restore is too short for the "what it saves" goal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -330,12 +331,15 @@ def body(args: argparse.Namespace, report: Report) -> None:
         2.0,
         "<=",
     )
-    report.goal(
-        f"eager / restore-before-handoff pause at {largest:,} keys (ratio)",
-        ratio(pauses.get((MODES[1], largest)), rbh_large),
-        2.0,
-        ">=",
-    )
+    saved = ratio(pauses.get((MODES[1], largest)), rbh_large)
+    if largest >= EAGER_GOAL_MIN_KEYS:
+        report.goal(f"eager / restore-before-handoff pause at {largest:,} keys (ratio)", saved, 2.0, ">=")
+    elif saved is not None:
+        report.note(
+            f"eager / restore-before-handoff pause at {largest:,} keys: {saved:.2f} (reported only: an "
+            f"eager restore of this little state takes a fraction of a second; the goal of >= 2 applies "
+            f"from {EAGER_GOAL_MIN_KEYS:,} keys, in the full run)"
+        )
     report.note(
         "pause = longest gap between consecutive completed records of the moved partition after the "
         "scale-up (processing log); the control-plane figure is release call -> end of promotion."
