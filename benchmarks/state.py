@@ -136,29 +136,45 @@ def _restore_once(
 
 
 def _read_ceilings(bootstrap: str, topic: str, records: int) -> dict[str, tuple[float, float]]:
-    """Read ``topic[0]`` to its end twice with a :class:`ChangelogReader`'s consumer, writing nothing:
-    once consuming only (``Consumer.consume``, every message touched), once through
-    ``ChangelogReader.read`` (consume + decode, restore's reading hot path). Returns ``{row name:
-    (seconds, CPU µs per record)}``."""
-    from multilane.worker.state.reader import ChangelogReader
+    """Read ``topic[0]`` to its end twice, writing nothing: once with a bare consumer configured as a
+    changelog reader's (``reader_consumer_config``; every message touched, no field read), once
+    through ``ChangelogReader.read`` (consume + decode, restore's reading hot path). Returns ``{row
+    name: (seconds, CPU µs per record)}``."""
+    from confluent_kafka import Consumer, TopicPartition
 
-    out: dict[str, tuple[float, float]] = {}
-    for what, decode in (("read only: Consumer.consume", False), ("read only: consume + decode", True)):
+    from multilane.worker.state.reader import ChangelogReader, reader_consumer_config
+
+    def consume_only() -> int:
+        consumer = Consumer(reader_consumer_config(bootstrap, topic))
+        try:
+            consumer.assign([TopicPartition(topic, 0, 0)])
+            n = 0
+            while n < records:  # count records, skip error events (the end of the partition)
+                n += sum(1 for m in consumer.consume(10_000, 0.03) if m.error() is None)
+            return n
+        finally:
+            consumer.close()
+
+    def consume_and_decode() -> int:
         reader = ChangelogReader(bootstrap, topic, 0, input_topic="restore-in")
         try:
-            log(f"restore: {what}")
             reader.seek(0)
             n = 0
-            t0, cpu0 = time.perf_counter(), _cpu_s()
             while n < records:
-                if decode:
-                    n += reader.read(0.03).records
-                else:
-                    # the consumer's own loop: count records, skip error events (end of partition)
-                    n += sum(1 for m in reader._consumer.consume(10_000, 0.03) if m.error() is None)
-            seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+                n += reader.read(0.03).records
+            return n
         finally:
             reader.close()
+
+    out: dict[str, tuple[float, float]] = {}
+    for what, read in (
+        ("read only: Consumer.consume", consume_only),
+        ("read only: consume + decode", consume_and_decode),
+    ):
+        log(f"restore: {what}")
+        t0, cpu0 = time.perf_counter(), _cpu_s()
+        n = read()
+        seconds, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
         if n != records:
             raise RuntimeError(f"{what}: read {n:,} records, expected {records:,}")
         out[what] = (seconds, cpu * 1e6 / records)

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             for name in names:
                 scaling = make_policy(name, sim, trace=trace, factor=args.factor)
                 results.append(simulate(trace, scaling, sim, args.seed))
-                bar.update(len(all_results) + len(results))
+                bar.update(len(all_results) + len(results))  # runs done so far
             all_results.extend(results)
             if args.out is not None:
                 from multilane.sim.plots import plot_trace

@@ -27,13 +27,31 @@ from multilane.worker.state.apply import ChangelogEntry
 from multilane.worker.state.codec import HEADER_SIZE, HEADER_STRUCT, MAGIC, ChangelogCodec
 from multilane.worker.state.errors import ChangelogCorruptError, RestoreError
 
-__all__ = ["ChangelogOffsetError", "ChangelogReader", "OnCorrupt", "ReadBatch"]
+__all__ = ["ChangelogOffsetError", "ChangelogReader", "OnCorrupt", "ReadBatch", "reader_consumer_config"]
 
 log = logging.getLogger(__name__)
 
 OnCorrupt = Literal["fail", "skip"]
 
 _OUT_OF_RANGE = {KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET}
+
+
+def reader_consumer_config(
+    bootstrap_servers: str, topic: str, overrides: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """The confluent-kafka settings of a changelog reader of ``topic`` (``overrides`` win). Pure."""
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": f"multilane-state-restore.{topic}",  # never joins, never commits
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        # an idle learner re-fetches this often; also bounds how long a promotion waits for the
+        # fresh fetch that proves it has read to the end
+        "fetch.wait.max.ms": 50,
+        "fetch.queue.backoff.ms": 10,
+        **dict(overrides or {}),
+    }
 
 
 class ChangelogOffsetError(RestoreError):
@@ -67,18 +85,7 @@ class ChangelogReader:
     ) -> None:
         if on_corrupt not in ("fail", "skip"):
             raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
-        config: dict[str, object] = {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"multilane-state-restore.{topic}",  # never joins, never commits
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",
-            # an idle learner re-fetches this often; also bounds how long a promotion waits for the
-            # fresh fetch that proves it has read to the end
-            "fetch.wait.max.ms": 50,
-            "fetch.queue.backoff.ms": 10,
-            **dict(consumer_config or {}),
-        }
+        config = reader_consumer_config(bootstrap_servers, topic, consumer_config)
         self.topic = topic
         self.partition = partition
         self.on_corrupt: OnCorrupt = on_corrupt
