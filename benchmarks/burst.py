@@ -103,7 +103,7 @@ class _KedaBaseline:
         self.last_sync: float | None = None
 
     def decide(self, obs: Any, state: Any) -> tuple[Any, Any]:
-        from multilane.operator.policy import Decision
+        from multilane.operator.decision.policy import Decision
 
         if self.last_sync is not None and obs.now - self.last_sync < self.policy.config.sync_period_s:
             hold = Decision(
@@ -116,7 +116,7 @@ class _KedaBaseline:
 
 
 def _factory(variant: str, partitions: int, args: argparse.Namespace, max_replicas: int) -> Any:
-    from multilane.operator.policy import AutoscalePolicy, PolicyConfig
+    from multilane.operator.decision.policy import AutoscalePolicy, PolicyConfig
 
     if variant == "keda-hpa":
         baseline = _KedaBaseline(partitions, args.lag_threshold, max_replicas)
@@ -146,7 +146,7 @@ async def _scenario(
     from multilane.demo.check import judge, read_counts
     from multilane.demo.report import Timeline, burst_figures
     from multilane.demo.run import _create_topic, _drained, record_pass, stateful_plane
-    from multilane.operator.local import WorkerStatusSource
+    from multilane.operator.local.plane import WorkerStatusSource
     from multilane.operator.sources import QueryContext
     from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log

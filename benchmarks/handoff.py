@@ -124,9 +124,9 @@ def _gap(events: list[Any], topic: str, partition: int, since: float) -> float |
 async def _scenario(bootstrap: str, keys: int, mode: str, rate: float, workdir: Path) -> dict[str, Any]:
     """Steps 1-4 of the module docstring for one (size, mode); returns the row."""
     from multilane.demo.processors import SLEEP_ENV
-    from multilane.operator.handoff import HandoffConfig
-    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
-    from multilane.operator.validation import validate_spec
+    from multilane.operator.local.plane import LocalControlPlane, LocalWorkerTemplate
+    from multilane.operator.rollout.handoff import HandoffConfig
+    from multilane.operator.spec.validation import validate_spec
     from multilane.testing.checkers import check_delivery
     from multilane.testing.processors import read_event_log
     from multilane.worker.loadgen import RateProfile, produce_paced

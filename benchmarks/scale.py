@@ -84,13 +84,13 @@ class _Source:
 
 
 async def _control_passes(partitions: int, pods: int) -> dict[str, Any]:
-    from multilane.operator.assignment import AssignmentState
-    from multilane.operator.children import ConsumerRef
     from multilane.operator.controller import ConsumerController
-    from multilane.operator.handoff import HandoffConfig, HandoffExecutor
-    from multilane.operator.policy import PolicyState
-    from multilane.operator.rollout import Rollout
-    from multilane.operator.validation import validate_spec
+    from multilane.operator.decision.policy import PolicyState
+    from multilane.operator.rollout.assignment import AssignmentState
+    from multilane.operator.rollout.handoff import HandoffConfig, HandoffExecutor
+    from multilane.operator.rollout.protocol import Rollout
+    from multilane.operator.spec.children import ConsumerRef
+    from multilane.operator.spec.validation import validate_spec
     from multilane.testing.fleet import WorkerFleetDouble
 
     names = [f"orders/{i}" for i in range(partitions)]
@@ -193,9 +193,9 @@ async def _processes(
 ) -> dict[str, Any]:
     from multilane.demo.check import judge
     from multilane.demo.run import _create_topic
-    from multilane.operator.handoff import HandoffConfig
-    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
-    from multilane.operator.validation import validate_spec
+    from multilane.operator.local.plane import LocalControlPlane, LocalWorkerTemplate
+    from multilane.operator.rollout.handoff import HandoffConfig
+    from multilane.operator.spec.validation import validate_spec
     from multilane.testing.load import LoadgenProcess
     from multilane.testing.processors import read_event_log
 

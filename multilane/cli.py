@@ -23,7 +23,7 @@ from multilane.extras import MissingExtraError, extra_for_module, require
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)", ()),
     "loadgen": ("multilane.worker.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
-    "operator": ("multilane.operator.cli", "run the kopf operator", ("operator",)),
+    "operator": ("multilane.operator.k8s.cli", "run the kopf operator", ("operator",)),
     "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff",
              ("state", "embedded", "plot")),
     "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces", ()),

@@ -65,7 +65,7 @@ SCENARIOS=${SCENARIOS:-burst scale-up-down kill-learning kill-releasing kill-pro
 OUT=${OUT:-e2e-out}
 KEEP=${KEEP:-0}
 BOOTSTRAP="kafka.kafka.svc.cluster.local:9092"
-STATE_DIR=/var/lib/multilane/state  # the worker's state volume (multilane/operator/children.py)
+STATE_DIR=/var/lib/multilane/state  # the worker's state volume (multilane/operator/spec/children.py)
 NODE="$CLUSTER-control-plane"
 
 log() { printf '\n==> %s\n' "$*"; }

@@ -15,7 +15,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from multilane.operator.handoff import HandoffRecord
+from multilane.operator.rollout.handoff import HandoffRecord
 
 __all__ = [
     "BurstFigures",

@@ -103,7 +103,7 @@ async def _demo(args: argparse.Namespace) -> int:
         processing_gap,
         summary_lines,
     )
-    from multilane.operator.local import WorkerStatusSource
+    from multilane.operator.local.plane import WorkerStatusSource
     from multilane.operator.sources import QueryContext
     from multilane.testing.broker import EmbeddedBroker
     from multilane.testing.load import LoadgenProcess
@@ -314,9 +314,9 @@ def stateful_plane(
     overrides :data:`DEMO_SCALING`. The group is named like the topic. Raises ValueError on a bad
     spec. Used by the demo and ``benchmarks.burst``."""
     from multilane.demo.processors import SLEEP_ENV
-    from multilane.operator.handoff import HandoffConfig
-    from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
-    from multilane.operator.validation import validate_spec
+    from multilane.operator.local.plane import LocalControlPlane, LocalWorkerTemplate
+    from multilane.operator.rollout.handoff import HandoffConfig
+    from multilane.operator.spec.validation import validate_spec
 
     processor = "multilane.demo.processors:stateful_io"
     spec, problems = validate_spec(

@@ -1,5 +1,9 @@
-"""The control plane: kopf handlers that own ParallelConsumer children, assignment and scaling.
+"""The control plane: the ParallelConsumer controller, arranged as rooms that only look down.
 
-Pure modules (``policy``, ``planner``, ``rollout``) do no I/O and are reused by the simulator; the
-handler modules talk to the Kubernetes API, Prometheus, Kafka and the workers' control endpoints.
+- ``k8s`` and ``local``: the two ways to run the controller (kopf on Kubernetes; subprocesses).
+- ``controller`` (``ConsumerController``), ``metrics``, ``sources`` (lag and rates), ``kafka_admin``,
+  ``platform`` (the ``Platform`` protocol): shared by both.
+- ``rollout``: restore-before-handoff and the fenced assignment protocol.
+- ``decision`` and ``spec``: pure (policy, planner; spec validation, children, conditions), reused
+  by the simulator.
 """

@@ -28,20 +28,25 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from multilane.operator.assignment import (
+from multilane.operator.decision.planner import AssignmentPlanner, parse_partition
+from multilane.operator.decision.policy import (
+    AutoscalePolicy,
+    Decision,
+    Observation,
+    PolicyConfig,
+    PolicyState,
+)
+from multilane.operator.platform import Platform, WorkerInfo, parse_time
+from multilane.operator.rollout.assignment import (
     AssignmentCoordinator,
     AssignmentState,
     Persist,
     StepResult,
     WorkerControl,
 )
-from multilane.operator.children import ConsumerRef
-from multilane.operator.conditions import condition, now_iso, set_condition
-from multilane.operator.handoff import HandoffExecutor, HandoffRecord
-from multilane.operator.planner import AssignmentPlanner, parse_partition
-from multilane.operator.platform import Platform, WorkerInfo, parse_time
-from multilane.operator.policy import AutoscalePolicy, Decision, Observation, PolicyConfig, PolicyState
-from multilane.operator.rollout import Rollout
+from multilane.operator.rollout.handoff import HandoffExecutor, HandoffRecord
+from multilane.operator.rollout.protocol import Rollout
+from multilane.operator.rollout.workers import WorkerUnreachableError
 from multilane.operator.sources import (
     MetricSample,
     MetricsInvalidError,
@@ -49,8 +54,9 @@ from multilane.operator.sources import (
     MetricsUnavailableError,
     QueryContext,
 )
-from multilane.operator.validation import ConsumerSpec
-from multilane.operator.workers import WorkerUnreachableError
+from multilane.operator.spec.children import ConsumerRef
+from multilane.operator.spec.conditions import condition, now_iso, set_condition
+from multilane.operator.spec.validation import ConsumerSpec
 
 __all__ = ["ConsumerController", "DecidingPolicy", "EventRecord", "TickResult", "policy_config"]
 

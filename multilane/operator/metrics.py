@@ -42,15 +42,15 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
-from multilane.operator.policy_model import RULES, Decision
-from multilane.operator.workers import ReleasedPartition, WorkerFencedError
+from multilane.operator.decision.policy_model import RULES, Decision
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from multilane.operator.assignment import WorkerControl
     from multilane.operator.controller import TickResult
-    from multilane.operator.handoff import HandoffRecord
+    from multilane.operator.rollout.assignment import WorkerControl
+    from multilane.operator.rollout.handoff import HandoffRecord
 
 __all__ = [
     "FENCING_REASONS",
@@ -281,7 +281,7 @@ class OperatorMetrics:
     def control(self, inner: WorkerControl, namespace: str, consumer: str) -> MeteredWorkerControl:
         """``inner`` wrapped so that fencing seen through its calls is counted (keeps the learner
         calls when ``inner`` has them)."""
-        from multilane.operator.handoff import HandoffControl
+        from multilane.operator.rollout.handoff import HandoffControl
 
         self._known(namespace, consumer)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from string import Template
 from typing import Any, Protocol
 
+from multilane.operator.decision.planner import format_partition
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
-from multilane.operator.planner import format_partition
 
 __all__ = [
     "DEFAULT_LAG_QUERY",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from multilane.operator.policy import PolicyConfig
+from multilane.operator.decision.policy import PolicyConfig
 from multilane.sim.engine import SimResult, simulate
 from multilane.sim.model import SimConfig
 from multilane.sim.policies import MultilanePolicy

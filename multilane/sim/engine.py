@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from multilane.operator.policy import Observation, PolicyConfig
+from multilane.operator.decision.policy import Observation, PolicyConfig
 from multilane.sim.metrics import RunMetrics, compute_metrics
 from multilane.sim.model import Cluster, ScalingMode, SimConfig
 from multilane.sim.policies import (

@@ -22,7 +22,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from multilane.operator.policy import AutoscalePolicy, Decision, Observation, PolicyConfig, PolicyState
+from multilane.operator.decision.policy import (
+    AutoscalePolicy,
+    Decision,
+    Observation,
+    PolicyConfig,
+    PolicyState,
+)
 from multilane.sim.model import ScalingMode
 
 __all__ = [

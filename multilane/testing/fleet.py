@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
 __all__ = ["WorkerFleetDouble", "fleet_infos"]
 

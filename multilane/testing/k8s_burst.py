@@ -43,16 +43,16 @@ from typing import Any
 from multilane.demo.check import Verdict, judge, read_counts
 from multilane.demo.processors import SLEEP_ENV
 from multilane.demo.report import BurstFigures, DemoSample, Timeline, burst_figures
-from multilane.operator.children import ConsumerRef
 from multilane.operator.controller import TickResult
-from multilane.operator.handlers import HandlerSettings, OperatorHandlers
-from multilane.operator.handoff import HandoffControlClient, HandoffRecord
+from multilane.operator.k8s.handlers import HandlerSettings, OperatorHandlers
+from multilane.operator.k8s.kube import KubeClient, KubeSettings, api_path
+from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.kafka_admin import KafkaAdminClient
-from multilane.operator.kube import KubeClient, KubeSettings, api_path
-from multilane.operator.local import WorkerStatusSource
+from multilane.operator.local.plane import WorkerStatusSource
 from multilane.operator.metrics import OperatorMetrics
-from multilane.operator.platform import KubernetesPlatform
+from multilane.operator.rollout.handoff import HandoffControlClient, HandoffRecord
 from multilane.operator.sources import MetricSample, MetricsUnavailableError, QueryContext
+from multilane.operator.spec.children import ConsumerRef
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import emulated_api_server
 from multilane.testing.load import LoadgenProcess

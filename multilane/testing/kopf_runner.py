@@ -14,8 +14,8 @@ from typing import Any
 
 import kopf
 
-from multilane.operator.handlers import OperatorHandlers, configure_kopf
-from multilane.operator.kube import KubeClient, KubeSettings
+from multilane.operator.k8s.handlers import OperatorHandlers, configure_kopf
+from multilane.operator.k8s.kube import KubeClient, KubeSettings
 
 __all__ = ["OperatorRunner"]
 

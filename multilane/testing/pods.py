@@ -65,7 +65,7 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 
-from multilane.operator.kube import KubeClient, api_path
+from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.testing.broker import free_port
 from multilane.testing.tls_front import TlsFront, self_signed_cert
 

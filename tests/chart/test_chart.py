@@ -276,10 +276,10 @@ def test_operator_cannot_write_crds_or_cluster_rbac(render: Any) -> None:
 
 
 def test_operator_can_create_every_child_the_controller_builds(render: Any) -> None:
-    """Cross-check with multilane.operator.children: each child kind is creatable and patchable, and
+    """Cross-check with multilane.operator.spec.children: each child kind is creatable and patchable, and
     the worker Role grants nothing the operator lacks (Kubernetes refuses to let a subject grant
     permissions it does not hold, unless it has escalate, which it must not)."""
-    from multilane.operator import children as ch
+    from multilane.operator.spec import children as ch
 
     ref = ch.ConsumerRef(name="orders", namespace="apps", uid="0000-1111")
     spec = {
@@ -510,7 +510,7 @@ def test_operator_cli_accepts_the_rendered_arguments(render: Any, value_set: str
     """The Deployment's args parse with `multilane operator`'s own argument parser."""
     import argparse
 
-    from multilane.operator import cli
+    from multilane.operator.k8s import cli
 
     args = _container(render(VALUE_SETS[value_set]))["args"]
     assert args[0] == "operator"
@@ -526,7 +526,7 @@ def test_operator_cli_accepts_the_rendered_arguments(render: Any, value_set: str
 
 
 def test_network_policy_matches_the_worker_pods_the_operator_builds(render: Any) -> None:
-    from multilane.operator import children as ch
+    from multilane.operator.spec import children as ch
 
     ref = ch.ConsumerRef(name="orders", namespace=NAMESPACE, uid="0000-1111")
     spec = {

@@ -511,8 +511,8 @@ def test_controller_status_is_neither_pruned_nor_rejected(openapi_schema: Manife
     """Builds status.assignment and conditions with the controller's own code (pure modules), as it
     patches them, and checks the API server would keep every field (kmock does not prune, a real
     cluster does) and accept the values."""
-    from multilane.operator.assignment import AssignmentState, PendingChange
-    from multilane.operator.conditions import set_condition
+    from multilane.operator.rollout.assignment import AssignmentState, PendingChange
+    from multilane.operator.spec.conditions import set_condition
 
     pending = PendingChange(
         generation=8,

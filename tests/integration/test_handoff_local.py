@@ -28,10 +28,10 @@ import pytest
 
 from multilane.demo.check import judge, read_counts
 from multilane.demo.processors import SLEEP_ENV
-from multilane.operator.handoff import HandoffConfig, HandoffExecutor
-from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
-from multilane.operator.rollout import Action, ActionKind
-from multilane.operator.validation import ConsumerSpec, validate_spec
+from multilane.operator.local.plane import LocalControlPlane, LocalWorkerTemplate
+from multilane.operator.rollout.handoff import HandoffConfig, HandoffExecutor
+from multilane.operator.rollout.protocol import Action, ActionKind
+from multilane.operator.spec.validation import ConsumerSpec, validate_spec
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
 from multilane.testing.processors import append_kill_marker, read_event_log

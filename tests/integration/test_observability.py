@@ -31,9 +31,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from multilane.operator.handoff import HandoffConfig
-from multilane.operator.local import LocalControlPlane, LocalWorkerTemplate
-from multilane.operator.validation import validate_spec
+from multilane.operator.local.plane import LocalControlPlane, LocalWorkerTemplate
+from multilane.operator.rollout.handoff import HandoffConfig
+from multilane.operator.spec.validation import validate_spec
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord, assert_all, check_delivery
 from multilane.testing.processors import read_event_log

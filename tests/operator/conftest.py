@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from multilane.operator.handlers import HandlerSettings, OperatorHandlers
-from multilane.operator.kube import KubeClient, KubeSettings, api_path
+from multilane.operator.k8s.handlers import HandlerSettings, OperatorHandlers
+from multilane.operator.k8s.kube import KubeClient, KubeSettings, api_path
+from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.metrics import OperatorMetrics
-from multilane.operator.platform import KubernetesPlatform
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import ApiServerEmulator, emulated_api_server

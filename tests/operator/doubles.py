@@ -26,8 +26,8 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 
-from multilane.operator.kube import KubeClient, api_path
-from multilane.operator.planner import format_partition
+from multilane.operator.decision.planner import format_partition
+from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.operator.sources import (
     MetricSample,
     MetricsInvalidError,
@@ -352,7 +352,7 @@ class RealWorkerFleet:
             self.keepers[name] = keeper
 
     async def status(self, name: str) -> dict[str, Any]:
-        from multilane.operator.workers import WorkerControlClient
+        from multilane.operator.rollout.workers import WorkerControlClient
 
         if self._control is None:
             self._control = WorkerControlClient(self.token, timeout_s=5)
@@ -367,7 +367,7 @@ class RealWorkerFleet:
             return
         proc, port = entry
         with contextlib.suppress(Exception):
-            from multilane.operator.workers import WorkerControlClient
+            from multilane.operator.rollout.workers import WorkerControlClient
 
             client = WorkerControlClient(self.token, timeout_s=3)
             try:

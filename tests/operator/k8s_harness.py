@@ -29,10 +29,10 @@ import pytest_asyncio
 
 from multilane.demo.check import Verdict, judge, read_counts
 from multilane.demo.processors import SLEEP_ENV
-from multilane.operator.handlers import HandlerSettings
-from multilane.operator.handoff import HandoffControlClient
-from multilane.operator.kube import KubeClient, api_path
-from multilane.operator.workers import ReleasedPartition
+from multilane.operator.k8s.handlers import HandlerSettings
+from multilane.operator.k8s.kube import KubeClient, api_path
+from multilane.operator.rollout.handoff import HandoffControlClient
+from multilane.operator.rollout.workers import ReleasedPartition
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
 from multilane.testing.pods import StatefulSetProcessDouble

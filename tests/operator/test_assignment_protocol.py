@@ -1,4 +1,4 @@
-"""The assignment/fencing protocol (multilane.operator.assignment) over real HTTP.
+"""The assignment/fencing protocol (multilane.operator.rollout.assignment) over real HTTP.
 
 The workers are the WorkerFleet double (tests/operator/doubles.py): an aiohttp server implementing the
 documented worker control HTTP contract (generation fencing with 409, release answers with committed
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from multilane.operator.assignment import AssignmentCoordinator, AssignmentState, PendingChange
-from multilane.operator.planner import AssignmentPlanner
+from multilane.operator.decision.planner import AssignmentPlanner
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.workers import WorkerControlClient
+from multilane.operator.rollout.assignment import AssignmentCoordinator, AssignmentState, PendingChange
+from multilane.operator.rollout.workers import WorkerControlClient
 from tests.operator.conftest import TOKEN
 from tests.operator.doubles import WorkerFleet
 

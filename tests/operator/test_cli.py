@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from multilane.operator.kube import KubeClient, api_path
+from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.testing.broker import EmbeddedBroker, free_port
 from tests.operator.conftest import CR_COLLECTION, NS, consumer_body
 from tests.operator.doubles import wait_for

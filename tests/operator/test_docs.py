@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from multilane.operator.kube import KubeClient
+from multilane.operator.k8s.kube import KubeClient
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, CRD_PATH, NS, consumer_body
 from tests.operator.doubles import StatefulSetControllerDouble, StaticSource, WorkerFleet, wait_for

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from multilane.operator.kube import KubeClient, KubeConflictError, KubeError, api_path
+from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
 from tests.operator.conftest import CR_COLLECTION, consumer_body, cr_path
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from multilane.operator.handoff import HandoffControlClient
+from multilane.operator.rollout.handoff import HandoffControlClient
 from multilane.testing.processors import read_event_log
 from tests.operator.conftest import TOKEN
 from tests.operator.k8s_harness import NAME, K8sHarness, finish, k8s, wait_until

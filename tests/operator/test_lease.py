@@ -14,9 +14,9 @@ from typing import Any
 import kmock
 import pytest
 
-from multilane.operator.children import ConsumerRef, lease_manifest
-from multilane.operator.kube import KubeClient, api_path
-from multilane.operator.platform import KubernetesPlatform
+from multilane.operator.k8s.kube import KubeClient, api_path
+from multilane.operator.k8s.platform import KubernetesPlatform
+from multilane.operator.spec.children import ConsumerRef, lease_manifest
 from multilane.testing.kube_api import ApiServerEmulator
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 from tests.operator.conftest import NS

@@ -21,11 +21,11 @@ import pytest
 import pytest_asyncio
 from confluent_kafka import Producer
 
-from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
-from multilane.operator.kube import KubeClient
-from multilane.operator.planner import AssignmentPlanner
+from multilane.operator.decision.planner import AssignmentPlanner
+from multilane.operator.k8s.kube import KubeClient
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.workers import WorkerControlClient, WorkerFencedError
+from multilane.operator.rollout.assignment import AssignmentCoordinator, AssignmentState
+from multilane.operator.rollout.workers import WorkerControlClient, WorkerFencedError
 from multilane.testing.broker import EmbeddedBroker, free_port
 from tests.operator.conftest import CR_COLLECTION, NS, consumer_body, cr_path
 from tests.operator.conftest import TOKEN as CONTROL_TOKEN

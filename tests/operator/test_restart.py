@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from multilane.operator.kube import KubeClient
+from multilane.operator.k8s.kube import KubeClient
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, consumer_body, cr_path
 from tests.operator.doubles import StatefulSetControllerDouble, WorkerFleet, partitions_of, wait_for

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from multilane.operator.kube import KubeClient, api_path
+from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, NS, consumer_body, cr_path
 from tests.operator.doubles import (

@@ -16,12 +16,12 @@ from typing import Any
 import kmock
 import pytest
 
-from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
-from multilane.operator.children import ConsumerRef, lease_manifest
-from multilane.operator.kube import KubeClient, api_path
-from multilane.operator.planner import AssignmentPlanner, format_partition, parse_partition
+from multilane.operator.decision.planner import AssignmentPlanner, format_partition, parse_partition
+from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.workers import ReleasedPartition, WorkerFencedError
+from multilane.operator.rollout.assignment import AssignmentCoordinator, AssignmentState
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError
+from multilane.operator.spec.children import ConsumerRef, lease_manifest
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.testing.kube_api import ApiServerEmulator

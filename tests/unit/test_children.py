@@ -1,4 +1,4 @@
-"""Unit tests of the pure child-manifest builders (multilane.operator.children)."""
+"""Unit tests of the pure child-manifest builders (multilane.operator.spec.children)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from multilane.operator import children as ch
+from multilane.operator.spec import children as ch
 
 REF = ch.ConsumerRef(name="orders", namespace="team-a", uid="1234")
 SPEC: dict[str, Any] = {

@@ -7,14 +7,14 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from multilane.operator.assignment import AssignmentState, PendingChange, ReleasedPartition
-from multilane.operator.children import ConsumerRef
 from multilane.operator.controller import ConsumerController, TickResult
+from multilane.operator.decision.policy import PolicyState
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.policy import PolicyState
+from multilane.operator.rollout.assignment import AssignmentState, PendingChange, ReleasedPartition
+from multilane.operator.rollout.workers import WorkerUnreachableError
 from multilane.operator.sources import MetricSample, QueryContext
-from multilane.operator.validation import ConsumerSpec, validate_spec
-from multilane.operator.workers import WorkerUnreachableError
+from multilane.operator.spec.children import ConsumerRef
+from multilane.operator.spec.validation import ConsumerSpec, validate_spec
 
 REF = ConsumerRef(name="app", namespace="ns", uid="u")
 PARTITIONS = [f"t/{i}" for i in range(4)]

@@ -17,7 +17,7 @@ from multilane.demo.report import (
     processing_gap,
     summary_lines,
 )
-from multilane.operator.handoff import HandoffRecord
+from multilane.operator.rollout.handoff import HandoffRecord
 from multilane.testing.checkers import ProducedRecord
 from multilane.testing.processors import ProcessingEvent
 

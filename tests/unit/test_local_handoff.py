@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from multilane.operator.assignment import AssignmentState
-from multilane.operator.handoff import HandoffConfig, HandoffExecutor, observe_worker
-from multilane.operator.local import write_json_atomic
+from multilane.operator.local.plane import write_json_atomic
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.rollout import Rollout
-from multilane.operator.workers import ReleasedPartition
+from multilane.operator.rollout.assignment import AssignmentState
+from multilane.operator.rollout.handoff import HandoffConfig, HandoffExecutor, observe_worker
+from multilane.operator.rollout.protocol import Rollout
+from multilane.operator.rollout.workers import ReleasedPartition
 from multilane.testing.fleet import WorkerFleetDouble as FakeWorkers
 
 P = [f"t/{i}" for i in range(4)]
@@ -192,7 +192,7 @@ def test_write_json_atomic(tmp_path: Path) -> None:
 
 
 def test_spec_state_fields_drive_the_handoff_config() -> None:
-    from multilane.operator.validation import validate_spec
+    from multilane.operator.spec.validation import validate_spec
 
     base = {
         "kafka": {"bootstrapServers": "k:9092", "topics": ["t"], "consumerGroup": "g"},

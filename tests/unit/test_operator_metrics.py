@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.parser import text_string_to_metric_families
 
 from multilane.operator.controller import EventRecord, TickResult
-from multilane.operator.handoff import HandoffControl, HandoffRecord
+from multilane.operator.decision.policy import RULES, Decision
 from multilane.operator.metrics import (
     MeteredHandoffControl,
     MeteredWorkerControl,
@@ -23,8 +23,8 @@ from multilane.operator.metrics import (
     decision_direction,
     decision_rule,
 )
-from multilane.operator.policy import RULES, Decision
-from multilane.operator.workers import ReleasedPartition, WorkerFencedError
+from multilane.operator.rollout.handoff import HandoffControl, HandoffRecord
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError
 from multilane.testing.broker import free_port
 from multilane.testing.prometheus import write_metrics_snapshot
 

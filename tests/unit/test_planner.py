@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multilane.operator.planner import (
+from multilane.operator.decision.planner import (
     AssignmentPlanner,
     format_partition,
     members_from_status,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multilane.operator.policy import (
+from multilane.operator.decision.policy import (
     AutoscalePolicy,
     Decision,
     Observation,

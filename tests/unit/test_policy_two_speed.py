@@ -10,7 +10,14 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multilane.operator.policy import RULES, AutoscalePolicy, Decision, Observation, PolicyConfig, PolicyState
+from multilane.operator.decision.policy import (
+    RULES,
+    AutoscalePolicy,
+    Decision,
+    Observation,
+    PolicyConfig,
+    PolicyState,
+)
 
 LANE_RATE = 20.0  # records/s of one busy lane: 50 ms per record
 

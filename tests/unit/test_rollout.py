@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multilane.operator.rollout import (
+from multilane.operator.rollout.protocol import (
     ActionKind,
     MovePhase,
     Rollout,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from multilane.cli import main
-from multilane.operator.policy import AutoscalePolicy, Decision, Observation
+from multilane.operator.decision.policy import AutoscalePolicy, Decision, Observation
 from multilane.sim.engine import SimResult, make_policy, peak_size, simulate
 from multilane.sim.metrics import reaction_times, recovery_times
 from multilane.sim.model import Cluster, ScalingMode, SimConfig, balanced_assignment

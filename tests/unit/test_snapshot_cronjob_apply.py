@@ -8,10 +8,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from multilane.operator import children as ch
-from multilane.operator.handlers import OperatorHandlers
-from multilane.operator.kube import KubeConflictError, api_path
-from multilane.operator.validation import validate_spec
+from multilane.operator.k8s.handlers import OperatorHandlers
+from multilane.operator.k8s.kube import KubeConflictError, api_path
+from multilane.operator.spec import children as ch
+from multilane.operator.spec.validation import validate_spec
 
 REF = ch.ConsumerRef(name="orders", namespace="team-a", uid="1234")
 CRONJOB = api_path("batch/v1", "cronjobs", "team-a", "orders-snapshot")

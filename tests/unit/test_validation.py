@@ -1,10 +1,10 @@
-"""Unit tests of the pure spec validation (multilane.operator.validation)."""
+"""Unit tests of the pure spec validation (multilane.operator.spec.validation)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from multilane.operator.validation import check_environment, validate_spec
+from multilane.operator.spec.validation import check_environment, validate_spec
 
 
 def spec(**scaling: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from multilane.operator import children
+from multilane.operator.spec import children
 from multilane.worker import cli
 from multilane.worker.admin import security_config
 from multilane.worker.config import KAFKA_ENV_PREFIX, ConfigError, kafka_settings_from_environment

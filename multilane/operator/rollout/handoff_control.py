@@ -2,7 +2,7 @@
 the worker calls it makes (:class:`HandoffControl`; :class:`HandoffControlClient` over the workers'
 control endpoints), the status write it is given (:data:`PersistHandoff`) and what a step returns
 for its caller to write (:class:`HandoffStep`). Does I/O (HTTP, in :class:`HandoffControlClient`);
-the rest are types. The pure data model is in :mod:`multilane.operator.handoff_model`."""
+the rest are types. The pure data model is in :mod:`multilane.operator.rollout.handoff_model`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from multilane.operator.assignment import AssignmentState, WorkerControl
-from multilane.operator.handoff_model import HandoffRecord
-from multilane.operator.rollout import Rollout, WorkerObservation
-from multilane.operator.workers import WorkerControlClient, _partitions_body
+from multilane.operator.rollout.assignment import AssignmentState, WorkerControl
+from multilane.operator.rollout.handoff_model import HandoffRecord
+from multilane.operator.rollout.protocol import Rollout, WorkerObservation
+from multilane.operator.rollout.workers import WorkerControlClient, _partitions_body
 
 __all__ = ["HandoffControl", "HandoffControlClient", "HandoffStep", "PersistHandoff"]
 

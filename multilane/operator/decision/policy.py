@@ -5,10 +5,10 @@ Pure: no I/O. The operator calls :meth:`AutoscalePolicy.decide` once per scaling
 (JSON via ``to_dict``/``from_dict``) for the next call. The simulator (``multilane.sim``) calls the
 same method unchanged.
 
-Its parts: the contract types in :mod:`multilane.operator.policy_model`, the capacity model (needed
-rate, lane rate, replicas x factor that cover it) in :mod:`multilane.operator.capacity`, the damping
-state machine in :mod:`multilane.operator.damping` and the words of a decision in
-:mod:`multilane.operator.explain`; :class:`AutoscalePolicy` composes them. The policy has two speeds:
+Its parts: the contract types in :mod:`multilane.operator.decision.policy_model`, the capacity model (needed
+rate, lane rate, replicas x factor that cover it) in :mod:`multilane.operator.decision.capacity`, the damping
+state machine in :mod:`multilane.operator.decision.damping` and the words of a decision in
+:mod:`multilane.operator.decision.explain`; :class:`AutoscalePolicy` composes them. The policy has two speeds:
 
 - **the factor first**: a shortfall (lag rising, or the input above the processing rate) is answered
   at the next decision by raising the factor in place, up to what the pods running now carry within
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multilane.operator.capacity import (
+from multilane.operator.decision.capacity import (
     MIN_LANE_RATE,
     LaneRateEstimate,
     Recommendation,
@@ -55,8 +55,14 @@ from multilane.operator.capacity import (
     recommend,
     replicas_for,
 )
-from multilane.operator.damping import DampingRules, PolicyState, ScaleUpRecord, prune_history
-from multilane.operator.policy_model import RULES, Decision, Observation, PolicyConfig, validate_observation
+from multilane.operator.decision.damping import DampingRules, PolicyState, ScaleUpRecord, prune_history
+from multilane.operator.decision.policy_model import (
+    RULES,
+    Decision,
+    Observation,
+    PolicyConfig,
+    validate_observation,
+)
 
 __all__ = [
     "MIN_LANE_RATE",

@@ -1,5 +1,5 @@
 """The capacity model of the autoscaling policy: how much work there is and what a lane, a pod and a
-size (replicas x factor) can do. Pure: no I/O, no state; :mod:`multilane.operator.policy` adds the
+size (replicas x factor) can do. Pure: no I/O, no state; :mod:`multilane.operator.decision.policy` adds the
 damping (history, settle, bottleneck probes) on top, and the simulator uses both unchanged.
 
 - needed capacity (rec/s) = ``input_rate / target_utilisation + backlog / target_catchup_s``; when
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from multilane.operator.policy_model import Observation, PolicyConfig
+    from multilane.operator.decision.policy_model import Observation, PolicyConfig
 
 __all__ = [
     "MIN_LANE_RATE",

@@ -13,8 +13,8 @@ import asyncio
 import logging
 from typing import Any
 
-from multilane.operator.handlers import HandlerSettings, OperatorHandlers, configure_kopf
-from multilane.operator.kube import KubeClient, KubeSettings
+from multilane.operator.k8s.handlers import HandlerSettings, OperatorHandlers, configure_kopf
+from multilane.operator.k8s.kube import KubeClient, KubeSettings
 from multilane.operator.metrics import OperatorMetrics
 
 __all__ = ["add_arguments", "run"]

@@ -33,13 +33,13 @@ from typing import Any
 
 import aiohttp
 
-from multilane.operator.children import ConsumerRef
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.workers import WorkerUnreachableError
+from multilane.operator.rollout.workers import WorkerUnreachableError
+from multilane.operator.spec.children import ConsumerRef
 
 __all__ = ["READY_RE", "LocalPlatform", "LocalWorkerTemplate", "write_json_atomic"]
 
-log = logging.getLogger("multilane.operator.local")
+log = logging.getLogger("multilane.operator.local.plane")
 
 
 READY_RE = re.compile(r"multilane-worker ready worker_id=(\S*) control_port=(\d+) metrics_port=(\d+)")

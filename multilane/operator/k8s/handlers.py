@@ -43,20 +43,26 @@ from typing import Any
 
 import kopf
 
-from multilane.operator import children as ch
-from multilane.operator.assignment import AssignmentState, WorkerControl
-from multilane.operator.conditions import condition, now_iso, set_condition
 from multilane.operator.controller import ConsumerController, EventRecord
-from multilane.operator.handoff import HandoffConfig, HandoffControl, HandoffControlClient, HandoffExecutor
+from multilane.operator.decision.planner import format_partition
+from multilane.operator.decision.policy import PolicyState
+from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
+from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
-from multilane.operator.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.metrics import OperatorMetrics
-from multilane.operator.planner import format_partition
-from multilane.operator.platform import KubernetesPlatform, Platform
-from multilane.operator.policy import PolicyState
-from multilane.operator.rollout import Rollout
+from multilane.operator.platform import Platform
+from multilane.operator.rollout.assignment import AssignmentState, WorkerControl
+from multilane.operator.rollout.handoff import (
+    HandoffConfig,
+    HandoffControl,
+    HandoffControlClient,
+    HandoffExecutor,
+)
+from multilane.operator.rollout.protocol import Rollout
 from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSource
-from multilane.operator.validation import ConsumerSpec, Problem, check_environment, validate_spec
+from multilane.operator.spec import children as ch
+from multilane.operator.spec.conditions import condition, now_iso, set_condition
+from multilane.operator.spec.validation import ConsumerSpec, Problem, check_environment, validate_spec
 
 __all__ = [
     "GROUP",

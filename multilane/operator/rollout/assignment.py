@@ -44,14 +44,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from multilane.operator.planner import (
+from multilane.operator.decision.planner import (
     AssignmentPlanner,
     format_partition,
     members_from_status,
     members_to_status,
 )
 from multilane.operator.platform import WorkerInfo
-from multilane.operator.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
 __all__ = ["AssignmentCoordinator", "AssignmentState", "PendingChange", "StepResult", "WorkerControl"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from multilane.operator.planner import format_partition, parse_partition
+from multilane.operator.decision.planner import format_partition, parse_partition
 
 __all__ = [
     "ReleasedPartition",

@@ -2,8 +2,8 @@
 (:class:`PolicyState`, a pending :class:`ScaleUpRecord`, the bottleneck) and the rules that turn a
 recommendation into the size to run (:class:`DampingRules`: scale up at once or after the window, let
 the factor follow new pods, settle, probe a bottleneck, scale down after the delay and beyond the
-tolerance, or hold). Pure: no I/O. The module docstring of :mod:`multilane.operator.policy` describes
-the rules; :mod:`multilane.operator.explain` words them.
+tolerance, or hold). Pure: no I/O. The module docstring of :mod:`multilane.operator.decision.policy` describes
+the rules; :mod:`multilane.operator.decision.explain` words them.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from multilane.operator.capacity import Recommendation, factor_for_pods
-from multilane.operator.explain import pods_note, summary
-from multilane.operator.policy_model import Observation, PolicyConfig
+from multilane.operator.decision.capacity import Recommendation, factor_for_pods
+from multilane.operator.decision.explain import pods_note, summary
+from multilane.operator.decision.policy_model import Observation, PolicyConfig
 
 __all__ = ["Choice", "DampingContext", "DampingRules", "PolicyState", "ScaleUpRecord", "prune_history"]
 

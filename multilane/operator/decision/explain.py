@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from multilane.operator.capacity import Recommendation
+from multilane.operator.decision.capacity import Recommendation
 
 if TYPE_CHECKING:
-    from multilane.operator.damping import DampingContext
+    from multilane.operator.decision.damping import DampingContext
 
 __all__ = ["pods_note", "summary"]
 

@@ -28,25 +28,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multilane.operator.assignment import AssignmentState, WorkerControl
-from multilane.operator.children import ConsumerRef
 from multilane.operator.controller import ConsumerController, DecidingPolicy, TickResult
-from multilane.operator.handoff import (
+from multilane.operator.decision.planner import format_partition
+from multilane.operator.decision.policy import PolicyConfig, PolicyState
+from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
+from multilane.operator.local.platform import LocalPlatform, LocalWorkerTemplate, write_json_atomic
+from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.platform import Platform, WorkerInfo
+from multilane.operator.rollout.assignment import AssignmentState, WorkerControl
+from multilane.operator.rollout.handoff import (
     HandoffConfig,
     HandoffControlClient,
     HandoffExecutor,
     HandoffRecord,
 )
-from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
-from multilane.operator.local_platform import LocalPlatform, LocalWorkerTemplate, write_json_atomic
-from multilane.operator.metrics import OperatorMetrics
-from multilane.operator.planner import format_partition
-from multilane.operator.platform import Platform, WorkerInfo
-from multilane.operator.policy import PolicyConfig, PolicyState
-from multilane.operator.rollout import Rollout
+from multilane.operator.rollout.protocol import Rollout
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerUnreachableError
 from multilane.operator.sources import MetricSample, MetricsUnavailableError, QueryContext
-from multilane.operator.validation import ConsumerSpec
-from multilane.operator.workers import ReleasedPartition, WorkerUnreachableError
+from multilane.operator.spec.children import ConsumerRef
+from multilane.operator.spec.validation import ConsumerSpec
 
 __all__ = [
     "LocalControlPlane",

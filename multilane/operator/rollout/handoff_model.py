@@ -19,8 +19,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from multilane.operator.planner import AssignmentPlanner, format_partition
-from multilane.operator.rollout import Action, MovePhase, Rollout, RolloutCoordinator, WorkerObservation
+from multilane.operator.decision.planner import AssignmentPlanner, format_partition
+from multilane.operator.rollout.protocol import (
+    Action,
+    MovePhase,
+    Rollout,
+    RolloutCoordinator,
+    WorkerObservation,
+)
 
 __all__ = [
     "HandoffConfig",

@@ -39,10 +39,10 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
    - ``EVENT``: returned to the caller (Kubernetes Event / log line).
 6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
 
-Modules: this one drives the calls. :mod:`~multilane.operator.handoff_model` (pure) holds the data
+Modules: this one drives the calls. :mod:`~multilane.operator.rollout.handoff_model` (pure) holds the data
 model and the parts of a step that need no I/O (observation, placement, members, completed-move
 records), given the executor's in-memory state (releases seen, timings) as arguments;
-:mod:`~multilane.operator.handoff_control` the worker calls, the status write and a step's result.
+:mod:`~multilane.operator.rollout.handoff_control` the worker calls, the status write and a step's result.
 Their public names are importable from here too.
 """
 
@@ -55,14 +55,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from multilane.operator.assignment import AssignmentCoordinator, AssignmentState
-from multilane.operator.handoff_control import (
+from multilane.operator.decision.planner import AssignmentPlanner
+from multilane.operator.platform import WorkerInfo
+from multilane.operator.rollout.assignment import AssignmentCoordinator, AssignmentState
+from multilane.operator.rollout.handoff_control import (
     HandoffControl,
     HandoffControlClient,
     HandoffStep,
     PersistHandoff,
 )
-from multilane.operator.handoff_model import (
+from multilane.operator.rollout.handoff_model import (
     HandoffConfig,
     HandoffRecord,
     by_worker,
@@ -76,10 +78,8 @@ from multilane.operator.handoff_model import (
     take_done_records,
     with_released,
 )
-from multilane.operator.planner import AssignmentPlanner
-from multilane.operator.platform import WorkerInfo
-from multilane.operator.rollout import Action, ActionKind, MovePhase, Rollout, WorkerObservation
-from multilane.operator.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
+from multilane.operator.rollout.protocol import Action, ActionKind, MovePhase, Rollout, WorkerObservation
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
 __all__ = [
     "HandoffConfig",
