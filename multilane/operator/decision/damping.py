@@ -14,10 +14,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from multilane.operator.decision.capacity import Recommendation, factor_for_pods
-from multilane.operator.decision.explain import pods_note, summary
+from multilane.operator.decision.explain import pods_note
 from multilane.operator.decision.policy_model import Observation, PolicyConfig
 
-__all__ = ["Choice", "DampingContext", "DampingRules", "PolicyState", "ScaleUpRecord", "prune_history"]
+__all__ = [
+    "BottleneckCap",
+    "Choice",
+    "DampingContext",
+    "DampingRules",
+    "PolicyState",
+    "ScaleUpRecord",
+    "prune_history",
+]
 
 
 @dataclass
@@ -147,280 +155,16 @@ def prune_history(
     return ([older[-1]] if older else []) + kept
 
 
-class DampingRules:
-    """Steps 3 and 5 of :meth:`multilane.operator.policy.AutoscalePolicy.decide` (pure)."""
+@dataclass(frozen=True)
+class BottleneckCap:
+    """What :meth:`DampingRules.cap_by_bottleneck` found: the recommendation to go on with and why."""
 
-    def __init__(self, config: PolicyConfig) -> None:
-        self.config = config
-
-    def cap_by_bottleneck(
-        self,
-        st: PolicyState,
-        rec: Recommendation,
-        input_rate: float,
-        now: float,
-        processing_rate: float,
-        warnings: list[str],
-        inputs: dict[str, Any],
-    ) -> Recommendation:
-        """Step 3: cap the recommendation at the last effective size while a bottleneck holds and the
-        input stays within ``shortfall_margin`` of what the ineffective scale-up was sized for."""
-        cfg = self.config
-        b = st.bottleneck
-        assert b is not None
-        warnings.append(
-            f"scale-up {now - b.time:.0f}s ago from {b.lanes_before} to {b.lanes_after} lanes "
-            f"({b.replicas_before}->{b.replicas_after} replicas) did not raise the processing rate "
-            f"(before {b.rate_before:.1f} rec/s, now {processing_rate:.1f} rec/s): "
-            "a bottleneck outside the consumer (downstream, CPU or a hot key?)"
-        )
-        if b.beyond(input_rate, cfg.shortfall_margin):
-            inputs["bottleneck_lifted"] = (
-                f"input {input_rate:.1f} rec/s is beyond the {b.sized_for or 0.0:.1f} rec/s the ineffective "
-                "scale-up was sized for"
-            )
-            return rec
-        cap_f = max(cfg.min_factor, -(-b.lanes_before // cfg.partitions))
-        cap_r = max(cfg.replica_floor, b.replicas_before)
-        if st.bottleneck_hold_until is not None and now >= st.bottleneck_hold_until:
-            # the hold is over: one probe, at most twice the last effective size
-            cap_f = min(2 * cap_f, cfg.max_factor)
-            cap_r = min(2 * cap_r, cfg.replica_ceiling)
-        if rec.factor > cap_f or rec.replicas > cap_r:
-            rec = replace(rec, replicas=min(rec.replicas, cap_r), factor=min(rec.factor, cap_f))
-            inputs["recommended_replicas"], inputs["recommended_factor"] = rec.replicas, rec.factor
-            inputs["capped_by_bottleneck"] = f"{cap_r}x{cap_f}"
-        return rec
-
-    def judge_scale_up(
-        self,
-        obs: Observation,
-        st: PolicyState,
-        has_backlog: bool,
-        cur_lanes: int,
-        warnings: list[str],
-    ) -> None:
-        """Judge the pending scale-up once settled; clear a bottleneck that no longer holds."""
-        cfg = self.config
-        now = float(obs.now)
-        b = st.bottleneck
-        if b is not None:
-            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck
-            risen = obs.processing_rate > b.rate_before * (
-                1.0 + max(cfg.min_scale_up_gain * b.expected_gain(), 0.05)
-            )
-            if risen:
-                st.bottleneck, st.bottleneck_hold_until, st.bottleneck_strikes = None, None, 0
-        p = st.pending_scale_up
-        if p is None or now - p.time < cfg.settle_s or obs.rebalancing:
-            return
-        st.pending_scale_up = None
-        if not has_backlog or cur_lanes < p.lanes_after:
-            return  # demand met, or the scale-up was reverted: nothing to judge
-        # 2. judge the settled scale-up (a probe after a hold included)
-        gain = obs.processing_rate / p.rate_before - 1.0 if p.rate_before > 0 else math.inf
-        expected = p.expected_gain()
-        if expected > 0 and gain < cfg.min_scale_up_gain * expected:
-            if st.bottleneck is None:
-                st.bottleneck, st.bottleneck_strikes = p, 0
-            else:
-                st.bottleneck_strikes += 1
-            st.bottleneck_hold_until = now + cfg.bottleneck_retry_s * 2**st.bottleneck_strikes
-        elif st.bottleneck is not None:
-            st.bottleneck, st.bottleneck_hold_until, st.bottleneck_strikes = None, None, 0
-
-    def choose(
-        self,
-        obs: Observation,
-        st: PolicyState,
-        rec: Recommendation,
-        needed: float,
-        has_backlog: bool,
-        shortfall: bool,
-        draining: bool,
-        ready: int,
-        inputs: dict[str, Any],
-    ) -> Choice:
-        """Step 5: bounds first (a size outside the, possibly edited, bounds is corrected at once and
-        the rest of the step starts from the corrected size), then up, follow, down or hold."""
-        cfg = self.config
-        cur_r = min(max(obs.replicas, cfg.replica_floor), cfg.replica_ceiling)
-        cur_f = min(max(obs.factor, cfg.min_factor), cfg.max_factor)
-        ctx = DampingContext(
-            now=float(obs.now),
-            cur_r=cur_r,
-            cur_f=cur_f,
-            ready=ready,
-            needed=needed,
-            input_rate=obs.input_rate,
-            rebalancing=obs.rebalancing,
-            capped="capped_by_bottleneck" in inputs,
-            summary=summary(rec, inputs),
-        )
-        if rec.factor > cur_f or rec.replicas > cur_r:
-            choice = self._up(ctx, st, rec, shortfall)
-        elif rec.factor < cur_f or rec.replicas < cur_r:
-            choice = self._down(ctx, st, rec, draining)
-        else:
-            choice = Choice(cur_r, cur_f, "at-recommendation", f"hold {cur_r}x{cur_f}: at the recommendation")
-        choice.reason += f"; {ctx.summary}"
-        if (cur_r, cur_f) != (obs.replicas, obs.factor):
-            choice.reason = (
-                f"clamp {obs.replicas}x{obs.factor} into bounds -> {cur_r}x{cur_f}; " + choice.reason
-            )
-        return choice
-
-    def _up(self, c: DampingContext, st: PolicyState, rec: Recommendation, shortfall: bool) -> Choice:
-        """A scale-up is recommended: settle, follow, at once, after the window, or hold."""
-        cfg = self.config
-        p = st.pending_scale_up
-        age = c.now - p.time if p is not None else math.inf
-        settling = p is not None and (age < cfg.settle_s or (c.rebalancing and age < cfg.bottleneck_retry_s))
-        if settling and p is not None and not p.beyond(c.input_rate, cfg.shortfall_margin):
-            # the pending scale-up covers this demand: its factor follows its pods, nothing more;
-            # while the lag still rises, up to the current need (the factor is the cheap answer;
-            # part of the two-speed policy: not with factor_first off)
-            target = min(rec.factor, max(p.factor_target, c.cur_f))
-            if shortfall and cfg.factor_first:
-                target = max(target, rec.factor)
-            # never beyond the lane budget of the pods that run now (more pods wait for the settle)
-            f = factor_for_pods(cfg, min(c.ready, c.cur_r), target, c.cur_f) if cfg.factor_first else target
-            if f > c.cur_f:
-                return Choice(
-                    c.cur_r,
-                    f,
-                    "factor-follows",
-                    f"factor {c.cur_f} -> {f}: {c.ready} of {c.cur_r} pods ready for the scale-up "
-                    f"{age:.0f}s ago (target factor {p.factor_target})",
-                )
-            return Choice(
-                c.cur_r,
-                c.cur_f,
-                "settling",
-                f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
-                f"scale-up {age:.0f}s ago (sized for {p.sized_for or 0.0:.1f} rec/s) has settled "
-                f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
-            )
-        if settling and p is not None and shortfall and self._pods_carry(c, p, rec):
-            # demand grew beyond what the pending scale-up was sized for, but the pods it added
-            # carry it: the factor follows them (in place, the same scale-up), now sized for it
-            f = factor_for_pods(cfg, min(c.ready, c.cur_r), max(rec.factor, c.cur_f), c.cur_f)
-            if f > c.cur_f:
-                why = (
-                    f"factor {c.cur_f} -> {f}: input {c.input_rate:.1f} rec/s grew beyond the "
-                    f"{p.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and its "
-                    f"{c.ready} of {c.cur_r} pods carry it"
-                )
-                return Choice(c.cur_r, f, "factor-follows", why, resized_input=c.input_rate)
-        if shortfall:
-            r = max(rec.replicas, c.cur_r)
-            f = self._factor_now(c, r, max(rec.factor, c.cur_f))
-            if settling and p is not None:
-                rule = "beyond-pending"
-                why = (
-                    f"input {c.input_rate:.1f} rec/s is more than {cfg.shortfall_margin:.0%} above the "
-                    f"{p.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for"
-                )
-            else:
-                rule, why = "shortfall", "lag is rising"
-            return Choice(
-                r, f, rule, f"scale up {c.cur_r}x{c.cur_f} -> {r}x{f}: {why}" + pods_note(c, r, f, rec)
-            )
-        # The history holds at least this observation; right after a (re)start it is short and
-        # the window is whatever has been seen (as in the HPA).
-        window = [h for h in st.history if h[0] >= c.now - cfg.stabilisation_s]
-        low_r = min(h[1] for h in window)
-        low_f = min(h[2] for h in window)
-        if low_f > c.cur_f or low_r > c.cur_r:
-            span = c.now - window[0][0]
-            seen = (
-                f"recommended throughout the {cfg.stabilisation_s:.0f}s stabilisation window"
-                if span >= cfg.stabilisation_s
-                else f"recommended by every observation so far ({len(window)} in {span:.0f}s)"
-            )
-            r = max(low_r, c.cur_r)
-            f = self._factor_now(c, r, max(low_f, c.cur_f))
-            return Choice(
-                r,
-                f,
-                "stabilised",
-                f"scale up {c.cur_r}x{c.cur_f} -> {r}x{f}: {seen}" + pods_note(c, r, f, rec),
-                sized_for=min(h[3] for h in window),  # the need the window's lowest answers
-            )
-        return Choice(
-            c.cur_r,
-            c.cur_f,
-            "stabilising",
-            f"hold {c.cur_r}x{c.cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
-            f"{cfg.stabilisation_s:.0f}s stabilisation window",
-        )
-
-    def _pods_carry(self, c: DampingContext, p: ScaleUpRecord, rec: Recommendation) -> bool:
-        """The pending scale-up added pods, all of them are ready, and the recommendation needs no
-        more: a higher factor on them answers the demand (two-speed policy only)."""
-        return (
-            self.config.factor_first
-            and p.replicas_after > p.replicas_before
-            and c.cur_r == p.replicas_after
-            and c.ready >= c.cur_r
-            and rec.replicas <= c.cur_r
-        )
-
-    def _factor_now(self, c: DampingContext, replicas: int, wanted: int) -> int:
-        """The factor to run now: ``wanted``, or what the ready pods carry while more are coming."""
-        if replicas > c.ready and self.config.factor_first:
-            return factor_for_pods(self.config, c.ready, wanted, c.cur_f)
-        return wanted
-
-    def _down(self, c: DampingContext, st: PolicyState, rec: Recommendation, draining: bool) -> Choice:
-        """A smaller size is recommended: delay, tolerance and window max decide."""
-        cfg = self.config
-        hold = f"hold {c.cur_r}x{c.cur_f}: scale-down to {rec.replicas}x{rec.factor}"
-        if draining:
-            return Choice(
-                c.cur_r, c.cur_f, "draining", f"{hold} waits: no scale-down while a backlog is draining"
-            )
-        since_change = c.now - st.last_change_time if st.last_change_time is not None else 0.0
-        covered = bool(st.history) and st.history[0][0] <= c.now - cfg.scale_down_delay_s
-        if since_change < cfg.scale_down_delay_s or not covered:
-            return Choice(
-                c.cur_r,
-                c.cur_f,
-                "scale-down-delay",
-                f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay",
-            )
-        window = [h for h in st.history if h[0] >= c.now - cfg.scale_down_delay_s]
-        high_r = max(h[1] for h in window)
-        high_f = max(h[2] for h in window)
-        high_need = max(h[3] for h in window)
-        sized = st.sized_need
-        tolerated = sized is not None and high_need >= (1.0 - cfg.scale_down_tolerance) * sized
-        if tolerated and not c.capped:
-            return Choice(
-                c.cur_r,
-                c.cur_f,
-                "within-tolerance",
-                f"{hold} waits: the highest need of the last {cfg.scale_down_delay_s:.0f}s, "
-                f"{high_need:.1f} rec/s, is within {cfg.scale_down_tolerance:.0%} of the {sized:.1f} rec/s "
-                f"the size was chosen for",
-            )
-        r, f = min(c.cur_r, high_r), min(c.cur_f, high_f)
-        if (r, f) == (c.cur_r, c.cur_f):
-            return Choice(
-                c.cur_r,
-                c.cur_f,
-                "recently-higher",
-                f"hold {c.cur_r}x{c.cur_f}: a higher size was recommended within the last "
-                f"{cfg.scale_down_delay_s:.0f}s",
-            )
-        return Choice(
-            r,
-            f,
-            "scale-down",
-            f"scale down {c.cur_r}x{c.cur_f} -> {r}x{f}: highest recommendation of the last "
-            f"{cfg.scale_down_delay_s:.0f}s",
-            sized_for=high_need,
-        )
+    recommendation: Recommendation
+    warning: str
+    capped_by: str | None = None
+    """``"RxF"`` when the cap lowered the recommendation."""
+    lifted: str | None = None
+    """Why the cap did not apply (the input is new demand), else None."""
 
 
 @dataclass(frozen=True)
@@ -428,13 +172,16 @@ class DampingContext:
     """What :meth:`DampingRules.choose` decides from (sizes within bounds)."""
 
     now: float
-    cur_r: int
-    cur_f: int
+    current_replicas: int
+    current_factor: int
     ready: int
     needed: float
     input_rate: float
     rebalancing: bool
-    capped: bool  # the recommendation is capped by a bottleneck: the lanes above it are useless
+    shortfall: bool
+    draining: bool
+    capped: bool
+    """The recommendation is capped by a bottleneck: the lanes above it are useless."""
     summary: str
 
 
@@ -450,4 +197,274 @@ class Choice:
     sized_for: float | None = None
     resized_input: float | None = None
     """Only on a ``factor-follows``: the input rate the pending scale-up is sized for from now on
-    (None: unchanged). Applied by the caller (step 6 of ``decide``)."""
+    (None: unchanged). Applied by the caller (step 8 of ``decide``)."""
+
+
+class DampingRules:
+    """Steps 4, 5 and 7 of :meth:`multilane.operator.decision.policy.AutoscalePolicy.decide` (pure).
+
+    Each rule returns what it found; the only thing written is the caller's own copy of the
+    :class:`PolicyState` (the bottleneck fields and the pending scale-up, in :meth:`judge_scale_up`).
+    """
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+
+    def cap_by_bottleneck(
+        self,
+        state: PolicyState,
+        rec: Recommendation,
+        input_rate: float,
+        now: float,
+        processing_rate: float,
+    ) -> BottleneckCap:
+        """Step 5: cap the recommendation at the last effective size while a bottleneck holds and the
+        input stays within ``shortfall_margin`` of what the ineffective scale-up was sized for."""
+        cfg = self.config
+        bottleneck = state.bottleneck
+        assert bottleneck is not None
+        warning = (
+            f"scale-up {now - bottleneck.time:.0f}s ago from {bottleneck.lanes_before} to "
+            f"{bottleneck.lanes_after} lanes ({bottleneck.replicas_before}->{bottleneck.replicas_after} "
+            f"replicas) did not raise the processing rate (before {bottleneck.rate_before:.1f} rec/s, "
+            f"now {processing_rate:.1f} rec/s): a bottleneck outside the consumer (downstream, CPU or a "
+            "hot key?)"
+        )
+        if bottleneck.beyond(input_rate, cfg.shortfall_margin):
+            lifted = (
+                f"input {input_rate:.1f} rec/s is beyond the {bottleneck.sized_for or 0.0:.1f} rec/s the "
+                "ineffective scale-up was sized for"
+            )
+            return BottleneckCap(rec, warning, lifted=lifted)
+        cap_factor = max(cfg.min_factor, -(-bottleneck.lanes_before // cfg.partitions))
+        cap_replicas = max(cfg.replica_floor, bottleneck.replicas_before)
+        if state.bottleneck_hold_until is not None and now >= state.bottleneck_hold_until:
+            # the hold is over: one probe, at most twice the last effective size
+            cap_factor = min(2 * cap_factor, cfg.max_factor)
+            cap_replicas = min(2 * cap_replicas, cfg.replica_ceiling)
+        if rec.factor > cap_factor or rec.replicas > cap_replicas:
+            capped = replace(
+                rec, replicas=min(rec.replicas, cap_replicas), factor=min(rec.factor, cap_factor)
+            )
+            return BottleneckCap(capped, warning, capped_by=f"{cap_replicas}x{cap_factor}")
+        return BottleneckCap(rec, warning)
+
+    def judge_scale_up(
+        self, obs: Observation, state: PolicyState, has_backlog: bool, current_lanes: int
+    ) -> str | None:
+        """Step 4: judge the pending scale-up once settled; clear a bottleneck that no longer holds.
+
+        Returns the verdict as a note (``None`` when nothing was judged)."""
+        cfg = self.config
+        now = float(obs.now)
+        note: str | None = None
+        bottleneck = state.bottleneck
+        if bottleneck is not None:
+            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck
+            risen = obs.processing_rate > bottleneck.rate_before * (
+                1.0 + max(cfg.min_scale_up_gain * bottleneck.expected_gain(), 0.05)
+            )
+            if risen:
+                state.bottleneck, state.bottleneck_hold_until, state.bottleneck_strikes = None, None, 0
+                note = "judged: the bottleneck lifted (the processing rate rose)"
+        pending = state.pending_scale_up
+        if pending is None or now - pending.time < cfg.settle_s or obs.rebalancing:
+            return note
+        state.pending_scale_up = None
+        if not has_backlog or current_lanes < pending.lanes_after:
+            return note  # demand met, or the scale-up was reverted: nothing to judge
+        # 2. judge the settled scale-up (a probe after a hold included)
+        gain = obs.processing_rate / pending.rate_before - 1.0 if pending.rate_before > 0 else math.inf
+        expected = pending.expected_gain()
+        if expected > 0 and gain < cfg.min_scale_up_gain * expected:
+            if state.bottleneck is None:
+                state.bottleneck, state.bottleneck_strikes = pending, 0
+            else:
+                state.bottleneck_strikes += 1
+            state.bottleneck_hold_until = now + cfg.bottleneck_retry_s * 2**state.bottleneck_strikes
+            return f"judged: ineffective (gain {gain:.2f} of {expected:.2f} expected)"
+        if state.bottleneck is not None:
+            state.bottleneck, state.bottleneck_hold_until, state.bottleneck_strikes = None, None, 0
+        return f"judged: effective (gain {gain:.2f} of {expected:.2f} expected)"
+
+    def choose(
+        self, obs: Observation, state: PolicyState, rec: Recommendation, ctx: DampingContext
+    ) -> Choice:
+        """Step 7: bounds first (a size outside the, possibly edited, bounds is corrected at once and
+        the rest of the step starts from the corrected size; ``ctx`` holds the corrected size), then
+        up, follow, down or hold."""
+        r, f = ctx.current_replicas, ctx.current_factor
+        if rec.factor > f or rec.replicas > r:
+            choice = self._up(ctx, state, rec)
+        elif rec.factor < f or rec.replicas < r:
+            choice = self._down(ctx, state, rec)
+        else:
+            choice = Choice(r, f, "at-recommendation", f"hold {r}x{f}: at the recommendation")
+        choice.reason += f"; {ctx.summary}"
+        if (r, f) != (obs.replicas, obs.factor):
+            choice.reason = f"clamp {obs.replicas}x{obs.factor} into bounds -> {r}x{f}; " + choice.reason
+        return choice
+
+    def within_bounds(self, replicas: int, factor: int) -> tuple[int, int]:
+        """``replicas`` x ``factor`` clamped into the configured bounds."""
+        cfg = self.config
+        return (
+            min(max(replicas, cfg.replica_floor), cfg.replica_ceiling),
+            min(max(factor, cfg.min_factor), cfg.max_factor),
+        )
+
+    def _up(self, c: DampingContext, state: PolicyState, rec: Recommendation) -> Choice:
+        """A scale-up is recommended: settle, follow, at once, after the window, or hold."""
+        cfg = self.config
+        cur_r, cur_f = c.current_replicas, c.current_factor
+        pending = state.pending_scale_up
+        age = c.now - pending.time if pending is not None else math.inf
+        settling = pending is not None and (
+            age < cfg.settle_s or (c.rebalancing and age < cfg.bottleneck_retry_s)
+        )
+        if settling and pending is not None and not pending.beyond(c.input_rate, cfg.shortfall_margin):
+            # the pending scale-up covers this demand: its factor follows its pods, nothing more;
+            # while the lag still rises, up to the current need (the factor is the cheap answer;
+            # part of the two-speed policy: not with factor_first off)
+            target = min(rec.factor, max(pending.factor_target, cur_f))
+            if c.shortfall and cfg.factor_first:
+                target = max(target, rec.factor)
+            # never beyond the lane budget of the pods that run now (more pods wait for the settle)
+            f = factor_for_pods(cfg, min(c.ready, cur_r), target, cur_f) if cfg.factor_first else target
+            if f > cur_f:
+                return Choice(
+                    cur_r,
+                    f,
+                    "factor-follows",
+                    f"factor {cur_f} -> {f}: {c.ready} of {cur_r} pods ready for the scale-up "
+                    f"{age:.0f}s ago (target factor {pending.factor_target})",
+                )
+            return Choice(
+                cur_r,
+                cur_f,
+                "settling",
+                f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits until the "
+                f"scale-up {age:.0f}s ago (sized for {pending.sized_for or 0.0:.1f} rec/s) has settled "
+                f"({cfg.settle_s:.0f}s, rollout {'in progress' if c.rebalancing else 'done'})",
+            )
+        if settling and pending is not None and c.shortfall and self._pods_carry(c, pending, rec):
+            # demand grew beyond what the pending scale-up was sized for, but the pods it added
+            # carry it: the factor follows them (in place, the same scale-up), now sized for it
+            f = factor_for_pods(cfg, min(c.ready, cur_r), max(rec.factor, cur_f), cur_f)
+            if f > cur_f:
+                why = (
+                    f"factor {cur_f} -> {f}: input {c.input_rate:.1f} rec/s grew beyond the "
+                    f"{pending.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and "
+                    f"its {c.ready} of {cur_r} pods carry it"
+                )
+                return Choice(cur_r, f, "factor-follows", why, resized_input=c.input_rate)
+        if c.shortfall:
+            r = max(rec.replicas, cur_r)
+            f = self._factor_now(c, r, max(rec.factor, cur_f))
+            if settling and pending is not None:
+                rule = "beyond-pending"
+                why = (
+                    f"input {c.input_rate:.1f} rec/s is more than {cfg.shortfall_margin:.0%} above the "
+                    f"{pending.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for"
+                )
+            else:
+                rule, why = "shortfall", "lag is rising"
+            return Choice(
+                r,
+                f,
+                rule,
+                f"scale up {cur_r}x{cur_f} -> {r}x{f}: {why}" + pods_note(c.ready, r, f, rec.factor),
+            )
+        # The history holds at least this observation; right after a (re)start it is short and
+        # the window is whatever has been seen (as in the HPA).
+        window = [h for h in state.history if h[0] >= c.now - cfg.stabilisation_s]
+        low_r = min(h[1] for h in window)
+        low_f = min(h[2] for h in window)
+        if low_f > cur_f or low_r > cur_r:
+            span = c.now - window[0][0]
+            seen = (
+                f"recommended throughout the {cfg.stabilisation_s:.0f}s stabilisation window"
+                if span >= cfg.stabilisation_s
+                else f"recommended by every observation so far ({len(window)} in {span:.0f}s)"
+            )
+            r = max(low_r, cur_r)
+            f = self._factor_now(c, r, max(low_f, cur_f))
+            return Choice(
+                r,
+                f,
+                "stabilised",
+                f"scale up {cur_r}x{cur_f} -> {r}x{f}: {seen}" + pods_note(c.ready, r, f, rec.factor),
+                sized_for=min(h[3] for h in window),  # the need the window's lowest answers
+            )
+        return Choice(
+            cur_r,
+            cur_f,
+            "stabilising",
+            f"hold {cur_r}x{cur_f}: scale-up to {rec.replicas}x{rec.factor} waits for the "
+            f"{cfg.stabilisation_s:.0f}s stabilisation window",
+        )
+
+    def _pods_carry(self, c: DampingContext, pending: ScaleUpRecord, rec: Recommendation) -> bool:
+        """The pending scale-up added pods, all of them are ready, and the recommendation needs no
+        more: a higher factor on them answers the demand (two-speed policy only)."""
+        return (
+            self.config.factor_first
+            and pending.replicas_after > pending.replicas_before
+            and c.current_replicas == pending.replicas_after
+            and c.ready >= c.current_replicas
+            and rec.replicas <= c.current_replicas
+        )
+
+    def _factor_now(self, c: DampingContext, replicas: int, wanted: int) -> int:
+        """The factor to run now: ``wanted``, or what the ready pods carry while more are coming."""
+        if replicas > c.ready and self.config.factor_first:
+            return factor_for_pods(self.config, c.ready, wanted, c.current_factor)
+        return wanted
+
+    def _down(self, c: DampingContext, state: PolicyState, rec: Recommendation) -> Choice:
+        """A smaller size is recommended: delay, tolerance and window max decide."""
+        cfg = self.config
+        cur_r, cur_f = c.current_replicas, c.current_factor
+        hold = f"hold {cur_r}x{cur_f}: scale-down to {rec.replicas}x{rec.factor}"
+        if c.draining:
+            return Choice(
+                cur_r, cur_f, "draining", f"{hold} waits: no scale-down while a backlog is draining"
+            )
+        since_change = c.now - state.last_change_time if state.last_change_time is not None else 0.0
+        covered = bool(state.history) and state.history[0][0] <= c.now - cfg.scale_down_delay_s
+        if since_change < cfg.scale_down_delay_s or not covered:
+            return Choice(
+                cur_r, cur_f, "scale-down-delay", f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay"
+            )
+        window = [h for h in state.history if h[0] >= c.now - cfg.scale_down_delay_s]
+        high_r = max(h[1] for h in window)
+        high_f = max(h[2] for h in window)
+        high_need = max(h[3] for h in window)
+        sized = state.sized_need
+        tolerated = sized is not None and high_need >= (1.0 - cfg.scale_down_tolerance) * sized
+        if tolerated and not c.capped:
+            return Choice(
+                cur_r,
+                cur_f,
+                "within-tolerance",
+                f"{hold} waits: the highest need of the last {cfg.scale_down_delay_s:.0f}s, "
+                f"{high_need:.1f} rec/s, is within {cfg.scale_down_tolerance:.0%} of the {sized:.1f} rec/s "
+                f"the size was chosen for",
+            )
+        r, f = min(cur_r, high_r), min(cur_f, high_f)
+        if (r, f) == (cur_r, cur_f):
+            return Choice(
+                cur_r,
+                cur_f,
+                "recently-higher",
+                f"hold {cur_r}x{cur_f}: a higher size was recommended within the last "
+                f"{cfg.scale_down_delay_s:.0f}s",
+            )
+        return Choice(
+            r,
+            f,
+            "scale-down",
+            f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last "
+            f"{cfg.scale_down_delay_s:.0f}s",
+            sized_for=high_need,
+        )

@@ -1,34 +1,38 @@
 """The words of a scaling decision: the one-line summary of what the capacity model found, and the
-note on a factor held back until new pods are ready. Pure: no I/O. The rules themselves are named in
-:data:`multilane.operator.policy_model.RULES`."""
+note on a factor held back until new pods are ready. Pure: no I/O; plain values in, text out (it
+imports no other part of the policy). The rules themselves are named in
+:data:`multilane.operator.decision.policy_model.RULES`."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-from multilane.operator.decision.capacity import Recommendation
-
-if TYPE_CHECKING:
-    from multilane.operator.decision.damping import DampingContext
 
 __all__ = ["pods_note", "summary"]
 
 
-def summary(rec: Recommendation, inputs: Mapping[str, Any]) -> str:
-    summary = (
-        f"need {rec.needed_rate:.1f} rec/s = {rec.lanes_needed} lanes at "
-        f"{inputs['lane_rate']} rec/s/lane ({inputs['lane_rate_source']}); backlog {inputs['backlog']}"
+def summary(
+    needed_rate: float,
+    lanes_needed: int,
+    lane_rate: float,
+    lane_rate_source: str,
+    backlog: int,
+    capped_by_bottleneck: str | None,
+) -> str:
+    """``need N rec/s = L lanes at r rec/s/lane (source); backlog B`` (plus the bottleneck's cap)."""
+    text = (
+        f"need {needed_rate:.1f} rec/s = {lanes_needed} lanes at "
+        f"{round(lane_rate, 3)} rec/s/lane ({lane_rate_source}); backlog {backlog}"
     )
-    if "capped_by_bottleneck" in inputs:
-        summary += (
-            f"; capped at {inputs['capped_by_bottleneck']}: the last scale-up did not raise the "
+    if capped_by_bottleneck is not None:
+        text += (
+            f"; capped at {capped_by_bottleneck}: the last scale-up did not raise the "
             "processing rate (bottleneck)"
         )
-    return summary
+    return text
 
 
-def pods_note(c: DampingContext, replicas: int, factor: int, rec: Recommendation) -> str:
-    if factor < rec.factor and replicas > c.ready:
-        return f"; factor {factor} until the new pods are ready ({c.ready} of {replicas}), then {rec.factor}"
+def pods_note(ready: int, replicas: int, factor: int, recommended_factor: int) -> str:
+    """The note on a factor held below the recommendation until the new pods are ready (or "")."""
+    if factor < recommended_factor and replicas > ready:
+        return f"; factor {factor} until the new pods are ready ({ready} of {replicas}), then " + str(
+            recommended_factor
+        )
     return ""

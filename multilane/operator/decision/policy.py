@@ -41,7 +41,7 @@ explains itself in ``reason`` with the inputs it used.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from multilane.operator.decision.capacity import (
     MIN_LANE_RATE,
@@ -55,10 +55,19 @@ from multilane.operator.decision.capacity import (
     recommend,
     replicas_for,
 )
-from multilane.operator.decision.damping import DampingRules, PolicyState, ScaleUpRecord, prune_history
+from multilane.operator.decision.damping import (
+    Choice,
+    DampingContext,
+    DampingRules,
+    PolicyState,
+    ScaleUpRecord,
+    prune_history,
+)
+from multilane.operator.decision.explain import summary
 from multilane.operator.decision.policy_model import (
     RULES,
     Decision,
+    DecisionTrace,
     Observation,
     PolicyConfig,
     validate_observation,
@@ -69,12 +78,14 @@ __all__ = [
     "RULES",
     "AutoscalePolicy",
     "Decision",
+    "DecisionTrace",
     "LaneRateEstimate",
     "Observation",
     "PolicyConfig",
     "PolicyState",
     "Recommendation",
     "ScaleUpRecord",
+    "Signals",
     "backlog_threshold",
     "estimate_lane_rate",
     "estimate_pod_rate",
@@ -83,6 +94,49 @@ __all__ = [
     "recommend",
     "replicas_for",
 ]
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What one observation says about the lag, against the previous one (step 2 of ``decide``)."""
+
+    backlog: int
+    """Total lag (records)."""
+    threshold: float
+    """The lag above which it is a backlog (:func:`backlog_threshold`)."""
+    has_backlog: bool
+    lag_rising: bool
+    draining: bool
+    """A backlog that fell since the last observation."""
+    shortfall: bool
+    """The lag rises and is more than a blip, or the input clearly exceeds the processing rate."""
+
+    @classmethod
+    def read(cls, obs: Observation, config: PolicyConfig, last_lag: int | None) -> Signals:
+        backlog = int(sum(obs.lag_by_partition.values()))
+        threshold = backlog_threshold(config, obs.input_rate)
+        has_backlog = backlog > threshold
+        lag_rising = last_lag is not None and backlog > last_lag
+        shortfall = lag_rising and (
+            backlog > max(100.0, obs.input_rate * config.rising_lag_threshold_s)
+            or obs.input_rate > obs.processing_rate * config.shortfall_input_ratio
+        )
+        draining = has_backlog and last_lag is not None and backlog < last_lag
+        return cls(backlog, threshold, has_backlog, lag_rising, draining, shortfall)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The capacity model's answer for one observation (step 3 of ``decide``)."""
+
+    lane_rate: LaneRateEstimate
+    pod_rate: float | None
+    needed: float
+    """Records/s the group must be able to process."""
+    hottest: float
+    """Records/s the busiest partition alone needs."""
+    recommendation: Recommendation
+    warnings: tuple[str, ...]
 
 
 class AutoscalePolicy:
@@ -96,138 +150,181 @@ class AutoscalePolicy:
         """One scaling step.
 
         1. Validate the observation; on a problem hold the last decision.
-        2. Estimate the lane rate and the needed capacity; compute the recommendation.
-        3. Judge a pending scale-up (settled, rollout over: did the rate rise?); set or clear the
-           bottleneck; while it is set and the need stays within ``shortfall_margin`` of what the
+        2. Read the lag signals against the last observation (:class:`Signals`).
+        3. Size: lane rate, needed capacity, the recommendation (:meth:`_size`).
+        4. Judge a pending scale-up (settled, rollout over: did the rate rise?); set or clear the
+           bottleneck (:meth:`DampingRules.judge_scale_up`).
+        5. While a bottleneck holds and the need stays within ``shortfall_margin`` of what the
            ineffective scale-up was sized for, cap the recommendation at the size before it.
-        4. Record the recommendation (and the needed rate) in the history window.
-        5. Choose (:meth:`_choose`): scale up (a shortfall at once, the factor first; without lag
-           evidence after a full stabilisation window; not while a scale-up settles unless the need
-           is clearly beyond it), let the factor follow new pods, scale down (delay passed, window
-           covered, not draining, beyond the tolerance, to the window max), or hold.
-        6. Update the state and return the decision, naming the rule that fired.
+        6. Record the recommendation (and the needed rate) in the history window.
+        7. Choose (:meth:`DampingRules.choose`): scale up (a shortfall at once, the factor first;
+           without lag evidence after a full stabilisation window; not while a scale-up settles unless
+           the need is clearly beyond it), let the factor follow new pods, scale down (delay passed,
+           window covered, not draining, beyond the tolerance, to the window max), or hold.
+        8. Remember: the change, the pending scale-up, the estimates (:meth:`_remember`).
+        9. Return the decision with its :class:`DecisionTrace`, naming the rule that fired.
         """
         cfg = self.config
-        st = PolicyState.from_dict(state.to_dict())  # never mutate the caller's state
+        state = PolicyState.from_dict(state.to_dict())  # never mutate the caller's state
         # 1.
         problems = validate_observation(obs, cfg)
         if problems:
-            return self._hold_invalid(obs, st, problems)
+            return self._hold_invalid(obs, state, problems)
         now = float(obs.now)
-        backlog = int(sum(obs.lag_by_partition.values()))
-        cur_r = obs.replicas
-        cur_f = obs.factor
-        cur_lanes = cfg.partitions * cur_f
-        threshold = backlog_threshold(cfg, obs.input_rate)
-        has_backlog = backlog > threshold
-        lag_rising = st.last_lag is not None and backlog > st.last_lag
-        draining = has_backlog and st.last_lag is not None and backlog < st.last_lag
-        shortfall = lag_rising and (
-            backlog > max(100.0, obs.input_rate * cfg.rising_lag_threshold_s)
-            or obs.input_rate > obs.processing_rate * cfg.shortfall_input_ratio
-        )
+        current_lanes = cfg.partitions * obs.factor
         # 2.
-        est = estimate_lane_rate(obs, cfg, st.lane_rate)
+        signals = Signals.read(obs, cfg, state.last_lag)
+        # 3.
+        sizing = self._size(obs, state, signals)
+        # 4.
+        verdict = self.rules.judge_scale_up(obs, state, signals.has_backlog, current_lanes)
+        # 5.
+        rec = sizing.recommendation
+        bottleneck = None
+        if state.bottleneck is not None:
+            bottleneck = self.rules.cap_by_bottleneck(state, rec, obs.input_rate, now, obs.processing_rate)
+            rec = bottleneck.recommendation
+        # 6.
+        state.history = prune_history(state.history, now, max(cfg.scale_down_delay_s, cfg.stabilisation_s))
+        state.history.append((now, rec.replicas, rec.factor, sizing.needed))
+        # 7.
+        ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
+        capped_by = bottleneck.capped_by if bottleneck is not None else None
+        replicas, factor = self.rules.within_bounds(obs.replicas, obs.factor)
+        ctx = DampingContext(
+            now=now,
+            current_replicas=replicas,
+            current_factor=factor,
+            ready=ready,
+            needed=sizing.needed,
+            input_rate=obs.input_rate,
+            rebalancing=obs.rebalancing,
+            shortfall=signals.shortfall,
+            draining=signals.draining,
+            capped=capped_by is not None,
+            summary=summary(
+                rec.needed_rate,
+                rec.lanes_needed,
+                sizing.lane_rate.rate,
+                sizing.lane_rate.source,
+                signals.backlog,
+                capped_by,
+            ),
+        )
+        choice = self.rules.choose(obs, state, rec, ctx)
+        # 8.
+        self._remember(obs, state, choice, rec, sizing, signals.backlog)
+        # 9.
+        trace = DecisionTrace(
+            backlog=signals.backlog,
+            backlog_threshold=signals.threshold,
+            input_rate=obs.input_rate,
+            processing_rate=obs.processing_rate,
+            busy_lanes=obs.busy_lanes,
+            lane_rate=sizing.lane_rate.rate,
+            lane_rate_source=sizing.lane_rate.source,
+            cpu_utilisation=obs.cpu_utilisation,
+            pod_rate=sizing.pod_rate,
+            needed_rate=sizing.needed,
+            hottest_partition_rate=sizing.hottest,
+            lanes_needed=rec.lanes_needed,
+            recommended_replicas=rec.replicas,
+            recommended_factor=rec.factor,
+            current_replicas=obs.replicas,
+            current_factor=obs.factor,
+            ready_replicas=ready,
+            lag_rising=signals.lag_rising,
+            shortfall=signals.shortfall,
+            capped_by_bottleneck=capped_by,
+            bottleneck_lifted=bottleneck.lifted if bottleneck is not None else None,
+            notes=() if verdict is None else (verdict,),
+            warnings=sizing.warnings + ((bottleneck.warning,) if bottleneck is not None else ()),
+        )
+        decision = Decision(
+            replicas=choice.replicas,
+            factor=choice.factor,
+            reason=choice.reason,
+            inputs=trace.as_inputs(),
+            changed=(choice.replicas, choice.factor) != (obs.replicas, obs.factor),
+            warnings=list(trace.warnings),
+            rule=choice.rule,
+            trace=trace,
+        )
+        return decision, state
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _size(self, obs: Observation, state: PolicyState, signals: Signals) -> Sizing:
+        """Step 3: the lane rate, the needed capacity and the recommendation that covers it."""
+        cfg = self.config
+        lane_rate = estimate_lane_rate(obs, cfg, state.lane_rate)
         # The observed input rate is used as is: inferring the input from lag growth reacts faster
         # but turns a glitch in the lag (end offsets under-reported, then caught up) into a wild scale.
-        needed = needed_capacity(cfg, obs.input_rate, backlog)
+        needed = needed_capacity(cfg, obs.input_rate, signals.backlog)
         hottest = hottest_partition_need(cfg, obs)
         # during a rollout the ready pods and the CPU window disagree: keep the previous estimate
-        pod_rate = st.pod_rate if obs.rebalancing else estimate_pod_rate(obs, st.pod_rate)
-        cpu_needed = needed_capacity(cfg, obs.input_rate, backlog, utilisation=1.0)
-        rec = recommend(cfg, needed, est.rate, hottest, pod_rate, cpu_needed)
-        warnings = list(rec.warnings)
-        if est.source == "default":
-            warnings.append(f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}")
-        ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
-        inputs: dict[str, Any] = {
-            "backlog": backlog,
-            "backlog_threshold": round(threshold, 1),
-            "input_rate": round(obs.input_rate, 3),
-            "processing_rate": round(obs.processing_rate, 3),
-            "busy_lanes": obs.busy_lanes,
-            "lane_rate": round(est.rate, 3),
-            "lane_rate_source": est.source,
-            "cpu_utilisation": obs.cpu_utilisation,
-            "pod_rate": None if pod_rate is None else round(pod_rate, 3),
-            "needed_rate": round(needed, 3),
-            "hottest_partition_rate": round(hottest, 3),
-            "lanes_needed": rec.lanes_needed,
-            "recommended_replicas": rec.replicas,
-            "recommended_factor": rec.factor,
-            "current_replicas": cur_r,
-            "current_factor": cur_f,
-            "ready_replicas": ready,
-            "lag_rising": lag_rising,
-            "shortfall": shortfall,
-        }
-        # 3.
-        self.rules.judge_scale_up(obs, st, has_backlog, cur_lanes, warnings)
-        if st.bottleneck is not None:
-            rec = self.rules.cap_by_bottleneck(
-                st, rec, obs.input_rate, now, obs.processing_rate, warnings, inputs
-            )
-        # 4.
-        st.history = prune_history(st.history, now, max(cfg.scale_down_delay_s, cfg.stabilisation_s))
-        st.history.append((now, rec.replicas, rec.factor, needed))
-        # 5.
-        choice = self.rules.choose(obs, st, rec, needed, has_backlog, shortfall, draining, ready, inputs)
-        new_r, new_f = choice.replicas, choice.factor
-        # 6.
-        if (new_r, new_f) != (cur_r, cur_f):
-            st.last_change_time = now
-            st.sized_need = choice.sized_for if choice.sized_for is not None else needed
-            if cfg.partitions * new_f > cur_lanes or new_r > cur_r:
-                p = st.pending_scale_up
-                if choice.rule == "factor-follows" and p is not None:
+        pod_rate = state.pod_rate if obs.rebalancing else estimate_pod_rate(obs, state.pod_rate)
+        cpu_needed = needed_capacity(cfg, obs.input_rate, signals.backlog, utilisation=1.0)
+        rec = recommend(cfg, needed, lane_rate.rate, hottest, pod_rate, cpu_needed)
+        warnings = rec.warnings
+        if lane_rate.source == "default":
+            warnings += (f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}",)
+        return Sizing(lane_rate, pod_rate, needed, hottest, rec, warnings)
+
+    def _remember(
+        self,
+        obs: Observation,
+        state: PolicyState,
+        choice: Choice,
+        rec: Recommendation,
+        sizing: Sizing,
+        backlog: int,
+    ) -> None:
+        """Step 8: what the next decision needs of this one (on the policy's own copy of the state)."""
+        cfg = self.config
+        now = float(obs.now)
+        current_lanes = cfg.partitions * obs.factor
+        if (choice.replicas, choice.factor) != (obs.replicas, obs.factor):
+            state.last_change_time = now
+            state.sized_need = choice.sized_for if choice.sized_for is not None else sizing.needed
+            if cfg.partitions * choice.factor > current_lanes or choice.replicas > obs.replicas:
+                pending = state.pending_scale_up
+                if choice.rule == "factor-follows" and pending is not None:
                     # the same scale-up, completed as its pods became ready (and re-sized when the
                     # demand grew beyond it but its pods carry it)
-                    p.lanes_after = cfg.partitions * new_f
+                    pending.lanes_after = cfg.partitions * choice.factor
                     if choice.resized_input is not None:
-                        p.sized_for = choice.resized_input
+                        pending.sized_for = choice.resized_input
                 else:
-                    st.pending_scale_up = ScaleUpRecord(
+                    state.pending_scale_up = ScaleUpRecord(
                         time=now,
                         rate_before=obs.processing_rate,
-                        lanes_before=cur_lanes,
-                        lanes_after=cfg.partitions * new_f,
-                        replicas_before=cur_r,
-                        replicas_after=new_r,
+                        lanes_before=current_lanes,
+                        lanes_after=cfg.partitions * choice.factor,
+                        replicas_before=obs.replicas,
+                        replicas_after=choice.replicas,
                         sized_for=obs.input_rate,
                         factor_target=rec.factor,
                     )
             else:
-                st.pending_scale_up = None
-        elif st.last_change_time is None:
-            st.last_change_time = now
-        if est.source in ("observed", "saturated"):
-            st.lane_rate = est.rate
-        st.pod_rate = pod_rate
-        st.last_lag = backlog
-        st.last_time = now
-        st.last_replicas, st.last_factor = new_r, new_f
-        decision = Decision(
-            replicas=new_r,
-            factor=new_f,
-            reason=choice.reason,
-            inputs=inputs,
-            changed=(new_r, new_f) != (cur_r, cur_f),
-            warnings=warnings,
-            rule=choice.rule,
-        )
-        return decision, st
-
-    # -- steps -------------------------------------------------------------------------------
+                state.pending_scale_up = None
+        elif state.last_change_time is None:
+            state.last_change_time = now
+        if sizing.lane_rate.source in ("observed", "saturated"):
+            state.lane_rate = sizing.lane_rate.rate
+        state.pod_rate = sizing.pod_rate
+        state.last_lag = backlog
+        state.last_time = now
+        state.last_replicas, state.last_factor = choice.replicas, choice.factor
 
     def _hold_invalid(
-        self, obs: Observation, st: PolicyState, problems: list[str]
+        self, obs: Observation, state: PolicyState, problems: list[str]
     ) -> tuple[Decision, PolicyState]:
-        cfg = self.config
-        if st.last_replicas is not None and st.last_factor is not None:
-            r, f, what = st.last_replicas, st.last_factor, "the last decision"
+        """Step 1's exit: hold the last decision (or the current size within bounds)."""
+        if state.last_replicas is not None and state.last_factor is not None:
+            r, f, what = state.last_replicas, state.last_factor, "the last decision"
         else:
-            r = min(max(obs.replicas, cfg.replica_floor), cfg.replica_ceiling)
-            f = min(max(obs.factor, cfg.min_factor), cfg.max_factor)
+            r, f = self.rules.within_bounds(obs.replicas, obs.factor)
             what = "the current size (within bounds)"
         reason = f"hold {what} {r}x{f}: invalid observation: " + "; ".join(problems)
         decision = Decision(
@@ -239,4 +336,4 @@ class AutoscalePolicy:
             warnings=[reason],
             rule="invalid-observation",
         )
-        return decision, st
+        return decision, state

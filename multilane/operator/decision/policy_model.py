@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RULES", "Decision", "Observation", "PolicyConfig", "validate_observation"]
+__all__ = ["RULES", "Decision", "DecisionTrace", "Observation", "PolicyConfig", "validate_observation"]
 
 RULES: dict[str, str] = {
     "shortfall": "scale up at once to the current need: the lag is rising",
@@ -172,6 +172,75 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class DecisionTrace:
+    """What :meth:`~multilane.operator.decision.policy.AutoscalePolicy.decide` found, step by step.
+
+    Built once per decision from what each step returned (no step writes into another's result);
+    :meth:`as_inputs` is the flat form stored in ``status.lastDecision.inputs``.
+    """
+
+    backlog: int
+    backlog_threshold: float
+    input_rate: float
+    processing_rate: float
+    busy_lanes: float | None
+    lane_rate: float
+    lane_rate_source: str
+    cpu_utilisation: float | None
+    pod_rate: float | None
+    needed_rate: float
+    hottest_partition_rate: float
+    lanes_needed: int
+    recommended_replicas: int
+    """After the bottleneck's cap (when one applied)."""
+    recommended_factor: int
+    current_replicas: int
+    current_factor: int
+    ready_replicas: int
+    lag_rising: bool
+    shortfall: bool
+    capped_by_bottleneck: str | None = None
+    """``"RxF"`` when a bottleneck capped the recommendation, else None."""
+    bottleneck_lifted: str | None = None
+    """Why a bottleneck's cap did not apply (new demand), else None."""
+    notes: tuple[str, ...] = ()
+    """Extra findings of the rules (``"name: text"``), in the order the steps made them."""
+    warnings: tuple[str, ...] = ()
+
+    def as_inputs(self) -> dict[str, Any]:
+        """The flat, JSON-safe form (rounded rates; the optional fields only when set)."""
+        out: dict[str, Any] = {
+            "backlog": self.backlog,
+            "backlog_threshold": round(self.backlog_threshold, 1),
+            "input_rate": round(self.input_rate, 3),
+            "processing_rate": round(self.processing_rate, 3),
+            "busy_lanes": self.busy_lanes,
+            "lane_rate": round(self.lane_rate, 3),
+            "lane_rate_source": self.lane_rate_source,
+            "cpu_utilisation": self.cpu_utilisation,
+            "pod_rate": None if self.pod_rate is None else round(self.pod_rate, 3),
+            "needed_rate": round(self.needed_rate, 3),
+            "hottest_partition_rate": round(self.hottest_partition_rate, 3),
+            "lanes_needed": self.lanes_needed,
+            "recommended_replicas": self.recommended_replicas,
+            "recommended_factor": self.recommended_factor,
+            "current_replicas": self.current_replicas,
+            "current_factor": self.current_factor,
+            "ready_replicas": self.ready_replicas,
+            "lag_rising": self.lag_rising,
+            "shortfall": self.shortfall,
+        }
+        if self.capped_by_bottleneck is not None:
+            out["capped_by_bottleneck"] = self.capped_by_bottleneck
+        if self.bottleneck_lifted is not None:
+            out["bottleneck_lifted"] = self.bottleneck_lifted
+        for note in self.notes:
+            key, _, text = note.partition(": ")
+            out[key] = text
+        return out
+
+
+@dataclass(frozen=True)
 class Decision:
     """What to run, and why. ``changed`` is true when (replicas, factor) differ from the observation."""
 
@@ -183,6 +252,9 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     rule: str = "at-recommendation"
     """The rule that fired: a key of :data:`RULES`."""
+    trace: DecisionTrace | None = None
+    """What the policy found (multilane's policy; None for the simulator's baselines and an invalid
+    observation). ``inputs`` and ``warnings`` are its flat form."""
 
 
 def _finite_nonneg(x: float) -> bool:
