@@ -24,22 +24,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace",
         default="all",
         help="a trace name (step, surge, diurnal, bursts, hot_key, slowdown, flash_diurnal, batch_dumps, "
-        "ramp, slow_episode), all, or a CSV file of t_seconds,records_per_second rows "
-        "(examples/trace-flash-crowd.csv; default: all)",
+        "ramp, slow_episode, square_wave, saturated_ramp, crowd, uneven_partitions), all, or a CSV file "
+        "of t_seconds,records_per_second[,service_factor[,event]] rows (examples/trace-flash-crowd.csv; "
+        "default: all)",
     )
     parser.add_argument(
-        "--duration", type=int, default=None, help="simulated seconds (default: each trace's own, 1-2.5 h)"
+        "--duration",
+        type=int,
+        default=None,
+        help="simulated seconds (default: each trace's own, 1-2.5 h; a CSV: its last row + 600 s; "
+        "a duration that would cut a CSV's rows is refused)",
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument(
         "--policies",
         default="fair",
-        help="fair (multilane, keda-hpa, flink-style, factor-only, static: all on multilane workers), "
+        help="fair (multilane, keda-hpa, flink-on-lanes, flink-style, factor-only, static: all on multilane "
+        "workers), "
         "capped (the partition-capped keda-hpa-serial, flink-style-serial), all, or comma-separated names "
         "(default: fair)",
     )
     parser.add_argument(
-        "--factor", type=int, default=16, help="the fixed factor of keda-hpa and flink-style (default 16)"
+        "--factor",
+        type=int,
+        default=16,
+        help="the fixed factor of keda-hpa, flink-on-lanes and flink-style (default 16)",
     )
     parser.add_argument(
         "--slo-lag",
@@ -121,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         verdicts,
     )
 
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = Console(width=None if sys.stdout.isatty() else 200)
     try:
         sim = sim_config(args.set)
         if args.slo_lag is not None:
@@ -175,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         for line in verdicts(rows):
-            console.print(f"goal (multilane vs keda-hpa, flink-style): {line}")
+            console.print(f"goal (multilane vs keda-hpa, flink-on-lanes, flink-style, static): {line}")
         for line in references(rows):
             console.print(f"reference: {line}")
     if capped:
@@ -186,12 +195,20 @@ def run(args: argparse.Namespace) -> int:
         )
     for note in capacity_notes(traces, sim):
         console.print(f"capacity: {note}")
-    warnings = [(r.trace, r.policy, t, w) for r in all_results for t, w in r.warnings]
+    from multilane.sim.engine import warning_template
+
+    warnings = [
+        (r.trace, r.policy, t, w, r.warning_counts.get(warning_template(w), 1))
+        for r in all_results
+        for t, w in r.warnings
+    ]
     if args.warnings:
-        for trace_name, policy, t, w in warnings:
-            console.print(f"[dim]{trace_name}/{policy} t={t:.0f}s: {w}[/dim]")
+        for trace_name, policy, t, w, count in warnings:
+            console.print(f"[dim]{trace_name}/{policy} t={t:.0f}s ({count}x): {w}[/dim]")
     elif warnings:
-        console.print(f"[dim]{len(warnings)} distinct policy warnings (--warnings lists them)[/dim]")
+        console.print(
+            f"[dim]{len(warnings)} kinds of policy warning (grouped by template; --warnings lists them)[/dim]"
+        )
     if args.out is not None:
         console.print(f"plots written to {args.out}/")
     return 0

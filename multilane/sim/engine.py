@@ -6,7 +6,8 @@ Pure: no I/O. :func:`simulate` is deterministic for a given seed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ __all__ = [
     "make_policy",
     "peak_size",
     "simulate",
+    "warning_template",
 ]
 
 
@@ -59,16 +61,27 @@ class SimResult:
     decisions: list[tuple[float, str]]
     """(time, reason) of every decision that changed the size."""
     warnings: list[tuple[float, str]]
-    """(time, warning) the first time each distinct warning text prefix appeared."""
+    """(time, warning) the first time each warning template (:func:`warning_template`) appeared."""
     processed: np.ndarray | None = None
     """Records processed per second (whole topic)."""
     rules: dict[str, int] | None = None
     """How often each ``Decision.rule`` fired (multilane's policy; others name none)."""
     event_time_s: float | None = None
     """The trace's event (time to drain counts from it)."""
+    warning_counts: dict[str, int] = field(default_factory=dict)
+    """How often each warning template (:func:`warning_template`) was given."""
 
 
-FAIR_POLICIES = ("multilane", "keda-hpa", "flink-style", "factor-only", "static")
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def warning_template(text: str) -> str:
+    """A warning with its numbers replaced by ``#``: the warnings that differ only in figures
+    (``scale-up 45s ago ...``, ``scale-up 60s ago ...``) are one template."""
+    return _NUMBER.sub("#", text)
+
+
+FAIR_POLICIES = ("multilane", "keda-hpa", "flink-on-lanes", "flink-style", "factor-only", "static")
 """The fair comparison: every group runs multilane workers (F lanes per partition)."""
 CAPPED_POLICIES = ("keda-hpa-serial", "flink-style-serial")
 """The partition-capped baselines: a plain consumer, one record at a time per partition."""
@@ -82,7 +95,8 @@ def peak_size(
 ) -> tuple[int, int]:
     """(replicas, factor) that run the trace's worst second at ``utilisation``: lanes for the peak
     demand (rate x service time x slowdown, and the busiest partition's own share of it), at least
-    the simulation's initial factor; pods for the peak rate's CPU and the per-pod lane budget
+    the simulation's initial factor; pods for the busiest pod's CPU at the peak (it carries
+    ``ceil(partitions / R)`` partitions, the busiest of them counted) and the per-pod lane budget
     (default: partitions x initial factor, as in the comparison). The ``static`` row's size."""
     p = sim.partitions
     if not trace.duration_s:
@@ -92,7 +106,16 @@ def peak_size(
     hottest = math.ceil(float((demand[:, None] * trace.shares).max()))
     factor = max(-(-total // p), hottest, sim.initial_factor, 1)
     budget = lanes_per_pod or p * sim.initial_factor
-    for_cpu = math.ceil(float(trace.rate.max()) / (sim.pod_max_rate * utilisation))
+    # the busiest pod carries ceil(p / r) partitions: size for its CPU, not the mean's
+    per_partition = np.sort((trace.rate[:, None] * trace.shares).max(axis=0))[::-1]
+    for_cpu = next(
+        (
+            r
+            for r in range(1, p + 1)
+            if float(per_partition[: -(-p // r)].sum()) <= sim.pod_max_rate * utilisation
+        ),
+        p,
+    )
     for_lanes = next((r for r in range(1, p + 1) if -(-p // r) * factor <= budget), p)
     return min(max(for_cpu, for_lanes, 1), p), factor
 
@@ -126,6 +149,13 @@ def make_policy(
             cfg = replace(cfg, min_replicas=sim.initial_replicas, max_replicas=sim.initial_replicas)
         interval = float(o.pop("interval_s", 15.0))
         return MultilanePolicy(replace(cfg, **o), interval_s=interval, name=name)
+    if name == "flink-on-lanes":
+        # the Flink policy driving multilane workers: rescaling moves partitions (restore-before-
+        # handoff), no job restart, so no restart time in its need either
+        flink = replace(FlinkStyleConfig(restart_s=0.0), **{k: v for k, v in o.items() if k != "factor"})
+        return FlinkStylePolicy(
+            sim.partitions, flink, name, ScalingMode.MULTILANE, False, int(o.get("factor", factor))
+        )
     if name in ("keda-hpa", "keda-hpa-serial", "flink-style", "flink-style-serial"):
         serial = name.endswith("-serial")
         f = 1 if serial else int(o.pop("factor", factor))
@@ -185,7 +215,9 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
     factor = np.zeros(n, dtype=int)
     decisions: list[tuple[float, str]] = []
     warnings: list[tuple[float, str]] = []
-    seen_warnings: set[str] = set()
+    warning_counts: dict[str, int] = {}
+    lanes = np.zeros(n)
+    calls = np.zeros(n)
     next_decision = float(policy.interval_s)
     for i in range(n):
         now = float(i)
@@ -214,10 +246,10 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
             if decision.changed:
                 decisions.append((now, decision.reason))
             for w in decision.warnings:
-                key = w[:40]
-                if key not in seen_warnings:
-                    seen_warnings.add(key)
+                key = warning_template(w)
+                if key not in warning_counts:
                     warnings.append((now, w))
+                warning_counts[key] = warning_counts.get(key, 0) + 1
             before = (cluster.replicas, cluster.factor)
             cluster.apply(now, decision.replicas, decision.factor)
             if cluster.replicas > before[0] or cluster.factor > before[1]:
@@ -235,6 +267,8 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         pods[i] = result.pods_alive
         replicas[i] = cluster.replicas
         factor[i] = cluster.factor
+        lanes[i] = cluster.lanes_alive()
+        calls[i] = result.busy_lanes
     produced_cum = arr_hist.sum(axis=1).cumsum()
     processed_cum = proc_hist.sum(axis=1).cumsum()
     time_s = np.arange(n, dtype=float)
@@ -254,6 +288,8 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         replica_changes=cluster.replica_changes,
         factor_changes=cluster.factor_changes,
         slo_lag=sim.slo_lag,
+        lanes=lanes,
+        calls=calls,
     )
     return SimResult(
         policy=policy.name,
@@ -271,4 +307,5 @@ def simulate(trace: Trace, policy: ScalingPolicy, sim: SimConfig, seed: int) -> 
         processed=proc_hist.sum(axis=1),
         rules=rules,
         event_time_s=trace.event_time_s,
+        warning_counts=warning_counts,
     )

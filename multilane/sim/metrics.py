@@ -54,6 +54,12 @@ class RunMetrics:
     """Seconds with the total lag above the SLO lag."""
     pod_seconds: float
     """Integral of pods alive (starting, ready or draining)."""
+    lane_seconds: float
+    """Integral of the lanes the group runs (partitions x factor on the pods that own them;
+    one per partition for a serial group): the memory and connections lanes hold."""
+    call_seconds: float
+    """Integral of the calls in flight to the downstream (busy lanes, including those queued at a
+    saturated downstream): the load the group puts on the downstream."""
     final_lag: float
     produced: float
     processed: float
@@ -135,6 +141,8 @@ def compute_metrics(
     replica_changes: int = 0,
     factor_changes: int = 0,
     slo_lag: float = 1000.0,
+    lanes: np.ndarray | None = None,
+    calls: np.ndarray | None = None,
 ) -> RunMetrics:
     dt = 1.0
     drain, drained = time_to_drain(time_s, lag, input_rate, event_time_s)
@@ -157,6 +165,8 @@ def compute_metrics(
         recovered=recovered,
         time_above_slo_s=float((lag > slo_lag).sum() * dt),
         pod_seconds=float(pods.sum() * dt),
+        lane_seconds=float(lanes.sum() * dt) if lanes is not None else 0.0,
+        call_seconds=float(calls.sum() * dt) if calls is not None else 0.0,
         final_lag=float(lag[-1]) if len(lag) else 0.0,
         produced=produced,
         processed=processed,

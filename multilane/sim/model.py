@@ -312,6 +312,10 @@ class Cluster:
         self.paused_until[moved] = np.maximum(self.paused_until[moved], resume + cfg.restore_s)
         self.owner = new_owner
 
+    def lanes_alive(self) -> int:
+        """Lanes the group runs now: F per owned partition (1 for a serial group)."""
+        return int((self.owner >= 0).sum()) * (1 if self.serial else self.factor)
+
     # -- time --------------------------------------------------------------------------------
 
     def advance(self, now: float) -> None:

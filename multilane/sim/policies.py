@@ -7,7 +7,9 @@ Pure: no I/O.
 - :class:`KedaHpaPolicy`: KEDA's Kafka scaler under the Kubernetes HPA's default behaviour; it sets
   the replicas and keeps a fixed factor (``factor``: lanes per partition of the workers it scales).
 - :class:`FlinkStylePolicy`: a rate-based autoscaler on parallelism capped at the partition count, in
-  the manner of the Flink Kubernetes operator's autoscaler, also at a fixed factor.
+  the manner of the Flink Kubernetes operator's autoscaler, also at a fixed factor (``flink-style``:
+  every rescale restarts the job; ``flink-on-lanes``: the same policy driving multilane workers,
+  whose rescales move partitions without a restart).
 - :class:`StaticPolicy`: a fixed size.
 
 ``serial`` on a policy says the group it drives processes one record at a time per partition (the
@@ -109,7 +111,11 @@ class KedaHpaConfig:
     """KEDA ``activationLagThreshold`` (default 0): at or below it the scaler is inactive, which
     matters only with ``min_replicas`` 0 (scale to zero): the HPA's count then goes to 0."""
     polling_interval_s: float = 30.0
-    """KEDA ``pollingInterval``: how often the lag is read."""
+    """KEDA ``pollingInterval``: how often KEDA itself polls the scaler (for activation); the HPA's
+    reads go to the scaler directly unless ``use_cached_metrics``."""
+    use_cached_metrics: bool = False
+    """KEDA ``useCachedMetrics`` (default false): false, every HPA sync (15 s) queries the scaler, so
+    the lag is fresh; true, the HPA gets the value of the last poll (every ``polling_interval_s``)."""
     sync_period_s: float = 15.0
     """HPA ``--horizontal-pod-autoscaler-sync-period``."""
     tolerance: float = 0.1
@@ -130,7 +136,9 @@ class KedaHpaConfig:
 class KedaHpaPolicy:
     """desired = ceil(total lag / lagThreshold), capped at the partition count, through the HPA.
 
-    1. every ``polling_interval_s`` read the total lag (between polls the HPA sees the last value);
+    1. read the total lag on every HPA sync (KEDA queries the scaler for each metrics request); with
+       ``use_cached_metrics``, only every ``polling_interval_s`` (between polls the HPA sees the last
+       value);
     2. KEDA caps the metric so that the desired count never exceeds the partition count; at or below
        the activation threshold with ``min_replicas`` 0, the desired count is 0;
     3. HPA: ratio = metric / (threshold x current); within the tolerance, keep the current count;
@@ -160,7 +168,8 @@ class KedaHpaPolicy:
         now = obs.now
         current = max(obs.replicas, 1)
         # 1.
-        if st["polled_at"] is None or now - st["polled_at"] >= cfg.polling_interval_s:
+        stale = st["polled_at"] is None or now - st["polled_at"] >= cfg.polling_interval_s
+        if stale or not cfg.use_cached_metrics:
             st["metric"] = float(sum(obs.lag_by_partition.values()))
             st["polled_at"] = now
         # 2.

@@ -25,6 +25,8 @@ DEFAULT_VARIANTS: Sequence[tuple[str, dict[str, Any]]] = (
     ("keda-hpa", {"lag_threshold": 1000.0}),
     ("keda-hpa", {"factor": 4}),
     ("keda-hpa", {"factor": 64}),
+    ("keda-hpa", {"use_cached_metrics": True}),
+    ("flink-on-lanes", {}),
     ("flink-style", {}),
     (
         "flink-style",
@@ -45,7 +47,8 @@ SWEEP_SCHEMA = (
     "trace string, policy string, variant string, seed int, sim string, lag_seconds double, "
     "peak_lag double, time_to_drain_s double, drained boolean, scaling_actions int, partition_moves int, "
     "replica_changes int, factor_changes int, reaction_s double, recovery_s double, recovered boolean, "
-    "time_above_slo_s double, pod_seconds double, final_lag double, produced double, processed double"
+    "time_above_slo_s double, pod_seconds double, lane_seconds double, call_seconds double, "
+    "final_lag double, produced double, processed double"
 )
 
 

@@ -14,21 +14,26 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "CSV_COLUMNS",
     "DEFAULT_DURATION_S",
     "TRACE_NAMES",
     "Trace",
     "batch_dumps_trace",
     "bursts_trace",
+    "crowd_trace",
     "diurnal_trace",
     "flash_diurnal_trace",
     "hot_key_trace",
     "make_trace",
     "parse_csv_trace",
     "ramp_trace",
+    "saturated_ramp_trace",
     "slow_episode_trace",
     "slowdown_trace",
+    "square_wave_trace",
     "step_trace",
     "surge_trace",
+    "uneven_partitions_trace",
 ]
 
 
@@ -246,15 +251,100 @@ def slow_episode_trace(
     return Trace("slow_episode", t.rate, t.shares, t.service_factor, at_s)
 
 
-def parse_csv_trace(text: str, duration_s: int | None, partitions: int, name: str = "csv") -> Trace:
-    """A trace from CSV rows ``t_seconds,records_per_second`` (a header row is allowed; ``#``
-    comments and blank lines are skipped; rows in any order; see examples/trace-flash-crowd.csv).
+def square_wave_trace(
+    duration_s: int,
+    partitions: int,
+    seed: int,
+    low: float = 100.0,
+    high: float = 700.0,
+    period_s: int = 480,
+) -> Trace:
+    """Periodic load: ``low`` rec/s, then ``high`` rec/s for the second half of every ``period_s``
+    (480 s: longer than the 300 s scale-down delay, so the troughs invite a scale-down); the first
+    period starts at a seeded offset within the first period."""
+    rng = np.random.default_rng(seed)
+    offset = int(rng.integers(0, period_s))
+    t = np.arange(duration_s) + offset
+    rate = np.where((t % period_s) >= period_s // 2, high, low).astype(float)
+    starts = tuple(float(i) for i in range(1, duration_s) if rate[i] > rate[i - 1])
+    first = starts[0] if starts else None
+    return Trace("square_wave", rate, _uniform(duration_s, partitions), _ones(duration_s), first, starts)
 
-    The rate holds from each timestamp to the next (step interpolation); before the first row it is
-    the first row's rate. Partitions share evenly. ``duration_s`` None: up to the last timestamp
-    plus 600 s (to see the last rate's effect). Negative times or rates are errors.
+
+def saturated_ramp_trace(
+    duration_s: int, partitions: int, low: float = 30.0, high: float = 1200.0, ramp_s: float = 7200.0
+) -> Trace:
+    """A two-hour ramp from ``low`` to ``high`` rec/s, past what the downstream serves (960 rec/s at
+    the defaults: 48 calls of 50 ms): no size helps beyond it, and lanes added there are waste."""
+    t = ramp_trace(duration_s, partitions, low, high, ramp_s)
+    return Trace("saturated_ramp", t.rate, t.shares, t.service_factor, None)
+
+
+def crowd_trace(
+    duration_s: int,
+    partitions: int,
+    seed: int,
+    base: float = 80.0,
+    factor: float = 10.0,
+    crowd_s: int = 60,
+    crowds: int = 4,
+) -> Trace:
+    """Sudden 10x crowds: ``base`` rec/s with ``crowds`` crowds of ``factor`` x ``base`` for
+    ``crowd_s`` seconds, one at a seeded time in each equal slice of the run (never in its first or
+    last 5 %)."""
+    rng = np.random.default_rng(seed)
+    rate = np.full(duration_s, base, dtype=float)
+    starts: list[float] = []
+    if duration_s > 0:
+        edge = int(0.05 * duration_s)
+        span = max((duration_s - 2 * edge) // max(crowds, 1), 1)
+        for i in range(crowds):
+            lo = edge + i * span
+            start = int(rng.integers(lo, max(lo + span - crowd_s, lo + 1)))
+            rate[start : start + crowd_s] = base * factor
+            starts.append(float(start))
+    first = starts[0] if starts else None
+    return Trace("crowd", rate, _uniform(duration_s, partitions), _ones(duration_s), first, tuple(starts))
+
+
+def uneven_partitions_trace(
+    duration_s: int,
+    partitions: int,
+    rate: float = 2700.0,
+    service_factor: float = 0.2,
+    at_s: float = 300.0,
+    base: float = 300.0,
+) -> Trace:
+    """Pods, not lanes, are the limit: ``base`` rec/s, then ``rate`` rec/s from ``at_s`` with a fast
+    downstream (service time x ``service_factor``: 10 ms, so lanes and the downstream are plenty and
+    the pods' CPU is the limit). At 2,700 rec/s the mean CPU asks for 10 pods, but 10 pods on 12
+    partitions give two pods two partitions each: 450 rec/s against a pod's 400 (the busiest pod
+    sets the size: ``ceil(partitions / R)``)."""
+    t = np.arange(duration_s)
+    rates = np.where(t < at_s, base, rate).astype(float)
+    factor = np.full(duration_s, service_factor)
+    return Trace("uneven_partitions", rates, _uniform(duration_s, partitions), factor, at_s)
+
+
+CSV_COLUMNS = "t_seconds,records_per_second[,service_factor[,event]]"
+"""The columns of a CSV trace (the last two optional)."""
+
+
+def parse_csv_trace(text: str, duration_s: int | None, partitions: int, name: str = "csv") -> Trace:
+    """A trace from CSV rows ``t_seconds,records_per_second[,service_factor[,event]]`` (a header row
+    is allowed; ``#`` comments and blank lines are skipped; rows in any order; see
+    examples/trace-flash-crowd.csv).
+
+    The rate and the service factor (a multiplier on the service time: 3 = the downstream three
+    times slower; empty: 1) hold from each timestamp to the next (step interpolation); before the
+    first row they are the first row's. A non-empty ``event`` other than ``0`` marks an onset at the
+    row's time (reaction and recovery are measured from each). Partitions share evenly.
+    ``duration_s`` None: up to the last timestamp plus 600 s (to see the last rate's effect); a
+    ``duration_s`` that would cut off a row is an error, never a silent truncation. Negative times or
+    rates, and service factors <= 0, are errors naming the line.
     """
-    points: list[tuple[float, float]] = []
+    points: list[tuple[float, float, float]] = []
+    events: list[float] = []
     header_allowed = True
     for i, line in enumerate(text.splitlines()):
         cells = [c.strip() for c in line.split(",")]
@@ -262,23 +352,46 @@ def parse_csv_trace(text: str, duration_s: int | None, partitions: int, name: st
             continue
         first_row, header_allowed = header_allowed, False
         try:
-            points.append((float(cells[0]), float(cells[1])))
+            t, rate = float(cells[0]), float(cells[1])
+            factor = float(cells[2]) if len(cells) > 2 and cells[2] else 1.0
         except (ValueError, IndexError) as exc:
             if first_row:
                 continue  # header
-            raise ValueError(f"line {i + 1}: expected 't_seconds,records_per_second', got {line!r}") from exc
-        if points[-1][0] < 0 or points[-1][1] < 0 or not all(map(math.isfinite, points[-1])):
+            raise ValueError(f"line {i + 1}: expected '{CSV_COLUMNS}', got {line!r}") from exc
+        if len(cells) > 4:
+            raise ValueError(f"line {i + 1}: more than 4 columns ({CSV_COLUMNS}), got {line!r}")
+        if t < 0 or rate < 0 or not all(map(math.isfinite, (t, rate, factor))):
             raise ValueError(f"line {i + 1}: time and rate must be finite and >= 0, got {line!r}")
+        if factor <= 0:
+            raise ValueError(f"line {i + 1}: the service factor must be > 0, got {line!r}")
+        points.append((t, rate, factor))
+        if len(cells) > 3 and cells[3] not in ("", "0"):
+            events.append(t)
     if not points:
         raise ValueError("the CSV trace has no rows")
     points.sort()
+    last = points[-1][0]
     if duration_s is None:
-        duration_s = math.ceil(points[-1][0]) + 600
+        duration_s = math.ceil(last) + 600
+    elif duration_s <= last:
+        raise ValueError(
+            f"--duration {duration_s} would cut the CSV trace, whose last row is at t={last:g} s "
+            f"(leave --duration out for {math.ceil(last) + 600} s, or give more than {last:g})"
+        )
     times = np.array([p[0] for p in points])
     rates = np.array([p[1] for p in points])
-    t = np.arange(duration_s)
-    idx = np.clip(np.searchsorted(times, t, side="right") - 1, 0, len(rates) - 1)
-    return Trace(name, rates[idx].astype(float), _uniform(duration_s, partitions), _ones(duration_s), None)
+    factors = np.array([p[2] for p in points])
+    seconds = np.arange(duration_s)
+    idx = np.clip(np.searchsorted(times, seconds, side="right") - 1, 0, len(rates) - 1)
+    onsets = tuple(sorted(set(events)))
+    return Trace(
+        name,
+        rates[idx].astype(float),
+        _uniform(duration_s, partitions),
+        factors[idx].astype(float),
+        onsets[0] if onsets else None,
+        onsets,
+    )
 
 
 TraceFactory = Callable[[int, int, int], Trace]
@@ -294,12 +407,19 @@ _FACTORIES: dict[str, TraceFactory] = {
     "batch_dumps": lambda d, p, s: batch_dumps_trace(d, p, s),
     "ramp": lambda d, p, s: ramp_trace(d, p),
     "slow_episode": lambda d, p, s: slow_episode_trace(d, p),
+    "square_wave": lambda d, p, s: square_wave_trace(d, p, s),
+    "saturated_ramp": lambda d, p, s: saturated_ramp_trace(d, p),
+    "crowd": lambda d, p, s: crowd_trace(d, p, s),
+    "uneven_partitions": lambda d, p, s: uneven_partitions_trace(d, p),
 }
 TRACE_NAMES: Sequence[str] = tuple(_FACTORIES)
 
-DEFAULT_DURATION_S: dict[str, int] = {name: 3600 for name in _FACTORIES} | {"ramp": 9000}
+DEFAULT_DURATION_S: dict[str, int] = {name: 3600 for name in _FACTORIES} | {
+    "ramp": 9000,
+    "saturated_ramp": 9000,
+}
 """Each trace's own length (``--duration`` overrides it): an hour, and for the two-hour ramp two
-hours and a half (the flat top included)."""
+hours and a half (the flat top included), also for the saturated ramp."""
 
 
 def make_trace(name: str, duration_s: int | None, partitions: int, seed: int) -> Trace:

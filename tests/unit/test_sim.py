@@ -179,8 +179,10 @@ def test_fair_comparison_on_the_surge(surge_runs: dict[str, SimResult]) -> None:
     assert runs["static"].metrics.pod_seconds > ml.pod_seconds
     assert runs["static"].metrics.scaling_actions == 0
     # a strict verdict against every lane-equipped row names what fails
-    strict = verdicts(rows, against=("keda-hpa", "flink-style", "factor-only", "static"))[0]
-    assert "pod-seconds above 1.05 x factor-only" in strict
+    strict = verdicts(
+        rows, against=("keda-hpa", "flink-style", "factor-only", "static"), rivals=("factor-only",)
+    )[0]
+    assert "pod-seconds above 1.05 x factor-only" in strict and "lag-seconds above static" in strict
     # reaction (15 s decisions) and recovery are reported for the step's onset
     assert ml.reaction_s is not None and 0 <= ml.reaction_s <= 30
     assert ml.recovery_s is not None and ml.recovered
@@ -305,6 +307,7 @@ def test_cli_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert {r["policy"] for r in data["rows"]} == {
         "multilane",
         "keda-hpa",
+        "flink-on-lanes",
         "flink-style",
         "factor-only",
         "static",
@@ -327,7 +330,9 @@ def test_cli_prints_the_fair_table_then_the_partition_capped_one(capsys: pytest.
     assert main(["simulate", "--trace", "surge", "--duration", "900", "--policies", "all"]) == 0
     out = capsys.readouterr().out
     fair, capped = out.index("fair comparison"), out.index("partition-capped baselines")
-    assert fair < out.index("goal (multilane vs keda-hpa, flink-style): surge") < capped
+    assert (
+        fair < out.index("goal (multilane vs keda-hpa, flink-on-lanes, flink-style, static): surge") < capped
+    )
     assert out.index("keda-hpa-serial") > capped
 
 
