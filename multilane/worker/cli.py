@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from multilane.api import OrderingMode, ProcessorLoadError, load_processor
+from multilane.api import OrderingMode, ProcessorLoadError, load_processor, processor_needs_state
 from multilane.extras import MissingExtraError, require
 from multilane.worker.config import (
     OWNED_CLIENT_KEYS,
@@ -28,8 +28,8 @@ from multilane.worker.config import (
 )
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
-__all__ = ["add_arguments", "build_config", "check_state_args", "client_settings", "lease_settings",
-           "run", "start_lease_keeper"]
+__all__ = ["add_arguments", "build_config", "check_processor_state", "check_state_args", "client_settings",
+           "lease_settings", "run", "start_lease_keeper"]
 
 log = logging.getLogger("multilane.worker")
 
@@ -190,6 +190,13 @@ def check_state_args(args: argparse.Namespace) -> None:
             raise ConfigError(str(exc)) from exc
 
 
+def check_processor_state(processor: Any, args: argparse.Namespace) -> None:
+    """A processor marked ``@needs_state`` (or an ``App(state=True)``) needs ``--state-dir``."""
+    if processor_needs_state(processor) and not args.state_dir:
+        raise ConfigError(f"processor {args.processor!r} needs state (marked @needs_state): "
+                          "start the worker with --state-dir DIR")
+
+
 LEASE_ENV = ("KUBERNETES_SERVICE_HOST", "MULTILANE_POD_NAME", "MULTILANE_POD_NAMESPACE")
 
 
@@ -321,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         check_state_args(args)
         lease = lease_settings(args)
         processor = load_processor(args.processor)
+        check_processor_state(processor, args)
         token: str | None = None
         if args.control_port:
             from multilane.worker.control import TokenError, load_token
