@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         require(*extras, for_what=f"multilane {name}")
         module = importlib.import_module(module_name)
-        cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text)
+        cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text,
+                                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         module.add_arguments(cmd_parser)
         args = cmd_parser.parse_args(argv[1:])
         return int(module.run(args))

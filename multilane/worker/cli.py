@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import builtins
 import logging
 import os
 import signal
@@ -17,7 +18,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from multilane.api import OrderingMode, ProcessorLoadError, load_processor, processor_needs_state
+from multilane.api import (
+    OrderingMode,
+    Processor,
+    ProcessorLoadError,
+    load_object,
+    load_processor,
+    processor_needs_state,
+)
+from multilane.codecs import CodecError, RecordDecoder, decoding_processor
 from multilane.extras import MissingExtraError, require
 from multilane.worker.config import (
     OWNED_CLIENT_KEYS,
@@ -29,54 +38,98 @@ from multilane.worker.config import (
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
 __all__ = ["add_arguments", "build_config", "check_processor_state", "check_state_args", "client_settings",
-           "lease_settings", "run", "start_lease_keeper"]
+           "lease_settings", "load_decoding_processor", "parse_retry_on", "run", "start_lease_keeper"]
 
 log = logging.getLogger("multilane.worker")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every flag has a help text, so that ``--help`` shows every default (ArgumentDefaultsHelpFormatter
+    # in multilane/cli.py adds "(default: ...)").
     a = parser.add_argument
     a("--bootstrap-servers", required=True, help="Kafka bootstrap servers, HOST:PORT[,...]")
     a("--group", required=True, help="consumer group id (commits and progress live under it)")
-    a("--processor", required=True, help="the processing function, 'package.module:function'")
+    a("--processor", required=True, help="the processing function, 'package.module:function' (its "
+      "directory must be on PYTHONPATH); called as f(record, ctx), checked at start")
     a("--topic", action="append", default=[], help="standalone mode: subscribe to this topic (repeatable)")
     a("--assign", default=None, help="operator mode: static assignment T:P[,T:P...] (no group join)")
-    a("--ordering", choices=[m.value for m in OrderingMode], default="key")
-    a("--factor", type=int, default=8, help="lanes per partition (default 8)")
+    a("--ordering", choices=[m.value for m in OrderingMode], default="key",
+      help="key: one record per key at a time, in order; partition: one per partition; unordered: any")
+    a("--factor", type=int, default=8, help="lanes per partition")
     a("--max-in-flight", type=int, default=10_000, help="records in flight per process")
     a("--max-in-flight-bytes", type=int, default=64 * 1024 * 1024, help="bytes in flight per process")
-    a("--max-retries", type=int, default=3)
-    a("--retry-backoff-ms", type=int, default=100)
-    a("--dead-letter-topic", default=None, help='default "<topic>.dlq"')
-    a("--commit-interval-ms", type=int, default=1000)
+    a("--key-format", default="bytes", metavar="FORMAT",
+      help="decode keys before the processor: bytes, str, json or 'package.module:callable'; a key that "
+           "does not decode goes to the dead-letter topic at once (reason decode-error)")
+    a("--value-format", default="bytes", metavar="FORMAT",
+      help="decode values before the processor (record.decoded_value, record.json()): as --key-format")
+    a("--max-retries", type=int, default=3, help="retries of a failed record before its dead letter")
+    a("--retry-backoff-ms", type=int, default=100, help="first retry delay (doubles per retry, jittered)")
+    a("--retry-on", action="append", default=[], metavar="EXCEPTION",
+      help="retry only these exception types (builtin name like TimeoutError, or 'package.module:Class'; "
+           "repeatable; none given = every Exception); others and multilane.api.NonRetryable go to the "
+           "dead-letter topic at once")
+    a("--dead-letter-topic", default=None, help='dead-letter topic (None: "<topic>.dlq")')
+    a("--commit-interval-ms", type=int, default=1000, help="offset commit cycle")
     a("--progress-interval-ms", type=int, default=50,
       help="write progress records (completed work above the committed offset) this often, between "
            "commits; a kill -9 replays at most the records in flight plus those completed in the last "
-           "interval (0 = only with commits; default 50)")
+           "interval (0 = only with commits)")
     a("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     a("--control-port", type=int, default=0, help="control API port (0 = off)")
     a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
-    a("--worker-id", default=None)
+    a("--worker-id", default=None, help="this worker's id (None: worker-<random>)")
     a("--state-dir", default=None, help="directory of the per-partition state stores (enables state)")
     a("--snapshot-uri", default=None,
       help="state snapshots (`multilane snapshot --uri`): full restores and learners start from the newest "
            "usable one plus the changelog tail (needs --state-dir and pyarrow)")
     a("--state-on-corrupt", choices=["fail", "skip"], default="fail",
-      help="a changelog record that does not decode fails the restore (default) or is logged and skipped")
+      help="a changelog record that does not decode fails the restore or is logged and skipped")
     a("--changelog-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra topic config of changelog topics created by the worker (repeatable)")
-    a("--stall-threshold-s", type=float, default=60.0)
+    a("--stall-threshold-s", type=float, default=60.0, help="warn about a record running longer than this")
     a("--drain-timeout-s", type=float, default=30.0,
       help="shutdown: wait this long for the records running (queued ones are left to the next owner)")
     a("--release-drain", choices=("running", "queued"), default="running",
-      help="a release waits for the records running (default; queued ones go to the next owner) or for "
+      help="a release waits for the records running (queued ones go to the next owner) or for "
            "every fetched record (queued: the older, slower behaviour, for comparisons)")
     a("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting (repeatable)")
     a("--lease", choices=["auto", "on", "off"], default="auto",
-      help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' (default) "
+      help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' "
            "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
-    a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"))
+    a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"),
+      help="DEBUG, INFO, WARNING or ERROR (or $MULTILANE_LOG_LEVEL)")
+
+
+def parse_retry_on(names: list[str]) -> tuple[type[BaseException], ...]:
+    """``--retry-on`` values as exception types (none = every Exception); ConfigError naming a bad one."""
+    if not names:
+        return (Exception,)
+    out: list[type[BaseException]] = []
+    for name in names:
+        if ":" in name:
+            try:
+                obj = load_object(name, "--retry-on")
+            except ProcessorLoadError as exc:
+                raise ConfigError(str(exc)) from exc
+        else:
+            obj = getattr(builtins, name, None)
+        if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+            raise ConfigError(f"--retry-on {name!r} is not an exception type (a builtin name such as "
+                              "TimeoutError, or 'package.module:Class')")
+        out.append(obj)
+    return tuple(out)
+
+
+def load_decoding_processor(args: argparse.Namespace) -> Processor:
+    """The processor of ``--processor``, checked, decoding per ``--key-format``/``--value-format``."""
+    processor = load_processor(args.processor)
+    try:
+        decoder = RecordDecoder.from_formats(args.key_format, args.value_format)
+    except CodecError as exc:
+        raise ConfigError(str(exc)) from exc
+    return decoding_processor(processor, decoder)
 
 
 def _parse_assign(text: str) -> tuple[tuple[str, int], ...]:
@@ -156,6 +209,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         max_in_flight_bytes=args.max_in_flight_bytes,
         max_retries=args.max_retries,
         retry_backoff_ms=args.retry_backoff_ms,
+        retry_on=parse_retry_on(args.retry_on),
         dead_letter_topic=args.dead_letter_topic,
         commit_interval_ms=args.commit_interval_ms,
         progress_interval_ms=args.progress_interval_ms,
@@ -327,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = build_config(args)
         check_state_args(args)
         lease = lease_settings(args)
-        processor = load_processor(args.processor)
+        processor = load_decoding_processor(args)
         check_processor_state(processor, args)
         token: str | None = None
         if args.control_port:
