@@ -20,17 +20,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from multilane import api
+    from multilane import api, app, codecs
+    from multilane.app import App
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "api"]
+__all__ = ["App", "__version__", "api", "app", "codecs"]
 
 # Submodules reachable as attributes of the package without importing them by hand.
-_LAZY_MODULES = frozenset({"api", "testing"})
+_LAZY_MODULES = frozenset({"api", "app", "codecs", "testing"})
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
         return importlib.import_module(f"multilane.{name}")
+    if name == "App":
+        from multilane.app import App
+
+        return App
     raise AttributeError(f"module 'multilane' has no attribute {name!r}")

@@ -4,6 +4,7 @@ Each subcommand lives in its own module, imported only when that subcommand runs
 
 - ``add_arguments(parser: argparse.ArgumentParser) -> None``
 - ``run(args: argparse.Namespace) -> int`` (the process exit code)
+- optionally ``parse_args(parser, argv) -> argparse.Namespace`` (instead of ``parser.parse_args``)
 
 A subcommand that needs an optional extra (see :mod:`multilane.extras`) names it in :data:`COMMANDS`;
 when the extra is missing the command prints one line saying which, and exits with 2.
@@ -58,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text,
                                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         module.add_arguments(cmd_parser)
-        args = cmd_parser.parse_args(argv[1:])
+        # a module may layer its own defaults under the command line (the worker's --app settings)
+        parse = getattr(module, "parse_args", None)
+        args = parse(cmd_parser, argv[1:]) if parse is not None else cmd_parser.parse_args(argv[1:])
         return int(module.run(args))
     except MissingExtraError as exc:
         print(exc, file=sys.stderr)

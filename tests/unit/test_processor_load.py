@@ -103,6 +103,7 @@ def test_import_multilane_reaches_the_api_without_the_worker() -> None:
         import sys
         import multilane
         assert multilane.api.Record("t", 0, 1, None, b'{"a": 1}').json() == {"a": 1}
+        assert multilane.App.__name__ == "App"
         heavy = sorted(m for m in ("confluent_kafka", "aiohttp", "rocksdict", "multilane.worker.engine")
                        if m in sys.modules)
         print(heavy)
@@ -127,7 +128,8 @@ def totals(record, ctx):
 
 @pytest.mark.parametrize(("processor", "expected"), [
     ("badapp:one_arg", "must take two arguments (record, ctx)"),
-    ("badapp:totals", "needs state (marked @needs_state): start the worker with --state-dir DIR"),
+    ("badapp:totals", "needs state (marked @needs_state or App(state=True)): start the worker with "
+                      "--state-dir DIR"),
     ("nosuchmodule:handle", "is its directory on PYTHONPATH?"),
 ])
 def test_worker_refuses_a_bad_deploy_before_consuming(tmp_path: Path, processor: str, expected: str) -> None:
