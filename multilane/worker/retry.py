@@ -25,7 +25,7 @@ from typing import Any
 from multilane.api import DecodeError, NonRetryable, Record
 
 __all__ = ["DLQ_HEADERS", "REASON_HEADER", "DeadLetterPublisher", "RetryLog", "RetryPolicy",
-           "failure_reason"]
+           "dead_letter_headers", "failure_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,22 @@ def _describe(exc: BaseException) -> tuple[bytes, bytes]:
     return etype, message
 
 
+def dead_letter_headers(record: Record, exc: BaseException, attempts: int,
+                        reason: str) -> list[tuple[str, bytes]]:
+    """The headers of ``record``'s dead letter: its own, then :data:`DLQ_HEADERS`. Pure."""
+    etype, message = _describe(exc)
+    return [
+        *record.headers,
+        ("multilane.error.type", etype),
+        ("multilane.error.message", message),
+        ("multilane.origin.topic", record.topic.encode()),
+        ("multilane.origin.partition", str(record.partition).encode()),
+        ("multilane.origin.offset", str(record.offset).encode()),
+        ("multilane.attempts", str(attempts).encode()),
+        (REASON_HEADER, reason.encode()),
+    ]
+
+
 class DeadLetterPublisher:
     """Produces records that exhausted their retries to the dead-letter topic.
 
@@ -190,18 +206,8 @@ class DeadLetterPublisher:
         callers with a ``--retry-on`` policy pass ``policy.reason(exc)``.
         """
         topic = self._topic_for(record.topic)
-        etype, message = _describe(exc)
         reason = reason or failure_reason(exc)
-        headers = [
-            *record.headers,
-            ("multilane.error.type", etype),
-            ("multilane.error.message", message),
-            ("multilane.origin.topic", record.topic.encode()),
-            ("multilane.origin.partition", str(record.partition).encode()),
-            ("multilane.origin.offset", str(record.offset).encode()),
-            ("multilane.attempts", str(attempts).encode()),
-            (REASON_HEADER, reason.encode()),
-        ]
+        headers = dead_letter_headers(record, exc, attempts, reason)
         tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         log.warning(
             "dead-lettering %s/%d@%d (%s, %d attempt(s)) to %s: %s",
