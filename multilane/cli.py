@@ -24,6 +24,11 @@ from multilane.extras import MissingExtraError, extra_for_module, require
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)", ()),
     "loadgen": ("multilane.worker.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
+    "produce": ("multilane.worker.produce_cli", "send records from a file or stdin (JSON or plain lines)",
+                ()),
+    # --state-dir needs the 'state' extra (checked by the command); --changelog only the core install
+    "state": ("multilane.worker.state.dump",
+              "read state back: get KEY or dump, from --state-dir or --changelog", ()),
     "operator": ("multilane.operator.cli", "run the kopf operator", ("operator",)),
     "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff",
              ("state", "embedded", "plot")),
