@@ -4,6 +4,7 @@ Each subcommand lives in its own module, imported only when that subcommand runs
 
 - ``add_arguments(parser: argparse.ArgumentParser) -> None``
 - ``run(args: argparse.Namespace) -> int`` (the process exit code)
+- optionally ``parse_args(parser, argv) -> argparse.Namespace`` (instead of ``parser.parse_args``)
 
 A subcommand that needs an optional extra (see :mod:`multilane.extras`) names it in :data:`COMMANDS`;
 when the extra is missing the command prints one line saying which, and exits with 2.
@@ -23,6 +24,11 @@ from multilane.extras import MissingExtraError, extra_for_module, require
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)", ()),
     "loadgen": ("multilane.worker.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
+    "produce": ("multilane.worker.produce_cli", "send records from a file or stdin (JSON or plain lines)",
+                ()),
+    # --state-dir needs the 'state' extra (checked by the command); --changelog only the core install
+    "state": ("multilane.worker.state.dump",
+              "read state back: get KEY or dump, from --state-dir or --changelog", ()),
     "operator": ("multilane.operator.k8s.cli", "run the kopf operator", ("operator",)),
     "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff",
              ("state", "embedded", "plot")),
@@ -55,9 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         require(*extras, for_what=f"multilane {name}")
         module = importlib.import_module(module_name)
-        cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text)
+        cmd_parser = argparse.ArgumentParser(prog=f"multilane {name}", description=help_text,
+                                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         module.add_arguments(cmd_parser)
-        args = cmd_parser.parse_args(argv[1:])
+        # a module may layer its own defaults under the command line (the worker's --app settings)
+        parse = getattr(module, "parse_args", None)
+        args = parse(cmd_parser, argv[1:]) if parse is not None else cmd_parser.parse_args(argv[1:])
         return int(module.run(args))
     except MissingExtraError as exc:
         print(exc, file=sys.stderr)

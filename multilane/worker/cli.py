@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import builtins
 import logging
 import os
 import signal
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from multilane.api import OrderingMode, ProcessorLoadError, load_processor
+from multilane.api import (
+    OrderingMode,
+    Processor,
+    ProcessorLoadError,
+    load_object,
+    load_processor,
+    processor_needs_state,
+)
+from multilane.codecs import CodecError, RecordDecoder, decoding_processor
 from multilane.extras import MissingExtraError, require
 from multilane.worker.config import (
     OWNED_CLIENT_KEYS,
@@ -28,55 +37,163 @@ from multilane.worker.config import (
 )
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
-__all__ = ["add_arguments", "build_config", "check_state_args", "client_settings", "lease_settings",
-           "run", "start_lease_keeper"]
+if TYPE_CHECKING:
+    from multilane.app import App
+
+__all__ = ["add_arguments", "build_config", "check_processor_state", "check_state_args", "client_settings",
+           "lease_settings", "load_app", "load_decoding_processor", "parse_args", "parse_retry_on", "run",
+           "run_app", "start_lease_keeper"]
 
 log = logging.getLogger("multilane.worker")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every flag has a help text, so that ``--help`` shows every default (ArgumentDefaultsHelpFormatter
+    # in multilane/cli.py adds "(default: ...)").
     a = parser.add_argument
-    a("--bootstrap-servers", required=True, help="Kafka bootstrap servers, HOST:PORT[,...]")
-    a("--group", required=True, help="consumer group id (commits and progress live under it)")
-    a("--processor", required=True, help="the processing function, 'package.module:function'")
+    a("--bootstrap-servers", default=None, help="Kafka bootstrap servers, HOST:PORT[,...] (required)")
+    a("--group", default=None, help="consumer group id (commits and progress live under it; required)")
+    a("--processor", default=None, help="the processing function, 'package.module:function' (its "
+      "directory must be on PYTHONPATH); called as f(record, ctx), checked at start (or --app)")
+    a("--app", default=None, help="run a multilane.App, 'package.module:app' (processor, settings, hooks); "
+      "its settings also come from --config, MULTILANE_<FLAG> and MULTILANE_APP_<FIELD> variables")
+    a("--config", default=None, metavar="FILE",
+      help="with --app: a TOML or JSON settings file (worker flags at the top level, [settings] table)")
+    a("--set", action="append", default=[], metavar="FIELD=VALUE",
+      help="with --app: one of the app's own settings (repeatable)")
     a("--topic", action="append", default=[], help="standalone mode: subscribe to this topic (repeatable)")
     a("--assign", default=None, help="operator mode: static assignment T:P[,T:P...] (no group join)")
-    a("--ordering", choices=[m.value for m in OrderingMode], default="key")
-    a("--factor", type=int, default=8, help="lanes per partition (default 8)")
+    a("--ordering", choices=[m.value for m in OrderingMode], default="key",
+      help="key: one record per key at a time, in order; partition: one per partition; unordered: any")
+    a("--factor", type=int, default=8, help="lanes per partition")
     a("--max-in-flight", type=int, default=10_000, help="records in flight per process")
     a("--max-in-flight-bytes", type=int, default=64 * 1024 * 1024, help="bytes in flight per process")
-    a("--max-retries", type=int, default=3)
-    a("--retry-backoff-ms", type=int, default=100)
-    a("--dead-letter-topic", default=None, help='default "<topic>.dlq"')
-    a("--commit-interval-ms", type=int, default=1000)
+    a("--key-format", default="bytes", metavar="FORMAT",
+      help="decode keys before the processor: bytes, str, json or 'package.module:callable'; a key that "
+           "does not decode goes to the dead-letter topic at once (reason decode-error)")
+    a("--value-format", default="bytes", metavar="FORMAT",
+      help="decode values before the processor (record.decoded_value, record.json()): as --key-format")
+    a("--max-retries", type=int, default=3, help="retries of a failed record before its dead letter")
+    a("--retry-backoff-ms", type=int, default=100, help="first retry delay (doubles per retry, jittered)")
+    a("--retry-on", action="append", default=[], metavar="EXCEPTION",
+      help="retry only these exception types (builtin name like TimeoutError, or 'package.module:Class'; "
+           "repeatable; none given = every Exception); others and multilane.api.NonRetryable go to the "
+           "dead-letter topic at once")
+    a("--dead-letter-topic", default=None, help='dead-letter topic (None: "<topic>.dlq")')
+    a("--commit-interval-ms", type=int, default=1000, help="offset commit cycle")
     a("--progress-interval-ms", type=int, default=50,
       help="write progress records (completed work above the committed offset) this often, between "
            "commits; a kill -9 replays at most the records in flight plus those completed in the last "
-           "interval (0 = only with commits; default 50)")
+           "interval (0 = only with commits)")
     a("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     a("--control-port", type=int, default=0, help="control API port (0 = off)")
     a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
-    a("--worker-id", default=None)
+    a("--worker-id", default=None, help="this worker's id (None: worker-<random>)")
     a("--state-dir", default=None, help="directory of the per-partition state stores (enables state)")
     a("--snapshot-uri", default=None,
       help="state snapshots (`multilane snapshot --uri`): full restores and learners start from the newest "
            "usable one plus the changelog tail (needs --state-dir and pyarrow)")
     a("--state-on-corrupt", choices=["fail", "skip"], default="fail",
-      help="a changelog record that does not decode fails the restore (default) or is logged and skipped")
+      help="a changelog record that does not decode fails the restore or is logged and skipped")
     a("--changelog-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra topic config of changelog topics created by the worker (repeatable)")
-    a("--stall-threshold-s", type=float, default=60.0)
+    a("--stall-threshold-s", type=float, default=60.0, help="warn about a record running longer than this")
     a("--drain-timeout-s", type=float, default=30.0,
       help="shutdown: wait this long for the records running (queued ones are left to the next owner)")
     a("--release-drain", choices=("running", "queued"), default="running",
-      help="a release waits for the records running (default; queued ones go to the next owner) or for "
+      help="a release waits for the records running (queued ones go to the next owner) or for "
            "every fetched record (queued: the older, slower behaviour, for comparisons)")
     a("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting (repeatable)")
     a("--lease", choices=["auto", "on", "off"], default="auto",
-      help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' (default) "
+      help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' "
            "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
-    a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"))
+    a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"),
+      help="DEBUG, INFO, WARNING or ERROR (or $MULTILANE_LOG_LEVEL)")
+
+
+def parse_retry_on(names: list[str]) -> tuple[type[BaseException], ...]:
+    """``--retry-on`` values as exception types (none = every Exception); ConfigError naming a bad one."""
+    if not names:
+        return (Exception,)
+    out: list[type[BaseException]] = []
+    for name in names:
+        if ":" in name:
+            try:
+                obj = load_object(name, "--retry-on")
+            except ProcessorLoadError as exc:
+                raise ConfigError(str(exc)) from exc
+        else:
+            obj = getattr(builtins, name, None)
+        if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+            raise ConfigError(f"--retry-on {name!r} is not an exception type (a builtin name such as "
+                              "TimeoutError, or 'package.module:Class')")
+        out.append(obj)
+    return tuple(out)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str], app: App | None = None,
+               environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """The command line, with an App's settings layered under it (steps 1-4; ``multilane.app``).
+
+    1. Find ``--app`` / ``--config`` (``app`` given: ``App.run``).
+    2. Without an app, the command line alone.
+    3. With one, the worker defaults from the App's arguments, the settings file and the environment
+       become the parser's defaults.
+    4. The command line on top; the app's own settings are resolved (file, environment, ``--set``).
+    A bad app or setting prints one line and exits 2.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        # 1. --app, --config
+        pre, _ = parser.parse_known_args(argv)
+        if app is None and pre.app:
+            app = load_app(pre.app)
+        # 2. no app
+        if app is None:
+            return parser.parse_args(argv)
+        # 3. layered defaults
+        dests = {a.dest: a.default for a in parser._actions if a.dest != "help"}
+        defaults, settings_table = app.resolve(dests, pre.config, env)
+        parser.set_defaults(**defaults)
+        # 4. command line, app settings
+        args = parser.parse_args(argv)
+        app.settings = app.build_settings(settings_table, env, args.set)
+    except (ProcessorLoadError, ValueError) as exc:
+        print(f"multilane worker: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    args.app_object = app
+    return args
+
+
+def load_app(spec: str) -> App:
+    """The :class:`multilane.App` named ``package.module:app``; ProcessorLoadError if it is not one."""
+    from multilane.app import App
+
+    obj = load_object(spec, "app")
+    if not isinstance(obj, App):
+        raise ProcessorLoadError(f"app {spec!r} names a {type(obj).__name__}, not a multilane.App")
+    return obj
+
+
+def run_app(app: App, argv: list[str]) -> int:
+    """``App.run``: parse ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
+    parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or app.name,
+                                     description=f"{app.name}: a multilane worker",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(parser)
+    return run(parse_args(parser, argv, app=app))
+
+
+def load_decoding_processor(args: argparse.Namespace, app: App | None = None) -> Processor:
+    """The processor of ``--processor`` (or the app's), checked, decoding per ``--key-format`` /
+    ``--value-format``."""
+    processor = app.get_processor() if app is not None else load_processor(args.processor)
+    try:
+        decoder = RecordDecoder.from_formats(args.key_format, args.value_format)
+    except CodecError as exc:
+        raise ConfigError(str(exc)) from exc
+    return decoding_processor(processor, decoder)
 
 
 def _parse_assign(text: str) -> tuple[tuple[str, int], ...]:
@@ -156,6 +273,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         max_in_flight_bytes=args.max_in_flight_bytes,
         max_retries=args.max_retries,
         retry_backoff_ms=args.retry_backoff_ms,
+        retry_on=parse_retry_on(args.retry_on),
         dead_letter_topic=args.dead_letter_topic,
         commit_interval_ms=args.commit_interval_ms,
         progress_interval_ms=args.progress_interval_ms,
@@ -188,6 +306,28 @@ def check_state_args(args: argparse.Namespace) -> None:
             require_snapshot_support()
         except SnapshotSupportError as exc:
             raise ConfigError(str(exc)) from exc
+
+
+def check_processor_state(processor: Any, args: argparse.Namespace) -> None:
+    """A processor marked ``@needs_state`` (or an ``App(state=True)``) needs ``--state-dir``."""
+    if processor_needs_state(processor) and not args.state_dir:
+        app = getattr(args, "app_object", None)
+        what = (f"app {args.app!r}" if args.app else f"app {app.name!r}" if app is not None
+                else f"processor {args.processor!r}")
+        raise ConfigError(f"{what} needs state (marked @needs_state or App(state=True)): "
+                          "start the worker with --state-dir DIR")
+
+
+def check_required(args: argparse.Namespace) -> None:
+    """``--bootstrap-servers``, ``--group`` and one of ``--processor`` / ``--app``; ConfigError if not."""
+    has_app = bool(args.app or getattr(args, "app_object", None))
+    if args.processor and has_app:
+        raise ConfigError("use either --processor or --app, not both")
+    missing = [flag for flag, value in (("--bootstrap-servers", args.bootstrap_servers),
+                                        ("--group", args.group),
+                                        ("--processor (or --app)", args.processor or has_app)) if not value]
+    if missing:
+        raise ConfigError(f"the following settings are required: {', '.join(missing)}")
 
 
 LEASE_ENV = ("KUBERNETES_SERVICE_HOST", "MULTILANE_POD_NAME", "MULTILANE_POD_NAMESPACE")
@@ -255,7 +395,18 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
 
 
 async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
-                 lease: LeaseSettings | None = None) -> int:
+                 lease: LeaseSettings | None = None, app: App | None = None) -> int:
+    """Run the app's startup hooks, the worker until a signal, then the app's shutdown hooks
+    (:meth:`multilane.App.lifespan`; the hooks run on this loop, around the engine's whole life)."""
+    if app is None:
+        return await _serve_engine(args, cfg, processor, token, lease)
+    async with app.lifespan():
+        log.info("%s: startup hooks done", app.name)
+        return await _serve_engine(args, cfg, processor, token, lease)
+
+
+async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
+                        lease: LeaseSettings | None = None) -> int:
     """Run until a signal (steps 1-5).
 
     1. Build the engine (and the state hooks with --state-dir).
@@ -317,10 +468,15 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        check_required(args)
+        app = getattr(args, "app_object", None)
+        if app is None and args.app:
+            app = load_app(args.app)
         cfg = build_config(args)
         check_state_args(args)
         lease = lease_settings(args)
-        processor = load_processor(args.processor)
+        processor = load_decoding_processor(args, app)
+        check_processor_state(processor, args)
         token: str | None = None
         if args.control_port:
             from multilane.worker.control import TokenError, load_token
@@ -333,7 +489,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"multilane worker: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(args, cfg, processor, token, lease))
+        return asyncio.run(_serve(args, cfg, processor, token, lease, app))
     except KeyboardInterrupt:
         return 0
     except Exception:

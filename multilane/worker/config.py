@@ -87,6 +87,9 @@ class EngineConfig:
     max_retries: int = 3
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 10_000
+    # Exception types that are retried (``--retry-on``); others are dead-lettered at once. Never
+    # empty. NonRetryable and DecodeError (multilane.api) are never retried.
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
     dead_letter_topic: str | None = None  # None: "<topic>.dlq"
     commit_interval_ms: int = 1000
     # Progress records between commits (0 = only with commits): a kill -9 replays at most the records
@@ -140,6 +143,9 @@ class EngineConfig:
                               f"got {self.progress_interval_ms!r}")
         if self.max_retries < 0:
             raise ConfigError(f"max_retries must be >= 0, got {self.max_retries}")
+        if not self.retry_on or not all(isinstance(t, type) and issubclass(t, BaseException)
+                                        for t in self.retry_on):
+            raise ConfigError(f"retry_on must be a non-empty tuple of exception types, got {self.retry_on!r}")
         if self.retry_backoff_ms < 0:
             raise ConfigError(f"retry_backoff_ms must be >= 0, got {self.retry_backoff_ms}")
         if not 0.0 < self.resume_fraction < 1.0:

@@ -1,6 +1,8 @@
-"""Retries with exponential backoff and jitter, and the dead-letter publisher.
+"""Retries with exponential backoff and jitter, the error policy, and the dead-letter publisher.
 
-:class:`RetryPolicy` is pure. :class:`DeadLetterPublisher` does I/O: it produces failed records to the
+:class:`RetryPolicy` is pure: which failures are retried (steps in :meth:`RetryPolicy.should_retry`)
+and the reason a dead letter names (:func:`failure_reason`). :class:`RetryLog` logs each retry at
+DEBUG and one INFO summary a minute. :class:`DeadLetterPublisher` does I/O: it produces failed records to the
 dead-letter topic (default ``<topic>.dlq``) on a producer that the engine polls on its event loop, so
 delivery callbacks run on the loop thread. A dead letter counts as done only once the broker has
 acknowledged it; until then its offset stays in flight and is not committed. Failed deliveries are
@@ -13,14 +15,17 @@ import asyncio
 import functools
 import logging
 import random
+import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from multilane.api import Record
+from multilane.api import DecodeError, NonRetryable, Record
 
-__all__ = ["DLQ_HEADERS", "DeadLetterPublisher", "RetryPolicy"]
+__all__ = ["DLQ_HEADERS", "REASON_HEADER", "DeadLetterPublisher", "RetryLog", "RetryPolicy",
+           "dead_letter_headers", "failure_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +37,26 @@ DLQ_HEADERS = (
     "multilane.origin.partition",
     "multilane.origin.offset",
     "multilane.attempts",
+    "multilane.error.reason",
 )
+REASON_HEADER = "multilane.error.reason"
+
+# The reasons a dead letter names (header ``multilane.error.reason``).
+DECODE_ERROR = "decode-error"  # a DecodeError: the key or value is not in its format; never retried
+NON_RETRYABLE = "non-retryable"  # the processor raised NonRetryable; never retried
+NOT_RETRIED = "not-retried"  # an exception type outside --retry-on; never retried
+RETRIES_EXHAUSTED = "retries-exhausted"  # retried --max-retries times, failed every time
+
+
+def failure_reason(exc: BaseException, retry_on: tuple[type[BaseException], ...] = (Exception,)) -> str:
+    """Why a failure is not (or no longer) retried, as its dead letter's header names it. Pure."""
+    if isinstance(exc, DecodeError):
+        return DECODE_ERROR
+    if isinstance(exc, NonRetryable):
+        return NON_RETRYABLE
+    if not isinstance(exc, retry_on):
+        return NOT_RETRIED
+    return RETRIES_EXHAUSTED
 
 
 @dataclass(frozen=True)
@@ -46,10 +70,36 @@ class RetryPolicy:
     max_retries: int = 3
     base_ms: int = 100
     max_ms: int = 10_000
+    # Exception types that are retried (``--retry-on``); any other goes to the dead-letter topic at once.
+    # NonRetryable (and DecodeError) are never retried, whatever this says.
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
 
-    def should_retry(self, attempt: int) -> bool:
-        """``attempt`` is the 1-based attempt that just failed."""
+    @classmethod
+    def from_config(cls, config: Any) -> RetryPolicy:
+        """The policy of an :class:`~multilane.worker.config.EngineConfig`."""
+        return cls(config.max_retries, config.retry_backoff_ms, config.retry_backoff_max_ms,
+                   tuple(config.retry_on))
+
+    def should_retry(self, attempt: int, exc: BaseException | None = None) -> bool:
+        """Whether to retry after attempt ``attempt`` (1-based) failed with ``exc`` (steps 1-3).
+
+        1. A :class:`~multilane.api.NonRetryable` (incl. :class:`~multilane.api.DecodeError`): never.
+        2. An exception type outside ``retry_on``: never.
+        3. Otherwise while ``attempt <= max_retries``.
+        """
+        if exc is not None:
+            # 1. never retried
+            if isinstance(exc, NonRetryable):
+                return False
+            # 2. not a retried type
+            if not isinstance(exc, self.retry_on):
+                return False
+        # 3. retries left
         return attempt <= self.max_retries
+
+    def reason(self, exc: BaseException) -> str:
+        """The dead-letter reason of ``exc`` under this policy (:func:`failure_reason`)."""
+        return failure_reason(exc, self.retry_on)
 
     def delay_s(self, attempt: int, rnd: random.Random | None = None) -> float:
         """Seconds to wait before attempt ``attempt + 1``."""
@@ -60,10 +110,64 @@ class RetryPolicy:
         return full / 2 + r * full / 2
 
 
+class RetryLog:
+    """Logs retries: each one at DEBUG, and at INFO one summary line a minute (``interval_s``).
+
+    The summary says how many retries there were since the last one, of how many records and which
+    error types; it is written by the first retry after the interval, or by :meth:`flush`.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None, interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger or log
+        self._interval_s = interval_s
+        self._clock = clock
+        self._since = clock()
+        self._retries = 0  # retries since the last summary
+        self._types: Counter[str] = Counter()  # error type -> retries since the last summary
+
+    def retrying(self, topic: str, partition: int, offset: int, attempt: int, exc: BaseException,
+                 delay_s: float) -> None:
+        """Record one retry (attempt ``attempt`` failed; the next one starts in ``delay_s``)."""
+        self._log.debug("retrying %s/%d@%d (attempt %d failed: %r) in %.3fs",
+                        topic, partition, offset, attempt, exc, delay_s)
+        self._retries += 1
+        self._types[type(exc).__name__] += 1
+        if self._clock() - self._since >= self._interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the summary now (nothing when there was no retry since the last one)."""
+        now = self._clock()
+        if self._retries:
+            types = ", ".join(f"{name} x{n}" for name, n in self._types.most_common(5))
+            self._log.info("%d retries in the last %.0fs (%s); each is logged at DEBUG",
+                           self._retries, now - self._since, types)
+        self._since = now
+        self._retries = 0
+        self._types.clear()
+
+
 def _describe(exc: BaseException) -> tuple[bytes, bytes]:
     etype = f"{type(exc).__module__}.{type(exc).__qualname__}".encode()
     message = (str(exc) or repr(exc))[:2000].encode("utf-8", "replace")
     return etype, message
+
+
+def dead_letter_headers(record: Record, exc: BaseException, attempts: int,
+                        reason: str) -> list[tuple[str, bytes]]:
+    """The headers of ``record``'s dead letter: its own, then :data:`DLQ_HEADERS`. Pure."""
+    etype, message = _describe(exc)
+    return [
+        *record.headers,
+        ("multilane.error.type", etype),
+        ("multilane.error.message", message),
+        ("multilane.origin.topic", record.topic.encode()),
+        ("multilane.origin.partition", str(record.partition).encode()),
+        ("multilane.origin.offset", str(record.offset).encode()),
+        ("multilane.attempts", str(attempts).encode()),
+        (REASON_HEADER, reason.encode()),
+    ]
 
 
 class DeadLetterPublisher:
@@ -94,23 +198,20 @@ class DeadLetterPublisher:
     def close(self) -> None:
         self._closed = True
 
-    def publish(self, record: Record, exc: BaseException, attempts: int, on_done: Callable[[], None]) -> None:
-        """Produce ``record`` to its dead-letter topic; call ``on_done`` once it is acknowledged."""
+    def publish(self, record: Record, exc: BaseException, attempts: int, on_done: Callable[[], None],
+                reason: str | None = None) -> None:
+        """Produce ``record`` to its dead-letter topic; call ``on_done`` once it is acknowledged.
+
+        ``reason`` (header ``multilane.error.reason``) defaults to :func:`failure_reason` of ``exc``;
+        callers with a ``--retry-on`` policy pass ``policy.reason(exc)``.
+        """
         topic = self._topic_for(record.topic)
-        etype, message = _describe(exc)
-        headers = [
-            *record.headers,
-            ("multilane.error.type", etype),
-            ("multilane.error.message", message),
-            ("multilane.origin.topic", record.topic.encode()),
-            ("multilane.origin.partition", str(record.partition).encode()),
-            ("multilane.origin.offset", str(record.offset).encode()),
-            ("multilane.attempts", str(attempts).encode()),
-        ]
+        reason = reason or failure_reason(exc)
+        headers = dead_letter_headers(record, exc, attempts, reason)
         tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         log.warning(
-            "dead-lettering %s/%d@%d after %d attempts to %s: %s",
-            record.topic, record.partition, record.offset, attempts, topic, tb,
+            "dead-lettering %s/%d@%d (%s, %d attempt(s)) to %s: %s",
+            record.topic, record.partition, record.offset, reason, attempts, topic, tb,
         )
         self.pending += 1
         self._produce(topic, record, headers, on_done)

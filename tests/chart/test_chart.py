@@ -258,7 +258,7 @@ def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
         ("policy", "poddisruptionbudgets", "create"),
         ("", "serviceaccounts", "create"),
         ("", "secrets", "create"),
-        ("", "pods", "delete"),
+        ("", "pods", "list"),
         ("coordination.k8s.io", "leases", "update"),
         ("rbac.authorization.k8s.io", "rolebindings", "create"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),

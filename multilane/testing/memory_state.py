@@ -1,0 +1,80 @@
+"""``MemoryStateView``: the ``ctx.state`` of :func:`multilane.testing.run_processor`, backed by a dict.
+Pure: no I/O.
+
+Same API and the same errors as the worker's ``KeyRangeStateView`` (``multilane.worker.state.view``):
+keys default to the record's key, a keyless record needs ``key=...``, keys are non-empty bytes, values
+are bytes (``put_json`` / ``get_json`` for JSON). There is one lane, so every key is in range.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import MutableMapping
+from typing import Any
+
+from multilane.api import StateView
+from multilane.worker.state.errors import StateError, StateKeyError
+
+__all__ = ["MemoryStateView"]
+
+
+class MemoryStateView:
+    """Implements :class:`multilane.api.StateView` over ``store`` for one processing attempt.
+
+    Invariant: ``store`` maps bytes keys to bytes values, exactly what the worker's store would hold.
+    """
+
+    __slots__ = ("_key", "_store", "_where")
+
+    def __init__(self, store: MutableMapping[bytes, bytes], key: bytes | None, where: str) -> None:
+        self._store = store
+        self._key = key
+        self._where = where  # "topic[partition]@offset", for error messages
+
+    def _resolve(self, key: bytes | None) -> bytes:
+        if key is None:
+            if self._key is None:
+                raise StateKeyError(f"record {self._where} has no key: pass key=... explicitly")
+            key = self._key
+        if not isinstance(key, bytes):
+            raise StateKeyError(f"state keys must be bytes, got {type(key).__name__}")
+        if not key:
+            raise StateKeyError("state keys must not be empty")
+        return key
+
+    def get(self, key: bytes | None = None) -> bytes | None:
+        return self._store.get(self._resolve(key))
+
+    def put(self, value: bytes, key: bytes | None = None) -> None:
+        if not isinstance(value, bytes):
+            if isinstance(value, bytearray | memoryview):
+                value = bytes(value)
+            else:
+                raise TypeError(
+                    f"state values must be bytes (use put_json for objects), got {type(value).__name__}"
+                )
+        self._store[self._resolve(key)] = value
+
+    def delete(self, key: bytes | None = None) -> None:
+        self._store.pop(self._resolve(key), None)
+
+    def get_json(self, key: bytes | None = None) -> Any:
+        k = self._resolve(key)
+        raw = self._store.get(k)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise StateError(f"state value of key {k[:64]!r} is not JSON: {exc}") from exc
+
+    def put_json(self, value: Any, key: bytes | None = None) -> None:
+        try:
+            raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"state value is not JSON-serialisable: {exc}") from exc
+        self.put(raw, key)
+
+
+def _conforms(view: MemoryStateView) -> StateView:  # mypy checks the view against the public API
+    return view
