@@ -69,6 +69,7 @@ from benchmarks.engine_rows import (
 
 RATE = Column("rate", "rec/s, median (min..max)", ",.0f")
 CPU = Column("cpu_us", "CPU µs/rec, median (min..max)", ".2f")
+MAIN = Column("main_us", "of which main thread", ".2f")
 
 
 def _ml_label(ctx: Ctx, build: str) -> str:
@@ -97,6 +98,7 @@ def scenario_noop(ctx: Ctx) -> None:
             Column("setting"),
             RATE,
             CPU,
+            MAIN,
             Column("vs_quix", "÷ quixstreams", ".2f"),
             Column("vs_raw", "÷ raw loop", ".2f"),
             Column("vs_ref", "÷ compared build", ".2f"),
@@ -125,7 +127,7 @@ def scenario_noop(ctx: Ctx) -> None:
         build, _, processor = label.partition("/")
         same = {b.name: res.get(f"{b.name}/{processor}") for b in ctx.builds}
         table.add(
-            system=system, setting=setting, rate=r.rate, cpu_us=r.cpu_us,
+            system=system, setting=setting, rate=r.rate, cpu_us=r.cpu_us, main_us=r.main_thread_us,
             vs_quix=r.vs(res["quix"]), vs_raw=r.vs(res["raw"]),
             vs_ref=_vs_ref(ctx, same, build, "rate") if processor else None,  # type: ignore[arg-type]
             cpu_vs_ref=_vs_ref(ctx, same, build, "cpu_us_per_record") if processor else None,  # type: ignore[arg-type]
@@ -153,6 +155,7 @@ def scenario_io(ctx: Ctx) -> None:
             Column("efficiency", "efficiency", ".2f"),
             Column("vs_bare", "÷ bare asyncio", ".2f"),
             CPU,
+            MAIN,
             Column("cpu_vs_bare", "CPU ÷ bare", ".2f"),
             Column("vs_ref", "÷ compared build", ".2f"),
             Column("cpu_vs_ref", "CPU ÷ compared build", ".2f"),
@@ -193,6 +196,7 @@ def scenario_io(ctx: Ctx) -> None:
             table.add(
                 in_flight=in_flight, system=system, records=n, rate=r.rate,
                 efficiency=ratio(r.median_rate, ideal), vs_bare=r.vs(bare), cpu_us=r.cpu_us,
+                main_us=r.main_thread_us,
                 cpu_vs_bare=r.vs(bare, "cpu_us_per_record"),
                 vs_ref=_vs_ref(ctx, res, label, "rate"),
                 cpu_vs_ref=_vs_ref(ctx, res, label, "cpu_us_per_record"),

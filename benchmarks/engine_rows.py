@@ -114,6 +114,11 @@ class RowResult:
         return spread(self.values("cpu_us_per_record").values())
 
     @property
+    def main_thread_us(self) -> Spread | None:
+        """CPU µs per record of the main thread (the event loop's), where the child reported threads."""
+        return spread((run.get("thread_cpu_us_per_record") or {}).get("main") for run in self.runs.values())
+
+    @property
     def median_rate(self) -> float | None:
         s = self.rate
         return s.median if s else None
