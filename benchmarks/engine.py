@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import tempfile
 import time
@@ -402,10 +403,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "write DIR/<row>.prof and print the top functions by own CPU time",
     )  # fmt: skip
     parser.add_argument("--profile-top", type=int, default=15, help="functions per profile table")
+    parser.add_argument(
+        "--in-flight", default="",
+        help="scenario 2: only these in-flight counts (comma-separated, e.g. 256,1024; default: all)",
+    )  # fmt: skip
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
     sizes = QUICK if args.quick else FULL
+    if args.in_flight:
+        wanted = {int(x) for x in args.in_flight.split(",") if x.strip()}
+        unknown = wanted - set(sizes.io_records)
+        if unknown:
+            raise ValueError(
+                f"--in-flight {sorted(unknown)}: not a row; choose from {sorted(sizes.io_records)}"
+            )
+        sizes = dataclasses.replace(
+            sizes, io_records={k: v for k, v in sizes.io_records.items() if k in wanted}
+        )
+    if args.compare:  # the naive loop is no goal and does not depend on the build: spend the time on rounds
+        sizes = dataclasses.replace(sizes, naive_at=())
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     report.params.update(
