@@ -12,6 +12,10 @@ and this module implements them so that each benchmark only writes its measureme
 * **Ratios, not absolutes.** The machine is shared and noisy: every figure that is compared with
   another is a ratio of two numbers measured in the same run (:func:`ratio`), and goals are checked on
   those ratios (:meth:`Report.goal`).
+* **Medians with their spread.** A row is run several times (``--repeats``) and reported as the median
+  and the range of its runs (:class:`Spread`, :func:`spread`); rows that are compared run in
+  alternation, round by round (:func:`alternate`: A B A B ...), and their ratio is the spread of the
+  per-round ratios (:func:`paired_ratios`), so a slow minute of the machine hits both sides.
 * **Never crash on a missing part.** A row that cannot be measured is added with
   :meth:`Table.add_unavailable`, which prints ``not available (<reason>)`` in its place; goals whose
   value is missing are reported as ``not measured``.
@@ -53,23 +57,29 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = [
+    "Alternation",
     "Column",
     "Goal",
     "Report",
+    "Spread",
     "Table",
+    "alternate",
     "log",
     "machine_info",
     "main",
+    "paired_ratios",
     "ratio",
+    "spread",
 ]
 
 SCHEMA_VERSION = 1
@@ -89,7 +99,10 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def json_safe(value: Any) -> Any:
-    """Replace non-finite floats by None (JSON has no NaN) and make tuples lists, recursively."""
+    """Replace non-finite floats by None (JSON has no NaN), make tuples lists and a :class:`Spread` a
+    dict, recursively."""
+    if isinstance(value, Spread):
+        return json_safe(value.to_json())
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -97,6 +110,92 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+# --------------------------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and range (``lo`` = min, ``hi`` = max) of ``n`` repeated measurements.
+
+    Invariant: ``lo <= median <= hi`` and ``n >= 1``.
+    """
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def relative(self) -> float:
+        """(max - min) / median: how far apart the runs were (0 for one run)."""
+        return (self.hi - self.lo) / self.median if self.median else math.inf
+
+    def render(self, fmt: str = "") -> str:
+        """``median (min..max)``, or the median alone for a single run."""
+        m = format(self.median, fmt)
+        return m if self.n == 1 else f"{m} ({format(self.lo, fmt)}..{format(self.hi, fmt)})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median": self.median, "min": self.lo, "max": self.hi, "n": self.n}
+
+
+def spread(values: Iterable[float | None]) -> Spread | None:
+    """The :class:`Spread` of the finite values (None and NaN are dropped); None when none is left."""
+    xs = sorted(float(v) for v in values if v is not None and math.isfinite(v))
+    if not xs:
+        return None
+    return Spread(median=statistics.median(xs), lo=xs[0], hi=xs[-1], n=len(xs))
+
+
+def paired_ratios(
+    numerators: Mapping[int, float | None], denominators: Mapping[int, float | None]
+) -> list[float]:
+    """``numerators[r] / denominators[r]`` for every round ``r`` both sides measured (see :func:`ratio`).
+
+    Keyed by round so that a run missing on one side does not shift the pairs.
+    """
+    out = []
+    for r in sorted(numerators.keys() & denominators.keys()):
+        q = ratio(numerators[r], denominators[r])
+        if q is not None:
+            out.append(q)
+    return out
+
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+@dataclass
+class Alternation(Generic[K, T]):
+    """What :func:`alternate` measured: each label's runs by round, the failures, the order of runs."""
+
+    runs: dict[K, dict[int, T]]  # label -> round -> result (rounds the label failed in are missing)
+    errors: dict[K, str]  # label -> why it stopped (a failed label is not run again)
+    order: list[tuple[int, K]]  # (round, label) in the order they ran
+
+
+def alternate(labels: Sequence[K], rounds: int, run: Callable[[K, int], T]) -> Alternation[K, T]:
+    """Run every label once per round, round after round (A B A B ...): ``run(label, round)``.
+
+    Alternating makes a slow stretch of a shared machine hit every label alike, so ratios of labels
+    taken round by round hold still where separate blocks of runs would not. A label whose run raises
+    is recorded in ``errors`` (first line of the exception) and skipped in later rounds; the others go on.
+    """
+    result: Alternation[K, T] = Alternation({label: {} for label in labels}, {}, [])
+    for r in range(rounds):
+        for label in labels:
+            if label in result.errors:
+                continue
+            result.order.append((r, label))
+            try:
+                result.runs[label][r] = run(label, r)
+            except Exception as exc:
+                text = str(exc).strip()
+                result.errors[label] = text.splitlines()[0][:300] if text else type(exc).__name__
+    return result
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -119,6 +218,8 @@ class Column:
             return "-"
         if isinstance(value, bool):
             return "yes" if value else "no"
+        if isinstance(value, Spread):
+            return value.render(self.fmt)
         if isinstance(value, int | float) and self.fmt:
             if isinstance(value, float) and not math.isfinite(value):
                 return "-"
@@ -190,6 +291,7 @@ class Goal:
     value: float | None
     target: float
     op: str = ">="
+    spread: Spread | None = None  # the runs behind ``value`` (its median), when it was repeated
 
     @property
     def passed(self) -> bool | None:
@@ -200,6 +302,8 @@ class Goal:
     def render(self) -> str:
         verdict = {True: "PASS", False: "FAIL", None: "not measured"}[self.passed]
         shown = "-" if self.value is None else f"{self.value:.3g}"
+        if self.spread is not None and self.spread.n > 1:
+            shown += f" (runs {self.spread.lo:.3g}..{self.spread.hi:.3g}, n={self.spread.n})"
         return f"- {verdict}: {self.name}: {shown} (goal {self.op} {self.target:g})"
 
 
@@ -228,10 +332,14 @@ class Report:
         self.tables.append(t)
         return t
 
-    def goal(self, name: str, value: float | None, target: float, op: str = ">=") -> Goal:
+    def goal(self, name: str, value: float | Spread | None, target: float, op: str = ">=") -> Goal:
+        """Add a goal; a :class:`Spread` value is judged on its median and shown with its range."""
         if op not in _OPS:
             raise ValueError(f"unknown goal operator {op!r}; use one of {sorted(_OPS)}")
-        g = Goal(name=name, value=value, target=target, op=op)
+        if isinstance(value, Spread):
+            g = Goal(name=name, value=value.median, target=target, op=op, spread=value)
+        else:
+            g = Goal(name=name, value=value, target=target, op=op)
         self.goals.append(g)
         return g
 
@@ -281,7 +389,14 @@ class Report:
                 "params": self.params,
                 "tables": [t.to_json() for t in self.tables],
                 "goals": [
-                    {"name": g.name, "value": g.value, "target": g.target, "op": g.op, "passed": g.passed}
+                    {
+                        "name": g.name,
+                        "value": g.value,
+                        "target": g.target,
+                        "op": g.op,
+                        "passed": g.passed,
+                        "spread": g.spread,
+                    }
                     for g in self.goals
                 ],
                 "notes": self.notes,

@@ -1,10 +1,15 @@
 """Engine benchmark: multilane's worker engine against a raw loop, quixstreams and naive loops.
 
-``python -m benchmarks.engine [--quick] [--json] [--repeat N]``
+``python -m benchmarks.engine [--quick] [--json] [--repeats N] [--only 1,2] [--compare REF]
+[--loop asyncio|uvloop] [--profile DIR]``
 
 One embedded broker per run; one partition; 100-byte records with keys Zipf(s=1) over 10,000 keys.
 Every row runs in its own child process (a fresh interpreter); rates run from the first record to the
-last, so start-up and group joins are not counted. Scenarios:
+last, so start-up and group joins are not counted. Each row runs ``--repeats`` times, in alternation
+with the rows it is compared to (round 1: A B, round 2: A B, ...), and is reported as the median with
+the range of its runs; a ratio is the median (min..max) of the per-round ratios. CPU µs per record is
+the measuring child's own CPU time. ``--compare REF`` runs the multilane rows of scenarios 1 and 2 on
+this tree and on git REF in alternation. Every multilane run applies the delivery checkers. Scenarios:
 
 1. No-op processor: multilane vs quixstreams vs a raw ``consume()`` loop (the ceiling).
 2. IO-bound processor (``await asyncio.sleep(0.010)``) at 16/64/256/1024 in flight: efficiency =
@@ -23,14 +28,19 @@ See ``docs/benchmarks.md`` for how to read the tables and for the goals.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import importlib.util
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
 
-from benchmarks._common import Column, Report, log, main, ratio
+from benchmarks._common import Column, Report, Spread, log, main, ratio
 from benchmarks._data import broker_session, zipf_top_share
 from benchmarks.baselines.workload import latency_s, mean_latency_s
+from benchmarks.engine_child import LOOPS
 from benchmarks.engine_replay import scenario_replay
 from benchmarks.engine_rows import (
     BASE_MS,
@@ -44,123 +54,170 @@ from benchmarks.engine_rows import (
     VALUE_BYTES,
     ZIPF_S,
     Ctx,
+    RowResult,
+    Runner,
     bare_asyncio,
+    compared_build,
     multilane,
     naive_batch,
+    profile_tables,
     quix,
     raw_loop,
-    try_row,
+    this_build,
 )
 
 # ------------------------------------------------------------------------------------------ scenarios
 
+RATE = Column("rate", "rec/s, median (min..max)", ",.0f")
+CPU = Column("cpu_us", "CPU µs/rec, median (min..max)", ".2f")
+MAIN = Column("main_us", "of which main thread", ".2f")
+
+
+def _ml_label(ctx: Ctx, build: str) -> str:
+    """How a build's multilane rows are named (the build's name only when several are compared)."""
+    return "multilane" if len(ctx.builds) == 1 else build
+
+
+def _vs_ref(ctx: Ctx, results: dict[str, RowResult | str], build: str, key: str) -> Spread | None:
+    """This build's row ÷ the compared build's row (``--compare``), round by round."""
+    if len(ctx.builds) < 2 or build != ctx.builds[0].name:
+        return None
+    mine = results.get(build)
+    return mine.vs(results.get(ctx.builds[1].name), key) if isinstance(mine, RowResult) else None
+
 
 def scenario_noop(ctx: Ctx) -> None:
-    """1. No-op processor: multilane vs quixstreams vs the raw loop."""
+    """1. No-op processor: multilane vs quixstreams vs the raw loop (alternated, round by round)."""
     n = ctx.sizes.noop_records
     log(f"scenario 1: no-op, {n:,} records")
     data = ctx.topic(n)
     table = ctx.report.table(
         "noop",
-        f"1. No-op processor, {n:,} records, one partition",
+        f"1. No-op processor, {n:,} records, one partition, {ctx.repeat} alternated rounds",
         [
             Column("system"),
             Column("setting"),
-            Column("rate", "rec/s", ",.0f"),
-            Column("cpu_us", "CPU µs/rec", ".2f"),
+            RATE,
+            CPU,
+            MAIN,
             Column("vs_quix", "÷ quixstreams", ".2f"),
             Column("vs_raw", "÷ raw loop", ".2f"),
+            Column("vs_ref", "÷ compared build", ".2f"),
+            Column("cpu_vs_ref", "CPU ÷ compared build", ".2f"),
             Column("note"),
         ],
     )
-    raw = try_row(table, raw_loop, ctx, data.topic, n)
-    qx = try_row(table, quix, ctx, data.topic, n)
-    rows: list[tuple[str, str, dict[str, Any] | str]] = [
-        ("raw confluent-kafka loop", "consume(1000), fetch.queue.backoff.ms=10", raw),
-        ("quixstreams 3.28.1", "sdf.update(no-op), own venv", qx),
-    ]
-    ml = try_row(table, multilane, ctx, data.topic, n, "unordered", KEY_MODE_F, "async-noop")
-    rows.append(("multilane", f"unordered F={KEY_MODE_F}, async no-op", ml))
+    rows: dict[str, Runner | str] = {"raw": raw_loop(ctx, data.topic, n), "quix": quix(ctx, data.topic, n)}
+    settings = {
+        "raw": ("raw confluent-kafka loop", "consume(1000), fetch.queue.backoff.ms=10"),
+        "quix": ("quixstreams 3.28.1", "sdf.update(no-op), own venv"),
+    }
+    cases = [("async-noop", f"unordered F={KEY_MODE_F}, async no-op")]
     if ctx.sizes.sync_noop_row:
-        ml_sync = try_row(table, multilane, ctx, data.topic, n, "unordered", KEY_MODE_F, "sync-noop")
-        rows.append(("multilane", f"unordered F={KEY_MODE_F}, sync no-op (thread pool)", ml_sync))
-    raw_rate = raw.get("rate") if isinstance(raw, dict) else None
-    quix_rate = qx.get("rate") if isinstance(qx, dict) else None
-    for system, setting, res in rows:
-        if isinstance(res, str):
-            table.add_unavailable(res, system=system, setting=setting)
+        cases.append(("sync-noop", f"unordered F={KEY_MODE_F}, sync no-op (thread pool)"))
+    for processor, setting in cases:
+        for build, runner in multilane(ctx, data.topic, n, "unordered", KEY_MODE_F, processor).items():
+            rows[f"{build}/{processor}"] = runner
+            settings[f"{build}/{processor}"] = (_ml_label(ctx, build), f"{setting}; loop {ctx.loop}")
+    res = ctx.measure(rows)
+    for label, r in res.items():
+        system, setting = settings[label]
+        if isinstance(r, str):
+            table.add_unavailable(r, system=system, setting=setting)
             continue
+        build, _, processor = label.partition("/")
+        same = {b.name: res.get(f"{b.name}/{processor}") for b in ctx.builds}
         table.add(
-            system=system,
-            setting=setting,
-            rate=res["rate"],
-            cpu_us=res["cpu_us_per_record"],
-            vs_quix=ratio(res["rate"], quix_rate),
-            vs_raw=ratio(res["rate"], raw_rate),
-        )
-    ml_rate = ml.get("rate") if isinstance(ml, dict) else None
-    ctx.report.goal("1. multilane no-op ÷ quixstreams no-op", ratio(ml_rate, quix_rate), 2.0)
+            system=system, setting=setting, rate=r.rate, cpu_us=r.cpu_us, main_us=r.main_thread_us,
+            vs_quix=r.vs(res["quix"]), vs_raw=r.vs(res["raw"]),
+            vs_ref=_vs_ref(ctx, same, build, "rate") if processor else None,  # type: ignore[arg-type]
+            cpu_vs_ref=_vs_ref(ctx, same, build, "cpu_us_per_record") if processor else None,  # type: ignore[arg-type]
+            note="delivery checked" if r.checked else None,
+        )  # fmt: skip
+    ml = res.get(f"{ctx.builds[0].name}/async-noop")
+    if isinstance(ml, RowResult):
+        ctx.report.goal("1. multilane no-op ÷ quixstreams no-op", ml.vs(res["quix"]), 3.0)
+        ctx.report.goal("1. multilane no-op ÷ raw loop", ml.vs(res["raw"]), 0.3)
 
 
 def scenario_io(ctx: Ctx) -> None:
-    """2. IO-bound processor at several in-flight counts."""
+    """2. IO-bound processor at several in-flight counts; multilane and the bare loop alternate."""
     log("scenario 2: IO-bound")
     table = ctx.report.table(
         "io",
         f"2. IO-bound processor (sleep {BASE_MS:g} ms per record), efficiency = rec/s ÷ (in flight ÷ "
-        f"{BASE_MS / 1000:g} s)",
+        f"{BASE_MS / 1000:g} s); event loop {ctx.loop}; {ctx.repeat} alternated rounds; ratios are the "
+        "median (min..max) of the per-round ratios",
         [
             Column("in_flight", "in flight"),
             Column("system"),
             Column("records", "records", ","),
-            Column("rate", "rec/s", ",.0f"),
+            RATE,
             Column("efficiency", "efficiency", ".2f"),
             Column("vs_bare", "÷ bare asyncio", ".2f"),
-            Column("cpu_us", "CPU µs/rec", ".1f"),
+            CPU,
+            MAIN,
+            Column("cpu_vs_bare", "CPU ÷ bare", ".2f"),
+            Column("vs_ref", "÷ compared build", ".2f"),
+            Column("cpu_vs_ref", "CPU ÷ compared build", ".2f"),
             Column("peak", "peak running", ","),
             Column("note"),
         ],
     )
     # quixstreams processes one record at a time: in flight = 1
     n_quix = ctx.sizes.quix_sleep_records
-    qx = try_row(table, quix, ctx, ctx.topic(n_quix).topic, n_quix, sleep_ms=BASE_MS)
+    qx = ctx.measure({"quix": quix(ctx, ctx.topic(n_quix).topic, n_quix, sleep_ms=BASE_MS)})["quix"]
     if isinstance(qx, str):
         table.add_unavailable(qx, in_flight=1, system="quixstreams (time.sleep)", records=n_quix)
     else:
         table.add(
-            in_flight=1, system="quixstreams (time.sleep)", records=n_quix, rate=qx["rate"],
-            efficiency=qx["rate"] / (1 / (BASE_MS / 1000)), cpu_us=qx["cpu_us_per_record"],
+            in_flight=1, system="quixstreams (time.sleep)", records=n_quix, rate=qx.rate,
+            efficiency=ratio(qx.median_rate, 1 / (BASE_MS / 1000)), cpu_us=qx.cpu_us,
             note="sync processor: one record at a time",
         )  # fmt: skip
     for in_flight, n in sorted(ctx.sizes.io_records.items()):
         ideal = in_flight / (BASE_MS / 1000)
         data = ctx.topic(n)
-        bare = try_row(table, bare_asyncio, ctx, n, in_flight)
-        results: list[tuple[str, dict[str, Any] | str, str]] = [
-            ("bare asyncio (no Kafka)", bare, "the event loop's ceiling"),
-        ]
+        rows: dict[str, Runner | str] = {"bare": bare_asyncio(ctx, n, in_flight)}
+        names = {"bare": ("bare asyncio (no Kafka)", "the event loop's ceiling")}
         if in_flight in ctx.sizes.naive_at:
-            results.append(
-                ("naive batch loop", try_row(table, naive_batch, ctx, data.topic, n, in_flight), "")
-            )
-        ml = try_row(table, multilane, ctx, data.topic, n, "unordered", in_flight, "async-sleep")
-        results.append((f"multilane unordered F={in_flight}", ml, ""))
-        bare_rate = bare.get("rate") if isinstance(bare, dict) else None
-        for system, res, note in results:
-            if isinstance(res, str):
-                table.add_unavailable(res, in_flight=in_flight, system=system, records=n)
+            rows["naive"] = naive_batch(ctx, data.topic, n, in_flight)
+            names["naive"] = ("naive batch loop", "")
+        ml = multilane(ctx, data.topic, n, "unordered", in_flight, "async-sleep")
+        for build, runner in ml.items():
+            rows[build] = runner
+            names[build] = (f"{_ml_label(ctx, build)} unordered F={in_flight}", "")
+        res = ctx.measure(rows)
+        bare = res["bare"]
+        for label, r in res.items():
+            system, note = names[label]
+            if isinstance(r, str):
+                table.add_unavailable(r, in_flight=in_flight, system=system, records=n)
                 continue
             table.add(
-                in_flight=in_flight, system=system, records=n, rate=res["rate"],
-                efficiency=res["rate"] / ideal, vs_bare=ratio(res["rate"], bare_rate),
-                cpu_us=res["cpu_us_per_record"], peak=res.get("peak_running"), note=note,
+                in_flight=in_flight, system=system, records=n, rate=r.rate,
+                efficiency=ratio(r.median_rate, ideal), vs_bare=r.vs(bare), cpu_us=r.cpu_us,
+                main_us=r.main_thread_us,
+                cpu_vs_bare=r.vs(bare, "cpu_us_per_record"),
+                vs_ref=_vs_ref(ctx, res, label, "rate"),
+                cpu_vs_ref=_vs_ref(ctx, res, label, "cpu_us_per_record"),
+                peak=r.get("peak_running"), note=note or ("delivery checked" if r.checked else None),
             )  # fmt: skip
-        ml_rate = ml.get("rate") if isinstance(ml, dict) else None
+        mine = res.get(ctx.builds[0].name)
+        if not isinstance(mine, RowResult):
+            continue
         if in_flight <= 256:
-            ctx.report.goal(f"2. multilane efficiency at {in_flight} in flight", ratio(ml_rate, ideal), 0.9)
-        else:
             ctx.report.goal(
-                f"2. multilane ÷ bare asyncio at {in_flight} in flight", ratio(ml_rate, bare_rate), 0.8
+                f"2. multilane efficiency at {in_flight} in flight", ratio(mine.median_rate, ideal), 0.9
+            )
+        if in_flight >= 1024:
+            ctx.report.goal(f"2. multilane ÷ bare asyncio at {in_flight} in flight", mine.vs(bare), 0.95)
+        if in_flight >= 256:
+            ctx.report.goal(
+                f"2. multilane CPU per record ÷ bare asyncio's at {in_flight} in flight",
+                mine.vs(bare, "cpu_us_per_record"),
+                1.3,
+                "<=",
             )
 
 
@@ -197,7 +254,7 @@ def scenario_key_mode(ctx: Ctx) -> None:
             Column("processor"),
             Column("mode"),
             Column("records", "records", ","),
-            Column("rate", "rec/s", ",.0f"),
+            RATE,
             Column("key_vs_unordered", "key ÷ unordered", ".2f"),
             Column("cap_top_key", "cap: top key", ",.0f"),
             Column("cap_lane", "cap: busiest lane", ",.0f"),
@@ -217,21 +274,22 @@ def scenario_key_mode(ctx: Ctx) -> None:
         share, cap = lane_cap(keys, KEY_MODE_F, latency) if latency else (None, None)
         top_actual = max(Counter(keys).values()) / len(keys)
         top_cap = 1 / (top_actual * latency) if latency else None
-        res = {
-            mode: try_row(table, multilane, ctx, data.topic, n, mode, KEY_MODE_F, processor)
+        build = ctx.builds[0].name
+        rows: dict[str, Runner | str] = {
+            mode: multilane(ctx, data.topic, n, mode, KEY_MODE_F, processor)[build]
             for mode in ("unordered", "key")
         }
-        unordered_rate = res["unordered"].get("rate") if isinstance(res["unordered"], dict) else None
+        res = ctx.measure(rows)
         for mode, r in res.items():
             if isinstance(r, str):
                 table.add_unavailable(r, processor=label, mode=mode, records=n)
                 continue
             is_key = mode == "key"
             table.add(
-                processor=label, mode=mode, records=n, rate=r["rate"],
-                key_vs_unordered=ratio(r["rate"], unordered_rate) if is_key else None,
+                processor=label, mode=mode, records=n, rate=r.rate,
+                key_vs_unordered=r.vs(res["unordered"]) if is_key else None,
                 cap_top_key=top_cap if is_key else None, cap_lane=cap if is_key else None,
-                of_cap=ratio(r["rate"], cap) if is_key else None,
+                of_cap=ratio(r.median_rate, cap) if is_key else None,
                 note=(f"top key {top_actual:.1%}, busiest lane {share:.1%} of the records"
                       if is_key and share else ""),
             )  # fmt: skip
@@ -270,34 +328,40 @@ def scenario_hol(ctx: Ctx) -> None:
         [
             Column("system"),
             Column("records", "records", ","),
-            Column("rate", "rec/s", ",.0f"),
+            RATE,
             Column("efficiency", "efficiency", ".2f"),
             Column("vs_bare", "÷ bare asyncio", ".2f"),
             Column("note"),
         ],
     )
-    bare = try_row(table, bare_asyncio, ctx, n, HOL_IN_FLIGHT, slow=True)
-    naive = try_row(table, naive_batch, ctx, data.topic, n_naive, HOL_IN_FLIGHT, slow=True)
-    ml = try_row(table, multilane, ctx, data.topic, n, "unordered", HOL_IN_FLIGHT, "async-sleep", slow=True)
-    bare_rate = bare.get("rate") if isinstance(bare, dict) else None
+    build = ctx.builds[0].name
+    res = ctx.measure(
+        {
+            "bare": bare_asyncio(ctx, n, HOL_IN_FLIGHT, slow=True),
+            "naive": naive_batch(ctx, data.topic, n_naive, HOL_IN_FLIGHT, slow=True),
+            "ml": multilane(ctx, data.topic, n, "unordered", HOL_IN_FLIGHT, "async-sleep", slow=True)[build],
+        }
+    )
     mean_naive = mean_latency_s(data.first_offset, n_naive, BASE_MS / 1000, SLOW_MS / 1000, SLOW_FRACTION)
     naive_bound = naive_efficiency_bound(data.first_offset, n_naive, HOL_IN_FLIGHT, mean_naive)
-    for system, res, records, note in [
-        ("bare asyncio (no Kafka)", bare, n, ""),
-        (f"naive batch loop (batch {HOL_IN_FLIGHT})", naive, n_naive,
+    for label, system, records, note in [
+        ("bare", "bare asyncio (no Kafka)", n, ""),
+        ("naive", f"naive batch loop (batch {HOL_IN_FLIGHT})", n_naive,
          f"a batch lasts as long as its slowest record: at best {naive_bound:.2f}"),
-        (f"multilane unordered F={HOL_IN_FLIGHT}", ml, n, ""),
+        ("ml", f"multilane unordered F={HOL_IN_FLIGHT}", n, ""),
     ]:  # fmt: skip
-        if isinstance(res, str):
-            table.add_unavailable(res, system=system, records=records)
+        r = res[label]
+        if isinstance(r, str):
+            table.add_unavailable(r, system=system, records=records)
             continue
         row_mean = mean if records == n else mean_naive  # each row against its own records' latencies
         table.add(
-            system=system, records=records, rate=res["rate"],
-            efficiency=res["rate"] / (HOL_IN_FLIGHT / row_mean), vs_bare=ratio(res["rate"], bare_rate),
+            system=system, records=records, rate=r.rate,
+            efficiency=ratio(r.median_rate, HOL_IN_FLIGHT / row_mean), vs_bare=r.vs(res["bare"]),
             note=note,
         )  # fmt: skip
-    ml_rate = ml.get("rate") if isinstance(ml, dict) else None
+    ml = res["ml"]
+    ml_rate = ml.median_rate if isinstance(ml, RowResult) else None
     ctx.report.goal("4. multilane efficiency with 1% slow records", ratio(ml_rate, ideal), 0.85)
 
 
@@ -316,24 +380,70 @@ def engine_missing() -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported")
+    parser.add_argument(
+        "--repeats", "--repeat", dest="repeats", type=int, default=None,
+        help="alternated rounds: each row runs this many times, reported as median (min..max) "
+        "(default 5; 1 with --quick)",
+    )  # fmt: skip
     parser.add_argument(
         "--only", default="", help="comma-separated scenario numbers to run (default: all), e.g. 1,2"
     )
+    parser.add_argument(
+        "--compare", metavar="REF",
+        help="also run every multilane row of scenarios 1 and 2 on git REF (commit, branch, tag), "
+        "alternating with this tree round by round; prints this ÷ REF with its spread",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="asyncio",
+        help="event loop of multilane and the asyncio baselines (uvloop: pip install multilane[uvloop])",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", metavar="DIR",
+        help="after each multilane row's first run, run it once more under cProfile (not measured), "
+        "write DIR/<row>.prof and print the top functions by own CPU time",
+    )  # fmt: skip
+    parser.add_argument("--profile-top", type=int, default=15, help="functions per profile table")
+    parser.add_argument(
+        "--in-flight", default="",
+        help="scenario 2: only these in-flight counts (comma-separated, e.g. 256,1024; default: all)",
+    )  # fmt: skip
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
     sizes = QUICK if args.quick else FULL
+    if args.in_flight:
+        wanted = {int(x) for x in args.in_flight.split(",") if x.strip()}
+        unknown = wanted - set(sizes.io_records)
+        if unknown:
+            raise ValueError(
+                f"--in-flight {sorted(unknown)}: not a row; choose from {sorted(sizes.io_records)}"
+            )
+        sizes = dataclasses.replace(
+            sizes, io_records={k: v for k, v in sizes.io_records.items() if k in wanted}
+        )
+    if args.compare:  # the naive loop is no goal and does not depend on the build: spend the time on rounds
+        sizes = dataclasses.replace(sizes, naive_at=())
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     report.params.update(
-        partitions=1, value_bytes=VALUE_BYTES, keys=N_KEYS, zipf_s=ZIPF_S, repeat=args.repeat,
-        noop_records=sizes.noop_records, compression="none",
+        partitions=1, value_bytes=VALUE_BYTES, keys=N_KEYS, zipf_s=ZIPF_S, rounds=max(1, repeats),
+        noop_records=sizes.noop_records, compression="none", loop=args.loop,
     )  # fmt: skip
     missing = engine_missing()
     if missing:
         report.note(f"multilane: not available ({missing})")
-    with broker_session() as broker:
-        ctx = Ctx(broker, report, sizes, max(1, args.repeat), missing)
+    if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise RuntimeError("--loop uvloop: uvloop is not installed (pip install 'multilane[uvloop]')")
+    with contextlib.ExitStack() as stack, broker_session() as broker:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="multilane-bench-")))
+        ctx = Ctx(broker, report, sizes, max(1, repeats), missing, loop=args.loop, workdir=workdir)
+        if args.compare:
+            ctx.builds = [this_build(), stack.enter_context(compared_build(args.compare))]
+            report.params["compare"] = " vs ".join(b.name for b in ctx.builds)
+            only = only or {"1", "2"}
+        if args.profile:
+            ctx.profile_dir = Path(args.profile)
+            ctx.profile_dir.mkdir(parents=True, exist_ok=True)
         scenarios = {
             "1": scenario_noop,
             "2": scenario_io,
@@ -346,6 +456,13 @@ def body(args: argparse.Namespace, report: Report) -> None:
                 t0 = time.monotonic()
                 scenario(ctx)
                 log(f"scenario {number} took {time.monotonic() - t0:.1f}s")
+        report.note(
+            "Every multilane run applies the delivery checkers (at-least-once; in key mode also per-key "
+            "order and no concurrent work on a key) to its processing events; a failed check fails the row. "
+            "CPU µs/rec is the measuring child process's own CPU (all its threads, librdkafka's included; "
+            "not the broker's) from the first record to the last, per record."
+        )
+        profile_tables(ctx, args.profile_top)
 
 
 if __name__ == "__main__":

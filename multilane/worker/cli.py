@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from multilane.api import (
@@ -85,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="write progress records (completed work above the committed offset) this often, between "
            "commits; a kill -9 replays at most the records in flight plus those completed in the last "
            "interval (0 = only with commits)")
+    a("--loop", choices=LOOPS, default="asyncio",
+      help="event loop: asyncio or uvloop (needs the 'uvloop' extra)")
     a("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     a("--control-port", type=int, default=0, help="control API port (0 = off)")
     a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
@@ -464,6 +466,22 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
     return 0
 
 
+LOOPS = ("asyncio", "uvloop")
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop factory for ``--loop`` (None: asyncio's default loop).
+
+    Raises :class:`~multilane.extras.MissingExtraError` (one line) when uvloop is not installed.
+    """
+    if name != "uvloop":
+        return None
+    require("uvloop", for_what="multilane worker --loop uvloop")
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -485,11 +503,13 @@ def run(args: argparse.Namespace) -> int:
                 token = load_token(args.control_token_file)
             except TokenError as exc:
                 raise ConfigError(str(exc)) from exc
-    except (ConfigError, ProcessorLoadError, ValueError) as exc:
+        factory = loop_factory(args.loop)
+    except (ConfigError, ProcessorLoadError, ValueError, MissingExtraError) as exc:
         print(f"multilane worker: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(args, cfg, processor, token, lease, app))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(_serve(args, cfg, processor, token, lease, app))
     except KeyboardInterrupt:
         return 0
     except Exception:

@@ -8,13 +8,17 @@ offset that may be committed: the first fetched offset not completed, or the nex
 every fetched offset is complete. It never passes an incomplete offset.
 
 Cost: ``add`` and ``complete`` are O(1); ``committable`` is amortised O(1) per record, because each
-offset leaves the head of the window exactly once (Decaton's ``OutOfOrderCommitControl`` idea).
+offset leaves the head of the window exactly once (Decaton's ``OutOfOrderCommitControl`` idea). The
+bulk forms (``add_many``, ``complete_many``, the slide in ``committable``) run their per-offset loops
+inside C (``deque.extend``, ``set.update``, ``takewhile``): the engine calls them once per fetched run,
+completion batch and commit cycle, not once per record.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from itertools import repeat, takewhile
 
 __all__ = ["OffsetError", "OffsetTracker"]
 
@@ -82,20 +86,20 @@ class OffsetTracker:
         raise OffsetError(f"offset {offset} completed but never added")
 
     def complete_many(self, offsets: Iterable[int]) -> None:
-        """Mark several offsets finished (bulk form of :meth:`complete`)."""
+        """Mark several offsets finished (bulk form of :meth:`complete`).
+
+        When every offset lies in the window (the usual case) they are added in one ``set.update``;
+        otherwise each goes through :meth:`complete` (which checks it).
+        """
         window = self._window
-        if not window:
-            for o in offsets:
-                self.complete(o)
+        batch = offsets if isinstance(offsets, list) else list(offsets)
+        if not batch:
             return
-        lo = window[0]
-        hi = window[-1]
-        add = self._done.add
-        for o in offsets:
-            if lo <= o <= hi:
-                add(o)
-            else:
-                self.complete(o)
+        if window and window[0] <= min(batch) and max(batch) <= window[-1]:
+            self._done.update(batch)
+            return
+        for o in batch:
+            self.complete(o)
 
     def reset(self, position: int) -> None:
         """Forget everything and restart at ``position`` (after a seek)."""
@@ -112,9 +116,17 @@ class OffsetTracker:
         """
         window = self._window
         done = self._done
-        # Slide: drop completed offsets from the head; each offset is dropped once in its life.
-        while window and window[0] in done:
-            done.discard(window.popleft())
+        # Slide: drop completed offsets from the head; each offset is dropped once in its life. The
+        # completed head is found and forgotten by C loops (takewhile, difference_update).
+        if window and window[0] in done:
+            head = list(takewhile(done.__contains__, window))
+            done.difference_update(head)
+            if len(head) == len(window):
+                window.clear()
+            else:
+                popleft = window.popleft
+                for _ in repeat(None, len(head)):
+                    popleft()
         if window:
             return window[0]
         return self._next

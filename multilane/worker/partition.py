@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
+from operator import attrgetter
 from typing import Any
 
 from multilane.api import OrderingMode
@@ -37,6 +38,8 @@ class Phase:
 
 
 _KEY_CACHE_MAX = 200_000
+_offset_of = attrgetter("offset")
+_nbytes_of = attrgetter("nbytes")
 
 
 class PartitionRuntime:
@@ -142,6 +145,7 @@ class PartitionRuntime:
         n = len(msgs)
         j = i
         refused = False
+        restoring = self.restore is not None
         # 2. per message
         while j < n:
             m = msgs[j]
@@ -161,10 +165,12 @@ class PartitionRuntime:
                     cache[key] = kh
             else:
                 kh = key_hash(offset.to_bytes(8, "big", signed=True))
-            if self.restore is not None and self._restored(offset, kh, offsets):
-                pos = offset + 1
-                j += 1
-                continue
+            if restoring:
+                if self._restored(offset, kh, offsets):
+                    pos = offset + 1
+                    j += 1
+                    continue
+                restoring = self.restore is not None  # _restored() drops it once past its progress
             value: bytes | None = m.value()
             nbytes = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 64
             if taken >= rec_room or (taken_bytes + nbytes > byte_room and (taken or fc.records)):
@@ -238,10 +244,8 @@ class PartitionRuntime:
             works.clear()
             durations.clear()
             return
-        nbytes = 0
-        offsets = [w.offset for w in works]
-        for w in works:
-            nbytes += w.nbytes
+        offsets = list(map(_offset_of, works))  # C loops over the batch, not a loop per record here
+        nbytes = sum(map(_nbytes_of, works))
         self.tracker.complete_many(offsets)
         if self._track_inflight:
             pop = self.inflight.pop

@@ -143,3 +143,39 @@ def test_property_interleaved_add_and_complete(data: st.DataObject) -> None:
         c = t.committable()
         incomplete = [y for y in fetched if y not in done]
         assert c == (min(incomplete) if incomplete else fetched[-1] + 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_property_bulk_forms_match_one_at_a_time(data: st.DataObject) -> None:
+    """add_many / complete_many (with repeats and offsets that slid out already) and the bulk slide in
+    committable() agree with a model, and with a tracker fed one offset at a time."""
+    bulk, single = OffsetTracker(), OffsetTracker()
+    fetched: list[int] = []
+    done: set[int] = set()
+    nxt = data.draw(st.integers(0, 50))
+    for _ in range(data.draw(st.integers(1, 30))):
+        if not fetched or len(done) == len(fetched) or data.draw(st.booleans()):
+            run = []
+            for _ in range(data.draw(st.integers(1, 20))):
+                nxt += data.draw(st.integers(0, 2))
+                run.append(nxt)
+                nxt += 1
+            bulk.add_many(run)
+            for o in run:
+                single.add(o)
+            fetched.extend(run)
+        else:
+            batch = data.draw(st.lists(st.sampled_from(fetched), min_size=1, max_size=25))
+            bulk.complete_many(batch)
+            for o in batch:
+                single.complete(o)
+            done.update(batch)
+        incomplete = [y for y in fetched if y not in done]
+        want = min(incomplete) if incomplete else fetched[-1] + 1
+        if data.draw(st.booleans()):
+            assert bulk.committable() == single.committable() == want
+            assert bulk.pending == single.pending == len(incomplete)
+    assert bulk.committable() == single.committable()
+    with pytest.raises(OffsetError):
+        bulk.complete_many([nxt + 5])  # never added
