@@ -22,7 +22,7 @@ from multilane.extras import MissingExtraError, extra_for_module, require
 # worker does not import Spark or kopf.
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)", ()),
-    "loadgen": ("multilane.worker.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
+    "loadgen": ("multilane.testing.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
     "operator": ("multilane.operator.cli", "run the kopf operator", ("operator",)),
     "demo": ("multilane.demo.run", "the local demo: autoscaling with restore-before-handoff",
              ("state", "embedded", "plot")),
