@@ -75,7 +75,7 @@ def produce_zipf(
 ) -> ProducedTopic:
     """Produce ``records`` records of ``value_bytes`` bytes to partition 0, keys Zipf(s) over ``n_keys``.
 
-    Uses :func:`multilane.worker.loadgen.produce_records` (random, incompressible values) when it
+    Uses :func:`multilane.testing.loadgen.produce_records` (random, incompressible values) when it
     imports, else a builtin generator. Uncompressed unless ``producer_config`` says otherwise.
     Deterministic for a given seed; for a given seed a shorter run's keys are a prefix of a longer
     run's. Values are never empty (the embedded broker skips empty values). Offsets and keys come from
@@ -83,7 +83,7 @@ def produce_zipf(
     """
     config: dict[str, Any] = {"compression.type": "none", **(producer_config or {})}
     try:
-        from multilane.worker.loadgen import produce_records
+        from multilane.testing.loadgen import produce_records
     except ImportError:
         return _produce_zipf_builtin(bootstrap, topic, records, value_bytes, n_keys, s, seed, config)
     result = produce_records(
@@ -92,7 +92,7 @@ def produce_zipf(
     )  # fmt: skip
     by_offset = {r.offset: r.key or b"" for r in result.records}
     return _produced(topic, records, by_offset, result.elapsed_s, result.errors,
-                     f"multilane.worker.loadgen ({result.sampler} sampler)")  # fmt: skip
+                     f"multilane.testing.loadgen ({result.sampler} sampler)")  # fmt: skip
 
 
 def _produced(

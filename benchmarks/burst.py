@@ -34,7 +34,7 @@ Variants, in the same run:
   the local plane's row): the ``multilane`` row through the Kubernetes path -- the real kopf operator
   (a timer every ``--operator-tick`` s) against the emulated API server, a real ``multilane worker``
   per pod of the StatefulSet it renders, each renewing its own Lease, and the operator's production
-  metric source (committed and end offsets); :mod:`multilane.testing.k8s_burst` says what is
+  metric source (committed and end offsets); :mod:`benchmarks.k8s_burst` says what is
   emulated and what differs. Figures are measured the same way.
 
 Goals (ratios and figures of this run): recovery <= 10 s on 4 and 24 partitions; peak lag of
@@ -245,9 +245,9 @@ async def _operator_scenario(
     bootstrap: str, partitions: int, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
     """The ``multilane`` row through the kopf operator and the StatefulSet process double (the steps of
-    :func:`multilane.testing.k8s_burst.run_operator_burst`, the load and figures of :func:`_scenario`)."""
+    :func:`benchmarks.k8s_burst.run_operator_burst`, the load and figures of :func:`_scenario`)."""
+    from benchmarks.k8s_burst import BurstShape, run_operator_burst
     from multilane.demo.run import _create_topic
-    from multilane.testing.k8s_burst import BurstShape, run_operator_burst
 
     run = uuid.uuid4().hex[:6]
     topic = f"burst-{partitions}-operator-{run}"

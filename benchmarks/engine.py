@@ -227,7 +227,7 @@ def lane_cap(keys: Sequence[bytes], factor: int, latency_s: float) -> tuple[floa
     A lane runs one record at a time, so the run takes at least (records in the busiest lane) x
     latency; the cap is records ÷ that time.
     """
-    from multilane.worker.keyranges import KeyRangeMap, key_hash
+    from multilane.formats.keyranges import KeyRangeMap, key_hash
 
     lanes = KeyRangeMap.even(factor)
     counts: dict[int, int] = {}

@@ -63,9 +63,9 @@ def _seed(bootstrap: str, topic: str, group: str, moving: int, keys: int) -> Non
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from multilane.worker.keyranges import key_hash
+    from multilane.formats.changelog import ChangelogCodec
+    from multilane.formats.keyranges import key_hash
     from multilane.worker.state.changelog import changelog_topic_name
-    from multilane.worker.state.codec import ChangelogCodec
     from multilane.worker.state.examples import encode_count
 
     clt = changelog_topic_name(group, topic)
@@ -128,8 +128,8 @@ async def _scenario(bootstrap: str, keys: int, mode: str, rate: float, workdir: 
     from multilane.operator.rollout.handoff import HandoffConfig
     from multilane.operator.spec.validation import validate_spec
     from multilane.testing.checkers import check_delivery
+    from multilane.testing.loadgen import RateProfile, produce_paced
     from multilane.testing.processors import read_event_log
-    from multilane.worker.loadgen import RateProfile, produce_paced
 
     run = uuid.uuid4().hex[:6]
     topic = group = f"handoff-{run}"

@@ -47,8 +47,8 @@ def produce_changelog(bootstrap: str, topic: str, n: int, keys: int, seed: int, 
     """Write ``n`` changes (95% puts of 100 bytes, 5% deletes + tombstone) to partition 0; returns the end."""
     from confluent_kafka import Producer
 
+    from multilane.formats.keyranges import key_hash
     from multilane.pipeline.changes import DELETE, PUT, encode_envelope
-    from multilane.worker.keyranges import key_hash
 
     rng = random.Random(seed)
     producer = Producer(
@@ -106,9 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
+    from multilane.formats.keyranges import KeyRangeMap
     from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig, spark_session
     from multilane.pipeline.restore import replay_changelog, restore_from_snapshot_and_tail
-    from multilane.worker.keyranges import KeyRangeMap
 
     sizes = QUICK if args.quick else FULL
     report.params.update(

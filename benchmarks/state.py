@@ -75,8 +75,8 @@ def _produce_changelog(
 
     from confluent_kafka import Producer
 
-    from multilane.worker.keyranges import key_hash
-    from multilane.worker.state.codec import ChangelogCodec
+    from multilane.formats.changelog import ChangelogCodec
+    from multilane.formats.keyranges import key_hash
 
     p = Producer({
         "bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
@@ -503,7 +503,7 @@ def _run_engine(bootstrap: str, topic: str, records: int, processor: Any, hooks:
 
 
 def bench_overhead(report: Report, bootstrap: str, sizes: Sizes, workdir: str) -> None:
-    from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
+    from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
     from multilane.worker.state import StateManager
     from multilane.worker.state.examples import count_per_key
 

@@ -23,7 +23,7 @@ from multilane.extras import MissingExtraError, extra_for_module, require
 # worker does not import Spark or kopf.
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "worker": ("multilane.worker.cli", "run a worker process (engine + control endpoint + metrics)", ()),
-    "loadgen": ("multilane.worker.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
+    "loadgen": ("multilane.testing.loadgen_cli", "produce synthetic records (Zipf keys) to a topic", ()),
     "produce": ("multilane.worker.produce_cli", "send records from a file or stdin (JSON or plain lines)",
                 ()),
     # --state-dir needs the 'state' extra (checked by the command); --changelog only the core install

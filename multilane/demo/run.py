@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile(duration: float, base: float, burst: float) -> tuple[Any, list[tuple[float, str]], str]:
-    from multilane.worker.loadgen import RateProfile, RateStep
+    from multilane.testing.loadgen import RateProfile, RateStep
 
     warm, peak = 0.1 * duration, 0.3 * duration
     steps = (RateStep(base, warm), RateStep(burst, peak), RateStep(base, duration - warm - peak))
@@ -107,8 +107,8 @@ async def _demo(args: argparse.Namespace) -> int:
     from multilane.operator.sources import QueryContext
     from multilane.testing.broker import EmbeddedBroker
     from multilane.testing.load import LoadgenProcess
+    from multilane.testing.loadgen import LoadResult
     from multilane.testing.processors import read_event_log
-    from multilane.worker.loadgen import LoadResult
 
     out: Path = args.out_path
     run_id = uuid.uuid4().hex[:6]

@@ -1,7 +1,7 @@
 """Changelog records as the snapshot pipeline sees them. Pure: no I/O.
 
-The envelope (``b"ML1" | op | source offset | source key hash | payload``) is decoded by the state
-store's codec, :class:`multilane.worker.state.codec.ChangelogCodec`; this module adds what the pipeline
+The envelope (``b"ML1" | op | source offset | source key hash | payload``) is decoded by the
+changelog codec, :class:`multilane.formats.changelog.ChangelogCodec`; this module adds what the pipeline
 needs around it: the record's key and changelog offset, and an explicit op for null tombstones, in a
 small picklable tuple that Spark tasks ship between processes.
 
@@ -12,7 +12,9 @@ unknown source (see :mod:`multilane.pipeline.merge`).
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
+
+from multilane.formats.changelog import ChangelogCodec, ChangelogDecodeError, ChangeOp
 
 __all__ = [
     "DELETE",
@@ -50,38 +52,22 @@ class Change(NamedTuple):
     changelog_offset: int
 
 
-_codec: Any = None  # (ChangelogCodec.decode, ChangeOp.PUT, ChangelogCorruptError), loaded on first use
-
-
-def _load_codec() -> Any:
-    # Imported late: the state package's __init__ imports its I/O modules (this module stays pure).
-    global _codec
-    from multilane.worker.state.codec import ChangelogCodec, ChangeOp
-    from multilane.worker.state.errors import ChangelogCorruptError
-
-    _codec = (ChangelogCodec.decode, ChangeOp.PUT, ChangelogCorruptError)
-    return _codec
-
-
 def decode_change(key: bytes | None, value: bytes | None, changelog_offset: int) -> Change:
     """Decode one changelog record; raise :class:`ChangelogFormatError` when it is not one."""
-    decode, put, corrupt = _codec or _load_codec()
     if key is None:
         raise ChangelogFormatError(f"changelog record at offset {changelog_offset} has no key")
     try:
-        change = decode(value)
-    except corrupt as exc:
+        change = ChangelogCodec.decode(value)
+    except ChangelogDecodeError as exc:
         raise ChangelogFormatError(f"changelog record at offset {changelog_offset}: {exc.reason}") from exc
     if change is None:
         return Change(key, TOMBSTONE, -1, 0, b"", changelog_offset)
-    op = PUT if change.op is put else DELETE
+    op = PUT if change.op is ChangeOp.PUT else DELETE
     return Change(key, op, change.source_offset, change.source_key_hash, change.payload, changelog_offset)
 
 
 def encode_envelope(op: str, source_offset: int, source_key_hash: int, payload: bytes = b"") -> bytes:
     """The envelope bytes of a put or delete (tests and benchmarks write changelogs with it)."""
-    from multilane.worker.state.codec import ChangelogCodec
-
     if op == PUT:
         return ChangelogCodec.encode_put(payload, source_offset, source_key_hash)
     if op == DELETE:

@@ -20,8 +20,8 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from multilane.formats.keyranges import KeyRangeMap
 from multilane.pipeline.planning import parse_ranges
-from multilane.worker.keyranges import KeyRangeMap
 
 __all__ = ["add_arguments", "parse_kv", "read_config_dir", "run"]
 
@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument(
         "--ranges", default="", help="shard by explicit ranges START:END,... tiling [0, 2**32)"
     )
+    # the job's fault window for tests (killed between writing the data and publishing): not in --help
+    parser.add_argument("--pause-before-publish-s", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--retain", type=int, default=3, help="keep the newest N snapshots (default 3)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     parser.add_argument("--spark-conf", action="append", metavar="KEY=VALUE", help="extra Spark settings")
@@ -128,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             staging_grace=timedelta(seconds=args.staging_grace_s),
             write_tasks=args.write_tasks or None,
             idle_timeout_s=args.idle_timeout_s,
+            pause_before_publish_s=args.pause_before_publish_s,
         )
         spark_conf = parse_kv(args.spark_conf, "--spark-conf")
     except (ValueError, OSError) as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from multilane.formats.keyranges import KeyRangeMap, key_hash
 from multilane.pipeline.kafka_io import (
     ChangelogExtentProber,
     committed_offsets,
@@ -33,13 +34,11 @@ from multilane.pipeline.tasks import ROW, TAIL, read_ranges, write_shards
 from multilane.snapshots.layout import SnapshotId
 from multilane.snapshots.manifest import PartitionEntry, ShardFile, SnapshotManifest
 from multilane.snapshots.storage import SnapshotStore
-from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 __all__ = ["SnapshotJob", "SnapshotJobConfig", "SnapshotResult", "spark_session"]
 
 log = logging.getLogger(__name__)
 
-PAUSE_ENV = "MULTILANE_SNAPSHOT_PAUSE_BEFORE_PUBLISH_S"
 """Fault injection for tests: seconds to sleep after all data is written, before the manifest."""
 
 SOURCE_BOUND_COMMITTED = "committed"
@@ -70,6 +69,9 @@ class SnapshotJobConfig:
     staging_grace: timedelta = timedelta(hours=1)
     write_tasks: int | None = None
     idle_timeout_s: float = 60.0
+    # Seconds to wait after the data is written and before the manifest is published, announcing
+    # ``multilane-snapshot data-written <id>`` on stderr first: a test kills the job in that window.
+    pause_before_publish_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.topics:
@@ -264,14 +266,9 @@ class SnapshotJob:
         """Steps 6-7 (driver): publish the manifest atomically, then retention and garbage."""
         cfg = self.config
         manifest = self._manifest(snapshot_id, created, extents, tails, tail_records, files)
-        pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+        pause = cfg.pause_before_publish_s
         if pause > 0:
-            log.warning(
-                "snapshot %s: data written; pausing %.1fs before publishing (%s)",
-                snapshot_id,
-                pause,
-                PAUSE_ENV,
-            )
+            log.warning("snapshot %s: data written; pausing %.1fs before publishing", snapshot_id, pause)
             print(f"multilane-snapshot data-written {snapshot_id}", file=sys.stderr, flush=True)
             time.sleep(pause)
         # 6.

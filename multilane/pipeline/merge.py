@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from multilane.formats.changelog import HEADER_SIZE, HEADER_STRUCT, MAGIC
 from multilane.pipeline.changes import DELETE, PUT, TOMBSTONE, Change, ChangelogFormatError, decode_change
-from multilane.worker.state.codec import HEADER_SIZE, HEADER_STRUCT, MAGIC
 
 __all__ = [
     "ChangelogReplayer",

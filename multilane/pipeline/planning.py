@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
 
 __all__ = [
     "OffsetRange",

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from multilane.formats.keyranges import KeyRangeMap, key_hash
 from multilane.pipeline.changes import Change
 from multilane.pipeline.kafka_io import ChangelogRangeReader
 from multilane.pipeline.merge import is_live, merge_raw_range, newest
@@ -20,7 +21,6 @@ from multilane.pipeline.planning import OffsetRange
 from multilane.snapshots.layout import shard_path
 from multilane.snapshots.reader import parquet_schema
 from multilane.snapshots.storage import SnapshotStore
-from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 __all__ = [
     "PARQUET_COLUMNS",

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from multilane.formats.keyranges import KeyRange, KeyRangeMap
 from multilane.snapshots.layout import SnapshotId
-from multilane.worker.keyranges import KeyRange, KeyRangeMap
 
 __all__ = ["FORMAT", "ManifestCodec", "ManifestError", "PartitionEntry", "ShardFile", "SnapshotManifest"]
 

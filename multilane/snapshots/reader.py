@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
 from multilane.snapshots.layout import SnapshotId, manifest_path
 from multilane.snapshots.manifest import (
     ManifestCodec,
@@ -30,7 +31,6 @@ from multilane.snapshots.manifest import (
     SnapshotManifest,
 )
 from multilane.snapshots.storage import SnapshotStore, list_visible_ids
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
 
 __all__ = ["SnapshotCorruptError", "SnapshotGoneError", "SnapshotPartition", "SnapshotReader"]
 

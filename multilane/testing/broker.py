@@ -13,7 +13,7 @@ Apache Kafka; where a test relies on one of these behaviours it says so.
    mode uses ``assign()`` and never joins a group.
 2. Commit metadata is accepted but **not stored** (``committed()`` returns metadata ``None``).
    Lives with it: per-key-range progress above the committed offset is persisted in a progress topic,
-   not only in commit metadata (see ``multilane.worker.progress``).
+   not only in commit metadata (see ``multilane.formats.progress``).
 3. FACTS.md says records whose value is null or empty are never delivered; measured here with
    confluent-kafka and kafka-python (assign and subscribe, compressed or not) they ARE delivered, and
    ``test_broker_facts`` pins that. The code does not depend on either: state deletes are written as a

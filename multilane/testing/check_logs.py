@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from multilane.testing.checkers import check_delivery
+from multilane.testing.loadgen import read_produced
 from multilane.testing.processors import EventLogError, ProcessingEvent, read_event_log
-from multilane.worker.loadgen import read_produced
 
 __all__ = ["add_arguments", "merge_logs", "run"]
 

@@ -3,7 +3,7 @@
 Pure: no I/O (read the event log with :func:`multilane.testing.processors.read_event_log` first).
 
 Inputs are the *produced set* -- ``(topic, partition, offset, key)`` of every record whose delivery
-report succeeded (:class:`ProducedRecord`, as returned by ``multilane.worker.loadgen``) -- and the
+report succeeded (:class:`ProducedRecord`, as returned by ``multilane.testing.loadgen``) -- and the
 processing events (:class:`~multilane.testing.processors.ProcessingEvent`) in log order.
 
 An *incarnation* is one life of a worker process: ``(pid, n)`` where ``n`` counts the ``kill`` markers

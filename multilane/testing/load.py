@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from multilane.worker.loadgen import LoadResult, read_produced
+from multilane.testing.loadgen import LoadResult, read_produced
 
 __all__ = ["LoadgenProcess"]
 

@@ -22,9 +22,9 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.api import OrderingMode
+from multilane.formats.progress import ProgressCodec, ProgressRecord
 from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
-from multilane.worker.progress import ProgressCodec, ProgressRecord
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.state.errors import StateDurabilityError
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from multilane.api import Context, OrderingMode, Record
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, KeyRangeMap
 
 __all__ = ["Lane", "LaneEnv", "LaneGroup", "LaneHost", "RunSlot", "Work"]
 

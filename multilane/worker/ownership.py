@@ -38,6 +38,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from multilane.formats.progress import ProgressRecord
 from multilane.worker.admin import security_config
 from multilane.worker.commits import CommitCycle, ProgressCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
@@ -46,7 +47,6 @@ from multilane.worker.flow import FlowController
 from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.partition import PartitionRuntime, Phase
-from multilane.worker.progress import ProgressRecord
 from multilane.worker.progress_store import ProgressStore, choose_progress
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
 from multilane.worker.watchdog import StallWatchdog

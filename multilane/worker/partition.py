@@ -13,12 +13,12 @@ from operator import attrgetter
 from typing import Any
 
 from multilane.api import OrderingMode
+from multilane.formats.keyranges import key_hash
+from multilane.formats.progress import ProgressRecord, intervals_from_offsets
 from multilane.worker.flow import FlowController, FlowCounters
-from multilane.worker.keyranges import key_hash
 from multilane.worker.lanes import Lane, LaneEnv, LaneGroup, Work
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.offsets import OffsetTracker
-from multilane.worker.progress import ProgressRecord, intervals_from_offsets
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
 
 __all__ = ["PartitionRuntime", "Phase"]

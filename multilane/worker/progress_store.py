@@ -29,7 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from multilane.worker.progress import (
+from multilane.formats.progress import (
     ProgressCodec,
     ProgressDecodeError,
     ProgressRecord,

@@ -206,7 +206,7 @@ def test_fetch_responses_exceed_fetch_max_bytes(broker: EmbeddedBroker, topic_na
     (librdkafka's default of 100 MB is fine); with a tight value the consumer fails every fetch with
     "Invalid response size ... increase receive.message.max.bytes" and never makes progress.
     """
-    from multilane.worker.loadgen import produce_records
+    from multilane.testing.loadgen import produce_records
 
     broker.create_topic(topic_name, 1)
     res = produce_records(broker.bootstrap, topic_name, 3000, keys=10, value_size=2000, seed=1, partition=0)

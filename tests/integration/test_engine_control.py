@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from test_engine_harness import committed_offset, config, ended, produce, recorder, running, wait_for
 
+from multilane.formats.keyranges import KeyRangeMap, key_hash
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.worker.control import ControlServer
-from multilane.worker.keyranges import KeyRangeMap, key_hash
 from multilane.worker.metrics import MetricsServer
 
 pytestmark = pytest.mark.broker

@@ -16,11 +16,11 @@ import pytest
 from test_engine_harness import committed_offset, config, ended, produce, recorder, running, wait_for
 
 from multilane.api import Context, Record
+from multilane.formats.keyranges import KeyRange
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.testing.processors import read_event_log
 from multilane.worker.config import EngineConfig
-from multilane.worker.keyranges import KeyRange
 
 pytestmark = pytest.mark.broker
 

@@ -21,11 +21,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from test_engine_harness import committed_offset, config, produce, recorder, running, wait_for
 
+from multilane.formats.keyranges import KeyRange
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.worker.config import EngineConfig
 from multilane.worker.control import ControlServer
-from multilane.worker.keyranges import KeyRange
 from multilane.worker.state.errors import StateDurabilityError, StatePhaseError
 
 pytestmark = pytest.mark.broker

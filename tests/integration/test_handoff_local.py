@@ -34,8 +34,8 @@ from multilane.operator.rollout.protocol import Action, ActionKind
 from multilane.operator.spec.validation import ConsumerSpec, validate_spec
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
+from multilane.testing.loadgen import RateProfile, produce_paced
 from multilane.testing.processors import append_kill_marker, read_event_log
-from multilane.worker.loadgen import RateProfile, produce_paced
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
 

@@ -1,4 +1,5 @@
-"""Tests of multilane.worker.loadgen: the produced set is exact, keys are Zipf, pacing follows the profile."""
+"""Tests of multilane.testing.loadgen: the produced set is exact, keys are Zipf, pacing follows the
+profile."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.load import LoadgenProcess
-from multilane.worker.loadgen import (
+from multilane.testing.loadgen import (
     RateProfile,
     RateStep,
     ZipfKeySampler,

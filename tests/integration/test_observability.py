@@ -36,9 +36,9 @@ from multilane.operator.rollout.handoff import HandoffConfig
 from multilane.operator.spec.validation import validate_spec
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord, assert_all, check_delivery
+from multilane.testing.loadgen import RateProfile, produce_paced
 from multilane.testing.processors import read_event_log
 from multilane.testing.prometheus import PrometheusServer, write_file_sd, write_metrics_snapshot
-from multilane.worker.loadgen import RateProfile, produce_paced
 
 pytestmark = [pytest.mark.broker, pytest.mark.prometheus, pytest.mark.asyncio]
 

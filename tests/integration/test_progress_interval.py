@@ -19,10 +19,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from test_engine_harness import config, ended, produce, running, wait_for
 
 from multilane.api import OrderingMode
+from multilane.formats.progress import ProgressCodec, ProgressRecord
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.testing.processors import EventRecorder, ProcessorConfig
-from multilane.worker.progress import ProgressCodec, ProgressRecord
 from multilane.worker.progress_store import ProgressStore, progress_key
 
 pytestmark = pytest.mark.broker

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.worker.state import StateManager
 from multilane.worker.state.checkpoint import CheckpointStore
 from multilane.worker.state.store import BULK_MARKER, PartitionStore, partition_dir

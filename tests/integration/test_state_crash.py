@@ -27,6 +27,8 @@ from multilane.worker.state import StateManager
 from multilane.worker.state.examples import decode_count, reference_counts
 from multilane.worker.state.store import PartitionStore, partition_dir
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: ``tests.support.faults`` imports from it
+
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
 
 PROCESSOR = "multilane.worker.state.examples:count_per_key"
@@ -240,13 +242,14 @@ def test_kill9_between_changelog_flush_and_commit(
             [
                 sys.executable,
                 "-m",
-                "multilane.worker.state.faults",
+                "tests.support.faults",
                 "--kill-after-flush",
                 str(flushes),
                 "--",
                 *args,
             ],
             tmp_path / f"fault{round_}.log",
+            env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
         )
         # The worker kills itself after its N-th flush; it must not finish the input first.
         wait_until(

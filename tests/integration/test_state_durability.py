@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.worker.state import StateDurabilityError, StateManager
 from multilane.worker.state.checkpoint import CheckpointStore
 from multilane.worker.state.store import partition_dir

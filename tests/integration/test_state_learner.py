@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.worker.state import ChangelogCorruptError, StateManager, StatePhaseError
 from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.store import partition_dir

@@ -13,8 +13,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.worker.state import ChangelogCorruptError, StateManager
 from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.checkpoint import Checkpoint, CheckpointStore

@@ -15,11 +15,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, KeyRangeMap, key_hash
 from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
 from multilane.snapshots.layout import manifest_path
 from multilane.snapshots.manifest import SnapshotManifest
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap, key_hash
 from multilane.worker.state import StateManager
 from multilane.worker.state import metrics as state_metrics
 

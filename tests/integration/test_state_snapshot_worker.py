@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from multilane.formats.keyranges import KeyRangeMap
 from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.cli import _state_hooks, add_arguments, build_config, check_state_args
 from multilane.worker.config import ConfigError
-from multilane.worker.keyranges import KeyRangeMap
 from tests.integration.test_state_crash import (
     PARTITIONS,
     Committed,

@@ -16,10 +16,10 @@ import pytest
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord, ReplayCounter, assert_all, check_delivery
+from multilane.testing.loadgen import LoadResult, RateProfile, produce_paced, produce_records
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.proxy import ProxiedBroker
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
-from multilane.worker.loadgen import LoadResult, RateProfile, produce_paced, produce_records
 
 pytestmark = pytest.mark.broker
 

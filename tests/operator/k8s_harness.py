@@ -35,9 +35,9 @@ from multilane.operator.rollout.handoff import HandoffControlClient
 from multilane.operator.rollout.workers import ReleasedPartition
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
+from multilane.testing.loadgen import RateProfile, produce_paced
 from multilane.testing.pods import StatefulSetProcessDouble
 from multilane.testing.processors import append_kill_marker, read_event_log
-from multilane.worker.loadgen import RateProfile, produce_paced
 from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, OperatorRunner, cr_path
 
 PARTITIONS = 4

@@ -1,6 +1,6 @@
 """burst (the scenario name of ``scripts/e2e-kind.sh``): a 10x step burst through the real kopf operator,
 with a real ``multilane worker`` per pod, on 4 partitions -- the shape of ``benchmarks/burst.py``'s
-4-partition row, shortened (a 10 s burst). The driver is :mod:`multilane.testing.k8s_burst`, which
+4-partition row, shortened (a 10 s burst). The driver is :mod:`benchmarks.k8s_burst`, which
 the benchmark's ``operator`` variant runs too; the figures are computed as the local plane's.
 
 Asserts that the operator reacted (a scale-up decision after the onset), that processing recovered to
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.k8s_burst import BurstShape, run_operator_burst
 from multilane.testing.broker import EmbeddedBroker
-from multilane.testing.k8s_burst import BurstShape, run_operator_burst
 from tests.operator.conftest import CRD_PATH
 
 pytestmark = pytest.mark.broker

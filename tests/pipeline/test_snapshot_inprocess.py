@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from multilane.formats.keyranges import KeyRangeMap, key_hash
 from multilane.pipeline.job import SnapshotJob
 from multilane.snapshots.layout import DATA_DIR
 from multilane.snapshots.reader import SnapshotReader
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import KeyRangeMap, key_hash
 from tests.pipeline.test_snapshot_spark import generate, job_config, oracle, produce
 
 pytestmark = pytest.mark.broker

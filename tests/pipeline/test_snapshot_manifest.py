@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from multilane.formats.keyranges import KeyRange, KeyRangeMap
 from multilane.snapshots.manifest import (
     ManifestCodec,
     ManifestError,
@@ -14,7 +15,6 @@ from multilane.snapshots.manifest import (
     ShardFile,
     SnapshotManifest,
 )
-from multilane.worker.keyranges import KeyRange, KeyRangeMap
 
 SID = "snap-20261122T061129123Z-0a1b2c3d"
 SHA = "ab" * 32

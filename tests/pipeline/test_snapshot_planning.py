@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multilane.formats.keyranges import HASH_SPACE, KeyRangeMap
 from multilane.pipeline.planning import (
     OffsetRange,
     OffsetRangePlanner,
@@ -19,7 +20,6 @@ from multilane.pipeline.planning import (
 )
 from multilane.pipeline.retention import RetentionPlanner, StagingGarbagePlanner
 from multilane.snapshots.layout import SnapshotId, parse_manifest_name, shard_path
-from multilane.worker.keyranges import HASH_SPACE, KeyRangeMap
 
 
 def extent(p: int, start: int, end: int, bound: int | None = None) -> PartitionExtent:

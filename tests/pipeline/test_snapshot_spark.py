@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
+from multilane.formats.keyranges import KeyRangeMap, key_hash
 from multilane.pipeline.changes import encode_envelope
-from multilane.pipeline.job import PAUSE_ENV, SnapshotJob, SnapshotJobConfig
+from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
 from multilane.pipeline.restore import replay_changelog, restore_from_snapshot_and_tail
 from multilane.snapshots.layout import DATA_DIR, MANIFESTS_DIR
 from multilane.snapshots.reader import SnapshotCorruptError, SnapshotReader
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import KeyRangeMap, key_hash
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -222,12 +222,12 @@ def test_job_killed_before_publishing_leaves_nothing_visible(
     _commit(broker, group, "orders", 0, 10**6)
 
     # 1. Run the CLI in a subprocess that pauses after writing all data; SIGKILL it there.
-    env = {**os.environ, PAUSE_ENV: "120"}
     cmd = [
-        sys.executable, "-m", "multilane", "snapshot", "--bootstrap-servers", broker.bootstrap,
+        sys.executable, "-m", "multilane", "snapshot", "--pause-before-publish-s", "120",
+        "--bootstrap-servers", broker.bootstrap,
         "--group", group, "--topic", "orders", "--uri", uri, "--master", "local[1]", "--factor", "2",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             start_new_session=True)  # fmt: skip
     try:
         assert proc.stderr is not None

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from multilane.formats.keyranges import KeyRange, KeyRangeMap, key_hash
 from multilane.pipeline.publish import PublishError, SnapshotPublisher
 from multilane.snapshots.layout import SnapshotId, data_dir, manifest_path, shard_path
 from multilane.snapshots.manifest import ManifestCodec, PartitionEntry, ShardFile, SnapshotManifest
 from multilane.snapshots.reader import SnapshotGoneError, SnapshotReader, parquet_schema
 from multilane.snapshots.storage import SnapshotStore, list_visible_ids
-from multilane.worker.keyranges import KeyRange, KeyRangeMap, key_hash
 
 T0 = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)
 

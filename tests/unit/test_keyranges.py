@@ -1,4 +1,4 @@
-"""Unit tests of multilane.worker.keyranges: hashing, layouts, split/merge invariants."""
+"""Unit tests of multilane.formats.keyranges: hashing, layouts, split/merge invariants."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multilane.worker.keyranges import (
+from multilane.formats.keyranges import (
     HASH_BITS,
     HASH_SPACE,
     KeyRange,
@@ -60,7 +60,7 @@ def test_key_hash_is_crc32_plus_fmix32() -> None:
 
 def test_key_hash_same_in_another_process() -> None:
     keys = [b"k1", b"user-42", bytes(range(20))]
-    code = f"from multilane.worker.keyranges import key_hash;print([key_hash(k) for k in {keys!r}])"
+    code = f"from multilane.formats.keyranges import key_hash;print([key_hash(k) for k in {keys!r}])"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

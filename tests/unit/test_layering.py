@@ -2,12 +2,18 @@
 
 - pure modules (decision logic, codecs, checkers, the simulator's model) import nothing that does I/O;
 - the worker imports neither the operator, the pipeline, the simulator nor the demo;
-- the snapshot format is importable without Spark.
+- the snapshot format is importable without Spark;
+- the import contracts of pyproject.toml (``[tool.importlinter]``: layers, independence, the product
+  never imports ``tests``) hold, checked by ``lint-imports``.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,9 +43,9 @@ IO_MODULES = (
 
 PURE = (
     "api.py",
-    "worker/keyranges.py",
+    "formats/keyranges.py",
     "worker/offsets.py",
-    "worker/progress.py",
+    "formats/progress.py",
     "worker/config.py",
     "operator/decision/policy.py",
     "operator/decision/policy_model.py",
@@ -50,6 +56,7 @@ PURE = (
     "operator/rollout/protocol.py",
     "operator/rollout/handoff_model.py",
     "worker/state/apply.py",
+    "formats/changelog.py",
     "testing/checkers.py",
     "sim/model.py",
     "sim/policies.py",
@@ -134,3 +141,16 @@ def test_the_snapshot_format_needs_no_spark() -> None:
 def test_the_reader_of_imports_sees_lazy_imports() -> None:
     text = "import os\n\ndef f():\n    from multilane.pipeline.reader import X\n    import pyspark.sql\n"
     assert imports(Path("x.py"), text) == {"os", "multilane.pipeline.reader", "pyspark.sql"}
+
+
+def test_the_import_contracts_hold() -> None:
+    """``lint-imports`` over pyproject.toml's contracts (it comes with the ``dev`` extra)."""
+    tool = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if tool is None:
+        pytest.fail(f"lint-imports is not installed beside {sys.executable}: pip install 'multilane[dev]'")
+    root = ROOT.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([tool, "--no-cache"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout

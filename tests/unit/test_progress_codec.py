@@ -1,4 +1,4 @@
-"""Unit tests of multilane.worker.progress: record semantics, codec round trips, fuzzing, sizes."""
+"""Unit tests of multilane.formats.progress: record semantics, codec round trips, fuzzing, sizes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multilane.api import OrderingMode
-from multilane.worker.keyranges import HASH_SPACE, KeyRangeMap
-from multilane.worker.progress import (
+from multilane.formats.keyranges import HASH_SPACE, KeyRangeMap
+from multilane.formats.progress import (
     METADATA_LIMIT,
     ProgressCodec,
     ProgressDecodeError,

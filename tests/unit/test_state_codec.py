@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multilane.worker.state.codec import HEADER_SIZE, MAGIC, Change, ChangelogCodec, ChangeOp
+from multilane.formats.changelog import (
+    HEADER_SIZE,
+    MAGIC,
+    Change,
+    ChangelogCodec,
+    ChangelogDecodeError,
+    ChangeOp,
+)
 from multilane.worker.state.errors import ChangelogCorruptError
 
 offsets = st.integers(min_value=0, max_value=(1 << 63) - 1)
@@ -44,16 +51,16 @@ def test_null_value_decodes_to_tombstone() -> None:
 
 @given(st.binary(max_size=HEADER_SIZE - 1))
 def test_short_values_are_corrupt(raw: bytes) -> None:
-    with pytest.raises(ChangelogCorruptError, match="bytes"):
+    with pytest.raises(ChangelogDecodeError, match="bytes"):
         ChangelogCodec.decode(raw)
 
 
 @given(st.binary(min_size=HEADER_SIZE, max_size=64))
 def test_arbitrary_bytes_decode_or_raise_clearly(raw: bytes) -> None:
-    error: ChangelogCorruptError | None = None
+    error: ChangelogDecodeError | None = None
     try:
         change = ChangelogCodec.decode(raw)
-    except ChangelogCorruptError as exc:
+    except ChangelogDecodeError as exc:
         error = exc
     if error is not None:
         assert "corrupt changelog record" in str(error)
@@ -72,7 +79,7 @@ def test_arbitrary_bytes_decode_or_raise_clearly(raw: bytes) -> None:
     ],
 )
 def test_corrupt_envelopes(raw: bytes, message: str) -> None:
-    with pytest.raises(ChangelogCorruptError, match=message):
+    with pytest.raises(ChangelogDecodeError, match=message):
         ChangelogCodec.decode(raw)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
+from multilane.formats.changelog import ChangelogCodec
 from multilane.worker.state.apply import ChangelogEntry
-from multilane.worker.state.codec import ChangelogCodec
 from multilane.worker.state.errors import ChangelogCorruptError
 from multilane.worker.state.reader import ChangelogReader
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from multilane.worker.keyranges import HASH_SPACE, KeyRange, KeyRangeMap, key_hash
+from multilane.formats.changelog import ChangelogCodec, ChangeOp
+from multilane.formats.keyranges import HASH_SPACE, KeyRange, KeyRangeMap, key_hash
 from multilane.worker.state.apply import ApplyFilter
 from multilane.worker.state.checkpoint import Checkpoint, CheckpointStore
-from multilane.worker.state.codec import ChangelogCodec, ChangeOp
 from multilane.worker.state.errors import CheckpointError, StateError, StateKeyError
 from multilane.worker.state.manager import checkpoint_usable
 from multilane.worker.state.partition import ActivePartitionState

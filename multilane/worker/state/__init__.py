@@ -8,8 +8,8 @@ not import RocksDB or Kafka: ``StateManager`` is loaded on first access.
 
 from typing import TYPE_CHECKING, Any
 
+from multilane.formats.changelog import Change, ChangelogCodec, ChangeOp
 from multilane.worker.state.apply import ApplyFilter, DoneOracle
-from multilane.worker.state.codec import Change, ChangelogCodec, ChangeOp
 from multilane.worker.state.errors import (
     ChangelogCorruptError,
     CheckpointError,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from multilane.formats.changelog import ChangelogDecodeError
+
 __all__ = [
     "ChangelogCorruptError",
     "CheckpointError",
@@ -24,14 +26,15 @@ class StateKeyError(StateError, KeyError):
         return str(self.args[0]) if self.args else "state key error"
 
 
-class ChangelogCorruptError(StateError, ValueError):
-    """A changelog record does not decode. ``offset`` names it when known (-1 when decoding bytes alone)."""
+class ChangelogCorruptError(StateError, ChangelogDecodeError):
+    """A changelog record read from a topic does not decode (the codec's :class:`ChangelogDecodeError`
+    with where it was read). ``offset`` names it when known (-1 when decoding bytes alone)."""
 
     def __init__(self, message: str, *, topic: str = "", partition: int = -1, offset: int = -1) -> None:
         where = (
             f" at {topic}[{partition}]@{offset}" if topic else (f" at offset {offset}" if offset >= 0 else "")
         )
-        super().__init__(f"corrupt changelog record{where}: {message}")
+        Exception.__init__(self, f"corrupt changelog record{where}: {message}")
         self.reason = message
         self.topic = topic
         self.partition = partition

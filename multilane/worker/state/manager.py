@@ -24,7 +24,7 @@ from types import TracebackType
 
 from prometheus_client.registry import Collector
 
-from multilane.worker.keyranges import KeyRange
+from multilane.formats.keyranges import KeyRange
 from multilane.worker.state import metrics, opening
 from multilane.worker.state.apply import ApplyFilter, DoneOracle
 from multilane.worker.state.changelog import ChangelogTopicAdmin, ChangelogWriter, changelog_topic_name

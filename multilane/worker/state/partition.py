@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
+from multilane.formats.changelog import ChangelogCodec
 from multilane.worker.state.changelog import ChangelogWriter
-from multilane.worker.state.codec import ChangelogCodec
 from multilane.worker.state.store import PartitionStore
 
 __all__ = ["ActivePartitionState"]

@@ -22,9 +22,15 @@ from typing import Literal, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from multilane.formats.changelog import (
+    HEADER_SIZE,
+    HEADER_STRUCT,
+    MAGIC,
+    ChangelogCodec,
+    ChangelogDecodeError,
+)
 from multilane.worker.state import metrics
 from multilane.worker.state.apply import ChangelogEntry
-from multilane.worker.state.codec import HEADER_SIZE, HEADER_STRUCT, MAGIC, ChangelogCodec
 from multilane.worker.state.errors import ChangelogCorruptError, RestoreError
 
 __all__ = ["ChangelogOffsetError", "ChangelogReader", "OnCorrupt", "ReadBatch", "reader_consumer_config"]
@@ -217,13 +223,13 @@ class ChangelogReader:
         just before when it was a delete envelope, else None."""
         try:
             if key is None:
-                raise ChangelogCorruptError("record has no key")
+                raise ChangelogDecodeError("record has no key")
             if value is None:  # null tombstone
                 paired = self._prev == key
                 self._prev = None
                 return None if paired else ChangelogEntry(offset, key, -1, 0, None)
             src, h, new_value = ChangelogCodec.decode_fields(value)
-        except ChangelogCorruptError as exc:
+        except ChangelogDecodeError as exc:
             self._prev = None
             err = ChangelogCorruptError(exc.reason, topic=self.topic, partition=self.partition, offset=offset)
             if self.on_corrupt == "fail":

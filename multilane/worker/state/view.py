@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from multilane.api import StateView
-from multilane.worker.keyranges import KeyRange, key_hash
+from multilane.formats.keyranges import KeyRange, key_hash
 from multilane.worker.state.errors import StateError, StateKeyError
 from multilane.worker.state.partition import ActivePartitionState
 

@@ -56,9 +56,9 @@ from multilane.operator.spec.children import ConsumerRef
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import emulated_api_server
 from multilane.testing.load import LoadgenProcess
+from multilane.testing.loadgen import LoadResult
 from multilane.testing.pods import StatefulSetProcessDouble
 from multilane.testing.processors import read_event_log
-from multilane.worker.loadgen import LoadResult
 
 __all__ = ["BurstShape", "OperatorBurstRun", "TickRecorder", "run_operator_burst"]
 

@@ -1,4 +1,4 @@
-"""``multilane loadgen``: the command line over :mod:`multilane.worker.loadgen`'s producers.
+"""``multilane loadgen``: the command line over :mod:`multilane.testing.loadgen`'s producers.
 
 Does I/O: produces to Kafka, optionally creates the topic, writes the produced set and the timeline to
 files, and shows a progress bar on a terminal. Prints the run's summary as one JSON line; exit code 2
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from multilane.progress_bar import ProgressBar
-from multilane.worker.loadgen import RateProfile, produce_paced, produce_records
+from multilane.testing.loadgen import RateProfile, produce_paced, produce_records
 
 __all__ = ["add_arguments", "run"]
 

@@ -1,5 +1,5 @@
 """Produce synthetic records with Zipf-distributed keys, and know exactly what landed (the library behind
-``multilane loadgen``, whose command line is :mod:`multilane.worker.loadgen_cli`).
+``multilane loadgen``, whose command line is :mod:`multilane.testing.loadgen_cli`).
 
 Does I/O: produces to Kafka (confluent-kafka), optionally creates the topic and writes the produced set
 to a file.

@@ -1,7 +1,8 @@
 """Fault injection for the state crash tests: run ``multilane worker`` with the state manager killing
-the process with SIGKILL at a chosen point. Test tooling only; production never imports it. Does I/O.
+the process with SIGKILL at a chosen point. Test tooling only: it lives under ``tests/``, which the product
+never imports (an import-linter contract in pyproject.toml holds it). Does I/O.
 
-``python -m multilane.worker.state.faults --kill-after-flush N -- <multilane worker arguments>``
+``python -m tests.support.faults --kill-after-flush N -- <multilane worker arguments>``
 kills the worker right after the N-th ``before_commit`` returned, i.e. after the changelog flush and
 before the engine commits the offset -- the window the durability order has to survive.
 """
@@ -44,7 +45,7 @@ def install_kill_after_flush(n: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m multilane.worker.state.faults")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.faults")
     parser.add_argument("--kill-after-flush", type=int, required=True)
     parser.add_argument("worker_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)

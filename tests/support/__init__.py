@@ -1,0 +1,1 @@
+"""Test-only support code (fault injection, shared helpers). The product never imports it."""
