@@ -126,7 +126,9 @@ def read_changelog(bootstrap: str, topic: str, partition: int | None = None,
     # 1. partitions
     probe = Consumer(reader_consumer_config(bootstrap, topic))
     try:
-        meta = probe.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        # every topic's metadata, not the one topic's: a broker that auto-creates topics would create
+        # the changelog on that request (with its default partition count) before the worker does
+        meta = probe.list_topics(timeout=timeout_s).topics.get(topic)
     finally:
         probe.close()
     if meta is None or meta.error is not None or not meta.partitions:
