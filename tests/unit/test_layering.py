@@ -37,6 +37,8 @@ IO_MODULES = (
 
 PURE = (
     "api.py",
+    "codecs.py",
+    "testing/memory_state.py",
     "worker/keyranges.py",
     "worker/offsets.py",
     "worker/progress.py",
