@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dump = sub.add_parser("dump", help="print every key and value",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for p in (get, dump):
-        p.add_argument("--state-dir", default=None, help="read a worker's state directory")
+        p.add_argument("--state-dir", default=None,
+                       help="read a worker's state directory (of a stopped worker: while one runs, only "
+                            "what it flushed to disk; use --changelog then)")
         p.add_argument("--changelog", default=None, metavar="TOPIC",
                        help="read a changelog topic instead (<group>.<topic>.changelog)")
         p.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers (with --changelog)")
