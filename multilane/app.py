@@ -56,9 +56,9 @@ class AppConfigError(ValueError):
 class App:
     """A multilane application: its processor, settings and hooks.
 
-    Invariants: ``processor`` is checked (:func:`~multilane.api.check_processor`) when it is set; with
-    ``state=True`` it is marked :func:`~multilane.api.needs_state`, so a worker without
-    ``--state-dir`` refuses to start.
+    Invariants: the processor handed out by :meth:`get_processor` is checked
+    (:func:`~multilane.api.check_processor`); with ``state=True`` it is marked
+    :func:`~multilane.api.needs_state`, so a worker without ``--state-dir`` refuses to start.
     """
 
     def __init__(self, processor: Processor | None = None, *, name: str | None = None,
@@ -80,17 +80,20 @@ class App:
     # -- declaration -------------------------------------------------------------------------------
 
     def processor(self, fn: Processor) -> Processor:
-        """Set the processor (usable as a decorator); its signature is checked now."""
-        check_processor(fn, f"{self.name}'s processor")
-        if self.state:
+        """Set the processor (usable as a decorator). Its signature is checked by
+        :meth:`get_processor` (the worker and ``run_processor`` call it), so that a wrong one stops a
+        worker with one line however it was started."""
+        if self.state and callable(fn):
             needs_state(fn)
         self._processor = fn
         return fn
 
     def get_processor(self) -> Processor:
+        """The processor, checked (:class:`~multilane.api.ProcessorSignatureError` when it is wrong)."""
         if self._processor is None:
             raise AppConfigError(f"{self.name} has no processor: pass App(handle) or decorate it "
                                  "with @app.processor")
+        check_processor(self._processor, f"{self.name}'s processor")
         return self._processor
 
     def on_startup(self, fn: Hook) -> Hook:

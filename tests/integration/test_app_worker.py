@@ -92,3 +92,49 @@ def test_app_runs_with_hooks(broker: EmbeddedBroker, topic_name: str, tmp_path: 
     assert proc.returncode == 0, err[-3000:]
     assert (markers / "shutdown").read_text() == "stopped"
     assert_all(check_delivery(produced, read_event_log(log_path), mode="key"))
+
+
+BAD_VALUES = '''
+import multilane
+
+
+def handle(record, ctx):
+    record.json()
+
+
+app = multilane.App(handle, value_format="json", max_retries=3, retry_backoff_ms=1)
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="engine wiring pending: PartitionRuntime.on_failure must call "
+                   "RetryPolicy.should_retry(attempt, exc) (and publish(..., reason=policy.reason(exc)))")
+def test_decode_error_is_dead_lettered_without_retries(broker: EmbeddedBroker, topic_name: str,
+                                                       tmp_path: Path) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    broker.create_topic(topic_name, 1)
+    broker.create_topic(f"{topic_name}.dlq", 1)
+    produced = produce(broker, topic_name, 3, keys=3)  # values v0, v1, v2: not JSON
+    (tmp_path / "badvalues.py").write_text(BAD_VALUES)
+    group = f"g-{topic_name}"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multilane", "worker", "--app", "badvalues:app", "--bootstrap-servers",
+         broker.bootstrap, "--group", group, "--assign", f"{topic_name}:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, cwd=tmp_path)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"dlq-{topic_name}"})
+    letters: list[dict[str, bytes]] = []
+    try:
+        consumer.assign([TopicPartition(f"{topic_name}.dlq", 0, 0)])
+        wait_for(lambda: letters.extend(dict(m.headers() or []) for m in consumer.consume(10, 0.2)
+                                        if m.error() is None) or len(letters) >= len(produced),
+                 60, what="every record dead-lettered")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        consumer.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [h["multilane.error.reason"] for h in letters] == [b"decode-error"] * 3
+    assert [h["multilane.attempts"] for h in letters] == [b"1"] * 3

@@ -43,8 +43,9 @@ def parse(app: App, argv: list[str], environ: dict[str, str] | None = None) -> a
 
 
 def test_processor_is_checked_and_state_marks_it() -> None:
-    with pytest.raises(ProcessorSignatureError, match="two arguments"):
-        App(lambda record: None)
+    wrong = App(lambda record: None, name="wrong")  # checked when a worker (or a test) takes it
+    with pytest.raises(ProcessorSignatureError, match=r"wrong's processor .* two arguments"):
+        wrong.get_processor()
     app = App(state=True)
     with pytest.raises(AppConfigError, match="no processor"):
         app.get_processor()
@@ -157,6 +158,13 @@ async def totals(record, ctx):
 
 app = multilane.App(totals, state=True, topic="orders")
 not_an_app = 3
+
+
+def one_arg(record):
+    pass
+
+
+wrong = multilane.App(one_arg, name="myapp")
 '''
 
 
@@ -166,6 +174,8 @@ not_an_app = 3
     (["--app", "myapp:not_an_app"], "app 'myapp:not_an_app' names a int, not a multilane.App"),
     (["--app", "myapp:app", "--processor", "myapp:totals"], "use either --processor or --app"),
     (["--topic", "t"], "the following settings are required: --processor (or --app)"),
+    (["--app", "myapp:wrong", "--topic", "t"], "myapp's processor def one_arg(record) must take two "
+                                               "arguments (record, ctx)"),
 ])
 def test_worker_app_refused_in_one_line(tmp_path: Path, argv: list[str], expected: str) -> None:
     (tmp_path / "myapp.py").write_text(APP)

@@ -44,6 +44,8 @@ IO_MODULES = (
 PURE = (
     "api.py",
     "formats/keyranges.py",
+    "codecs.py",
+    "testing/memory_state.py",
     "worker/offsets.py",
     "formats/progress.py",
     "worker/config.py",

@@ -114,3 +114,18 @@ def test_memory_state_view_matches_the_worker_errors() -> None:
         view.get_json()
     view.delete()
     assert view.get() is None and store == {b"explicit": b"v"}
+
+
+def test_ctx_produce_without_an_output_producer_says_so() -> None:
+    from multilane.api import OutputsNotAvailableError
+
+    ctx = Context("orders", 0, 3, b"k", [], 0, 1)
+    with pytest.raises(OutputsNotAvailableError, match="no output producer"):
+        ctx.produce("out", b"v")
+    assert issubclass(OutputsNotAvailableError, NotImplementedError)
+    run = run_processor(lambda r, c: c.produce("out", "é", key="k", headers=[("h", b"1")]), [b"x"])
+    (out,) = run.outputs
+    assert (out.topic, out.key, out.value, out.headers) == ("out", b"k", "é".encode(), [("h", b"1")])
+    run = run_processor(lambda r, c: c.produce("out", {"a": 1}), [b"x"], max_retries=0)  # type: ignore[arg-type]
+    (letter,) = run.dead_letters
+    assert isinstance(letter.error, TypeError) and "json.dumps" in str(letter.error)

@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dump = sub.add_parser("dump", help="print every key and value",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for p in (get, dump):
-        p.add_argument("--state-dir", default=None, help="read a worker's state directory")
+        p.add_argument("--state-dir", default=None,
+                       help="read a worker's state directory (of a stopped worker: while one runs, only "
+                            "what it flushed to disk; use --changelog then)")
         p.add_argument("--changelog", default=None, metavar="TOPIC",
                        help="read a changelog topic instead (<group>.<topic>.changelog)")
         p.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers (with --changelog)")
@@ -126,7 +128,9 @@ def read_changelog(bootstrap: str, topic: str, partition: int | None = None,
     # 1. partitions
     probe = Consumer(reader_consumer_config(bootstrap, topic))
     try:
-        meta = probe.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        # every topic's metadata, not the one topic's: a broker that auto-creates topics would create
+        # the changelog on that request (with its default partition count) before the worker does
+        meta = probe.list_topics(timeout=timeout_s).topics.get(topic)
     finally:
         probe.close()
     if meta is None or meta.error is not None or not meta.partitions:
