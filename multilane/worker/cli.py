@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multilane.api import OrderingMode, ProcessorLoadError, load_processor
 from multilane.extras import MissingExtraError, require
@@ -27,6 +27,9 @@ from multilane.worker.config import (
     security_settings,
 )
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
+
+if TYPE_CHECKING:
+    from multilane.worker.state.manager import StateManager
 
 __all__ = ["add_arguments", "build_config", "check_state_args", "client_settings", "lease_settings",
            "run", "start_lease_keeper"]
@@ -241,7 +244,7 @@ def start_lease_keeper(engine: Any, settings: LeaseSettings) -> LeaseKeeper:
     return keeper
 
 
-def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> StateManager | None:
     """The state store (``StateManager``) named by --state-dir and the other state flags, or None."""
     if not args.state_dir:
         return None
