@@ -1,6 +1,6 @@
 """``PartitionSet``: the partitions one worker engine owns, the ones whose state is opening or closing,
-and the ones a reopen still has to add back. Pure bookkeeping: no I/O (it holds the futures of
-background closes but starts none).
+and the ones a reopen still has to add back. Bookkeeping with no I/O of its own (it holds the
+futures of background closes but starts none).
 
 It is the only writer of these fields (``tests/unit/test_partition_set.py`` checks the source); the
 ownership protocol (:mod:`multilane.worker.ownership`) decides *when* to add or forget a partition,

@@ -57,6 +57,7 @@ PURE = (
     "operator/handoff_model.py",
     "worker/state/apply.py",
     "formats/changelog.py",
+    "worker/control_state.py",
     "testing/checkers.py",
     "sim/model.py",
     "sim/policies.py",
