@@ -282,20 +282,20 @@ def worker_ignoring_progress(argv: Sequence[str]) -> int:
 
     The watermark-only baseline of scenario 5 when the worker has no flag for it: the same engine,
     whose restart then replays everything from the committed offset. Progress records are still
-    written (that costs time, not replays). If the engine's private hook is gone, this fails loudly
-    and the row says so.
+    written (that costs time, not replays). If the ownership protocol's progress step is gone, this
+    fails loudly and the row says so.
     """
     from multilane.cli import main as multilane_main
-    from multilane.worker.engine import Engine
+    from multilane.worker.ownership import Ownership
 
-    if not hasattr(Engine, "_load_progress"):
-        print("Engine._load_progress is gone: cannot ignore progress", file=sys.stderr)
+    if not hasattr(Ownership, "load_progress"):
+        print("Ownership.load_progress is gone: cannot ignore progress", file=sys.stderr)
         return 2
 
     def no_progress(self: Any, tp: Any, committed: Any) -> None:
         return None
 
-    Engine._load_progress = no_progress  # type: ignore[method-assign]
+    Ownership.load_progress = no_progress  # type: ignore[method-assign]
     return multilane_main(["worker", *argv])
 
 

@@ -344,7 +344,7 @@ def scenario_replay(ctx: Ctx) -> None:
     if flag_missing:
         ctx.report.note(
             f"Scenario 5: {flag_missing}; the watermark-only row runs the same worker with "
-            "`Engine._load_progress` patched to return None (`python -m benchmarks.engine_child "
+            "`Ownership.load_progress` patched to return None (`python -m benchmarks.engine_child "
             "worker-ignoring-progress`)."
         )
         watermark_name = "multilane, progress ignored on restart"

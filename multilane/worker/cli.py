@@ -39,6 +39,7 @@ from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
 if TYPE_CHECKING:
     from multilane.app import App
+    from multilane.worker.state.manager import StateManager
 
 __all__ = ["add_arguments", "build_config", "check_processor_state", "check_state_args", "client_settings",
            "lease_settings", "load_app", "load_decoding_processor", "parse_args", "parse_retry_on", "run",
@@ -383,7 +384,7 @@ def start_lease_keeper(engine: Any, settings: LeaseSettings) -> LeaseKeeper:
     return keeper
 
 
-def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> StateManager | None:
     """The state store (``StateManager``) named by --state-dir and the other state flags, or None."""
     if not args.state_dir:
         return None

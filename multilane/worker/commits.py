@@ -23,12 +23,13 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.api import OrderingMode
 from multilane.formats.progress import ProgressCodec, ProgressRecord
+from multilane.worker.hooks import EngineHooks, PartitionStateHooks
 from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.state.errors import StateDurabilityError
 
-__all__ = ["CommitCycle", "ProgressCycle", "progress_for_base"]
+__all__ = ["CommitBatch", "CommitCycle", "CommitItem", "ProgressCycle", "plan_commit", "progress_for_base"]
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,58 @@ def _tp(topic: str, partition: int, offset: int, metadata: str | None) -> Any:
     return TopicPartition(topic, partition, offset, metadata=metadata)
 
 
+@dataclass(frozen=True, slots=True)
+class CommitItem:
+    """One partition of a commit: its committable offset and the progress record for that base."""
+
+    part: PartitionRuntime
+    offset: int
+    encoded: bytes | None  # the progress record (None: the mode or the engine keeps no progress)
+
+
+@dataclass(frozen=True)
+class CommitBatch:
+    """What one commit sends: the partitions whose committable offset or progress changed."""
+
+    items: tuple[CommitItem, ...] = ()
+    largest_progress_bytes: int = 0  # size of the last progress record encoded (a metric), 0 if none
+
+    def without(self, lost: Sequence[PartitionRuntime]) -> CommitBatch:
+        return CommitBatch(tuple(i for i in self.items if i.part not in lost), self.largest_progress_bytes)
+
+
+def plan_commit(parts: Sequence[PartitionRuntime], *, with_progress: bool, final: bool) -> CommitBatch:
+    """Step 1 of a commit, without I/O: each partition's committable offset ``C`` and its progress
+    record (base ``C``); partitions where neither changed since the last commit sent are left out
+    unless ``final``. Flushes each partition's completions first (``part.flush()``)."""
+    items = []
+    size = 0
+    for part in parts:
+        part.flush()
+        c = part.tracker.committable()
+        if c is None:
+            continue
+        encoded: bytes | None = None
+        if with_progress and part.mode is not OrderingMode.PARTITION:
+            encoded = ProgressCodec.encode(part.progress(c))
+            size = len(encoded)
+        if not final and c == part.commit_sent and encoded == part.last_progress:
+            continue
+        items.append(CommitItem(part, c, encoded))
+    return CommitBatch(tuple(items), size)
+
+
 class CommitCycle:
     """Commits the committable offsets of partitions, with their progress records.
+
+    One commit path: :func:`plan_commit` decides what to send; :meth:`run` (on the loop) and
+    :meth:`run_blocking` (in rebalance callbacks, which cannot await) only send it, steps 2-4:
+
+    2. State hooks: ``before_commit(topic, partition, C)``; a partition whose changes are not durable
+       is dropped from the batch (never committed) and returned to the caller.
+    3. Progress: produce each record to the progress topic and wait for the acknowledgements.
+    4. Commit the offsets (progress as metadata when it fits); mark each partition's ``commit_sent``
+       and ``last_progress``.
 
     Invariant: a commit request for offset ``C`` of a partition is sent only after the state hooks
     flushed every change of records below ``C`` and (when progress is kept) after the progress record
@@ -50,7 +101,7 @@ class CommitCycle:
     uncleanly and reopen it (its uncommitted records are then processed again).
     """
 
-    def __init__(self, consumer: Any, store: ProgressStore | None, hooks: Any | None,
+    def __init__(self, consumer: Any, store: ProgressStore | None, hooks: PartitionStateHooks | None,
                  progress_timeout_s: float = 10.0) -> None:
         self._consumer = consumer
         self._store = store
@@ -68,151 +119,122 @@ class CommitCycle:
         # cycle that was already running when it was set (checked right before each commit).
         self.fenced = False
 
+    def _plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
+        batch = plan_commit(parts, with_progress=self._store is not None, final=final)
+        if batch.largest_progress_bytes:
+            self.last_progress_bytes = batch.largest_progress_bytes
+        return batch
+
     async def run(self, parts: Sequence[PartitionRuntime], *,
                   final: bool = False) -> list[PartitionRuntime]:
-        """One cycle over ``parts`` (steps 1-4). ``final``: commit synchronously, even if unchanged.
-
-        Returns the partitions left out because ``before_commit`` raised :class:`StateDurabilityError`.
-
-        1. Snapshot each partition's committable offset ``C`` and its progress record (base ``C``);
-           skip partitions where neither changed since the last cycle (unless ``final``).
-        2. State hooks: ``before_commit(topic, partition, C)`` on a worker thread; a partition whose
-           changes are not durable is dropped from the batch (never committed).
-        3. Progress: produce each record to the progress topic and wait for the acknowledgements.
-        4. Commit the offsets (progress as metadata when it fits); asynchronously, or synchronously
-           when ``final``.
-        """
+        """The async driver: one cycle over ``parts`` (steps 1-4 of the class docstring).
+        ``final``: commit synchronously, even if unchanged. Returns the partitions left out because
+        ``before_commit`` raised :class:`StateDurabilityError`."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         if self.fenced:
             return []  # no progress record and no commit while fenced
-        # 1. snapshot
-        batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
-        for part in parts:
-            part.flush()
-            c = part.tracker.committable()
-            if c is None:
-                continue
-            encoded: bytes | None = None
-            if part.mode is not OrderingMode.PARTITION and self._store is not None:
-                encoded = ProgressCodec.encode(part.progress(c))
-                self.last_progress_bytes = len(encoded)
-            if not final and c == part.commit_sent and encoded == part.last_progress:
-                continue
-            batch.append((part, c, encoded))
-        if not batch:
+        # 1. plan
+        batch = self._plan(parts, final)
+        if not batch.items:
             return []
-        # 2. state hooks
+        # 2. state hooks (on a worker thread)
         lost: list[PartitionRuntime] = []
         hooks = self._hooks
         if hooks is not None:
-            for part, c, _ in batch:
+            for item in batch.items:
                 try:
-                    await loop.run_in_executor(None, hooks.before_commit, part.topic, part.partition, c)
+                    await loop.run_in_executor(None, hooks.before_commit, item.part.topic,
+                                               item.part.partition, item.offset)
                 except StateDurabilityError as exc:
-                    log.error("not committing %s/%d at %d: %s", part.topic, part.partition, c, exc)
-                    lost.append(part)
-            if lost:
-                batch = [b for b in batch if b[0] not in lost]
-                if not batch:
-                    return lost
-        # 3. progress records
+                    _log_lost(item, exc)
+                    lost.append(item.part)
+            batch = batch.without(lost)
+            if not batch.items:
+                return lost
+        # 3. progress records (wait for each acknowledgement)
         store = self._store
         if store is not None:
-            waits = []
-            for part, _c, encoded in batch:
-                if encoded is not None:
-                    waits.append((part, store.write(part.topic, part.partition, encoded)))
+            waits = [(i.part, store.write(i.part.topic, i.part.partition, i.encoded))
+                     for i in batch.items if i.encoded is not None]
             for part, fut in waits:
                 try:
                     await asyncio.wait_for(fut, self._progress_timeout_s)
                 except (KafkaException, TimeoutError) as exc:
                     log.warning("progress record for %s/%d not written (%s); committing without it",
                                 part.topic, part.partition, exc)
-        # 4. commit (never while fenced: the partitions may already belong to another worker)
-        if self.fenced:
-            log.warning("fenced: not committing %s", [(p.topic, p.partition) for p, _, _ in batch])
-            return lost
-        offsets = []
-        for part, c, encoded in batch:
-            meta = ProgressStore.metadata_for(encoded) if encoded is not None else None
-            offsets.append(_tp(part.topic, part.partition, c, meta))
-            part.commit_sent = c
-            part.last_progress = encoded
-            self._sent[(part.topic, part.partition)] = (c, started)
-        try:
-            if final:
-                result = self._consumer.commit(offsets=offsets, asynchronous=False)
-                self.on_commit(None, result or [], {(p.topic, p.partition): p for p, _, _ in batch})
-            else:
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-        except KafkaException as exc:
-            self.commit_errors += 1
-            for part, _, _ in batch:
-                part.commit_sent = None  # try again next cycle
-                self._sent.pop((part.topic, part.partition), None)
-            log.warning("commit failed (%s); will retry", exc)
-            if final:
-                raise
+        # 4. commit
+        self._commit(batch, started, synchronous=final)
         return lost
 
     def run_blocking(self, parts: Sequence[PartitionRuntime], producer: Any,
                      timeout_s: float = 10.0) -> list[PartitionRuntime]:
-        """The same cycle, blocking, for rebalance callbacks (which cannot await); always synchronous.
-
-        Returns the partitions left out because ``before_commit`` raised :class:`StateDurabilityError`.
-
-        1. Snapshot committable offsets and progress. 2. ``before_commit`` hooks, called directly
-        (a partition whose changes are not durable is not committed). 3. Produce the progress records
-        and flush the producer (delivery callbacks run here, on the loop thread). 4. Synchronous commit.
-        """
-        # 1. snapshot
+        """The blocking driver, for rebalance callbacks (which cannot await): always final and
+        synchronous (steps 1-4 of the class docstring; the hooks are called directly, and the producer
+        is flushed for the progress records: their delivery callbacks run here, on the loop thread).
+        Returns the partitions left out because ``before_commit`` raised :class:`StateDurabilityError`."""
         started = time.monotonic()
-        batch: list[tuple[PartitionRuntime, int, bytes | None]] = []
-        for part in parts:
-            part.flush()
-            c = part.tracker.committable()
-            if c is None:
-                continue
-            encoded = None
-            if part.mode is not OrderingMode.PARTITION and self._store is not None:
-                encoded = ProgressCodec.encode(part.progress(c))
-            batch.append((part, c, encoded))
-        if not batch:
+        if self.fenced:
             return []
-        # 2. hooks
+        # 1. plan
+        batch = self._plan(parts, final=True)
+        if not batch.items:
+            return []
+        # 2. state hooks
         lost: list[PartitionRuntime] = []
         if self._hooks is not None:
-            for part, c, _ in batch:
+            for item in batch.items:
                 try:
-                    self._hooks.before_commit(part.topic, part.partition, c)
+                    self._hooks.before_commit(item.part.topic, item.part.partition, item.offset)
                 except StateDurabilityError as exc:
-                    log.error("not committing %s/%d at %d: %s", part.topic, part.partition, c, exc)
-                    lost.append(part)
-            batch = [b for b in batch if b[0] not in lost]
-            if not batch:
+                    _log_lost(item, exc)
+                    lost.append(item.part)
+            batch = batch.without(lost)
+            if not batch.items:
                 return lost
-        # 3. progress
+        # 3. progress records (flush the producer)
         if self._store is not None:
-            futs = [self._store.write(part.topic, part.partition, enc) for part, _, enc in batch
-                    if enc is not None]
+            futs = [self._store.write(i.part.topic, i.part.partition, i.encoded) for i in batch.items
+                    if i.encoded is not None]
             if futs:
                 producer.flush(timeout_s)
             for f in futs:
                 if not f.done() or f.exception() is not None:
                     log.warning("progress record not written before revoke commit; committing without it")
-        # 4. commit (never while fenced)
-        if self.fenced:
-            log.warning("fenced: not committing %s", [(p.topic, p.partition) for p, _, _ in batch])
-            return lost
-        offsets = []
-        for part, c, enc in batch:
-            meta = ProgressStore.metadata_for(enc) if enc is not None else None
-            offsets.append(_tp(part.topic, part.partition, c, meta))
-            self._sent[(part.topic, part.partition)] = (c, started)
-        result = self._consumer.commit(offsets=offsets, asynchronous=False)
-        self.on_commit(None, result or [], {(p.topic, p.partition): p for p, _, _ in batch})
+        # 4. commit
+        self._commit(batch, started, synchronous=True)
         return lost
+
+    def _commit(self, batch: CommitBatch, started: float, *, synchronous: bool) -> None:
+        """Step 4 (both drivers): send the offsets (never while fenced: the partitions may already
+        belong to another worker); a synchronous commit's answer is applied at once and its failure
+        raised, an asynchronous one's arrives in :meth:`on_commit`."""
+        if self.fenced:
+            log.warning("fenced: not committing %s", [(i.part.topic, i.part.partition) for i in batch.items])
+            return
+        offsets = []
+        for item in batch.items:
+            part = item.part
+            meta = ProgressStore.metadata_for(item.encoded) if item.encoded is not None else None
+            offsets.append(_tp(part.topic, part.partition, item.offset, meta))
+            part.commit_sent = item.offset
+            part.last_progress = item.encoded
+            self._sent[(part.topic, part.partition)] = (item.offset, started)
+        try:
+            if synchronous:
+                result = self._consumer.commit(offsets=offsets, asynchronous=False)
+                self.on_commit(None, result or [], {(i.part.topic, i.part.partition): i.part
+                                                    for i in batch.items})
+            else:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            self.commit_errors += 1
+            for item in batch.items:
+                item.part.commit_sent = None  # try again next cycle
+                self._sent.pop((item.part.topic, item.part.partition), None)
+            log.warning("commit failed (%s); will retry", exc)
+            if synchronous:
+                raise
 
     def on_commit(self, err: Any, tps: list[Any], parts: dict[tuple[str, int], PartitionRuntime]) -> None:
         """Record confirmed commits (the consumer's ``on_commit`` callback, on the loop thread)."""
@@ -233,6 +255,10 @@ class CommitCycle:
                 log.warning("commit of %s/%d failed: %s", tp.topic, tp.partition, tp.error)
             elif tp.offset >= 0 and (part.committed is None or tp.offset >= part.committed):
                 part.committed = tp.offset
+
+
+def _log_lost(item: CommitItem, exc: StateDurabilityError) -> None:
+    log.error("not committing %s/%d at %d: %s", item.part.topic, item.part.partition, item.offset, exc)
 
 
 def progress_for_base(part: PartitionRuntime, base: int, committable: int) -> ProgressRecord:
@@ -287,7 +313,7 @@ class ProgressCycle:
 
     MAX_PENDING = 3
 
-    def __init__(self, store: ProgressStore | None, hooks: Any | None, commits: CommitCycle) -> None:
+    def __init__(self, store: ProgressStore | None, hooks: EngineHooks, commits: CommitCycle) -> None:
         self._store = store
         self._hooks = hooks
         self._commits = commits
@@ -344,8 +370,8 @@ class ProgressCycle:
         if not batch:
             return 0
         # 2. state hooks
-        durable = getattr(self._hooks, "make_durable", None) if self._hooks is not None else None
-        if self._hooks is not None:
+        durable = self._hooks.durable
+        if self._hooks.state is not None:
             if durable is None:
                 return 0  # hooks that cannot make changes durable on demand: progress with commits only
             loop = asyncio.get_running_loop()
@@ -353,7 +379,7 @@ class ProgressCycle:
             for item in batch:
                 part = item[0]
                 try:
-                    await loop.run_in_executor(None, durable, part.topic, part.partition)
+                    await loop.run_in_executor(None, durable.make_durable, part.topic, part.partition)
                 except Exception as exc:  # StateDurabilityError, or the partition's store closed
                     log.warning("no progress record for %s/%d this cycle: %s", part.topic, part.partition,
                                 exc)

@@ -216,8 +216,7 @@ class ControlServer:
         ``deadline_s`` bounds their drain as for ``/v1/release``)."""
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            hooks = self.engine.hooks
-            if hooks is None or getattr(hooks, verb, None) is None:
+            if self.engine.learner is None:
                 return web.json_response({"error": f"/v1/{verb} needs a worker with a state store"},
                                          status=404)
             body = await self._body(request)

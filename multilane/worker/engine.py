@@ -1,40 +1,37 @@
 """The worker engine: one Kafka consumer feeding the lanes of every assigned partition. Does I/O.
 
 Everything runs on ONE asyncio event loop, and every call on the engine's consumer happens on that
-loop's thread. The engine is split into modules, each readable on its own:
+loop's thread. :class:`Engine` wires parts that each own their fields and hold one protocol:
 
-- ``fetch``: the *fetch loop* -- ``consumer.consume(num_messages=..., timeout=0)`` (librdkafka
-  prefetches in its own threads), runs of messages to their :class:`PartitionRuntime`, back-pressure
-  (pause, then resume + seek at the low-water mark);
-- ``partition``: one assigned partition -- offset tracker, lanes, flow counters, progress records;
-- ``lanes``: long-lived runner coroutines per lane (``async def`` processors awaited on the loop,
-  plain functions in per-lane batches on a thread pool), retry parking, factor changes;
-- ``flow``, ``retry``, ``commits``, ``watchdog``, ``progress_store``, ``admin``: bounds, retries and
-  dead letters, the commit cycle, stall detection, progress persistence, topic creation;
-- ``ownership``: the partition-ownership protocol (add: committed offsets, progress, state, activate;
-  release: stop fetching, let running records finish, commit, close), for both modes;
-- ``group``: group mode's rebalance callbacks, an adapter onto ``ownership``;
-- ``views``: the status and the metric-source accessors;
-- ``housekeeping``: the *housekeeping loop* (commit cycle, watchdog, lag, rate, reopen after a lost
-  change), the *progress loop* (progress records between commits) and the *producer loop*;
-- this module: lifecycle and composition, and the control API.
+- ``partition_set``: :class:`PartitionSet`, the owned partitions and those opening, closing or
+  waiting for a reopen (the only writer of those sets);
+- ``ownership``: :class:`Ownership`, the one add and the one release of a partition (numbered
+  steps), on the loop (operator mode, reopen) or blocking (``group``: the rebalance callbacks);
+- ``fetch``: the *fetch loop* -- ``consume()``, runs of messages to their :class:`PartitionRuntime`,
+  back-pressure (pause, then resume + seek at the low-water mark);
+- ``commits``: the one commit path (``plan_commit`` and its async and blocking drivers), and the
+  progress cycle;
+- ``housekeeping``: the *housekeeping loop* (commit cycle, watchdog, lag, rate, learner figures),
+  the *progress loop* and the *producer loop*; ``reopen``: reopen after a lost state change;
+- ``views``: the status; ``hooks``: the typed state hooks; ``control_state``: what the control API
+  decided (this module is its only writer);
+- ``partition``, ``lanes``, ``flow``, ``retry``, ``watchdog``, ``progress_store``, ``admin``: one
+  partition, lane runners, bounds, retries and dead letters, stall detection, progress persistence,
+  topic creation.
 
 Modes: operator mode (``assign()`` only; the assignment changes through :meth:`Engine.assign` /
 :meth:`Engine.release`, fenced by a generation number) and standalone mode (``subscribe()`` with the
 cooperative-sticky assignor; revoked partitions are committed in the revoke callback).
 
 The Python control API (:meth:`assign`, :meth:`release`, :meth:`set_factor`, :meth:`pause`,
-:meth:`resume`, :meth:`status`, and with state hooks :meth:`learn`, :meth:`promote`, :meth:`demote`,
+:meth:`resume`, :meth:`status`, and with learner hooks :meth:`learn`, :meth:`promote`, :meth:`demote`,
 :meth:`drop`) must be called on the engine's loop; ``runner.EngineRunner`` wraps it for other threads.
 
-State hooks (``hooks``, ``PartitionStateHooks`` of docs/state.md, e.g. ``StateManager``): a partition's
+State hooks (:class:`~multilane.worker.hooks.PartitionStateHooks`, e.g. ``StateManager``): a partition's
 state is opened before any of its records is fetched, ``before_commit`` precedes every commit (a
 :class:`StateDurabilityError` there reopens the partition without committing, see
-:meth:`Engine._reopen_lost`), and it is closed after the final commit (cleanly only when that commit
-succeeded and no record was abandoned).
-
-Length (~520 lines): the lifecycle, the control API and the learner verbs share the control lock
-and the fencing rules, so they stay together; the protocol's steps are in ``ownership``.
+:mod:`multilane.worker.reopen`), and it is closed after the final commit (cleanly only when that
+commit succeeded and no record was abandoned).
 """
 
 from __future__ import annotations
@@ -42,10 +39,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -53,105 +49,85 @@ from multilane.api import Processor, is_async_processor
 from multilane.worker.admin import ensure_topic, max_partition_count, security_config
 from multilane.worker.commits import CommitCycle, ProgressCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
+from multilane.worker.control_state import ControlState, Lifecycle
 from multilane.worker.fetch import ErrorLog, FetchLoop
 from multilane.worker.flow import FlowController
-from multilane.worker.group import GroupRebalanceAdapter
-from multilane.worker.housekeeping import Housekeeping
+from multilane.worker.group import GroupRebalance
+from multilane.worker.hooks import EngineHooks, LearnerHooks, PartitionStateHooks
+from multilane.worker.housekeeping import (
+    HousekeepingLoop,
+    LearnerStatusCache,
+    ProducerLoop,
+    ProgressLoop,
+    RateMeter,
+)
 from multilane.worker.lanes import LaneEnv
+from multilane.worker.learner_calls import LearnerCalls
 from multilane.worker.metrics import LatencyHistogram, WorkerMetrics
-from multilane.worker.ownership import EngineError, FencingError, ReleasedPartition
+from multilane.worker.ownership import EngineError, FencingError, Ownership, ReleaseResult, RuntimeFactory
 from multilane.worker.partition import PartitionRuntime, Phase
+from multilane.worker.partition_set import PartitionSet
 from multilane.worker.progress_store import ProgressStore
+from multilane.worker.reopen import Reopener
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
+from multilane.worker.views import StatusView
 from multilane.worker.watchdog import StallWatchdog
 
-__all__ = ["Engine", "EngineError", "FencingError", "ReleasedPartition"]
+__all__ = ["Engine", "EngineError", "FencingError", "ReleaseResult"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
 
-class Engine(GroupRebalanceAdapter, Housekeeping):
-    """One worker process's consumer, lanes, commits and control API.
+class Engine:
+    """One worker process's consumer, lanes, commits and control API: wires the parts together.
 
-    Invariants: ``_parts`` holds exactly the partitions this engine owns (any phase); every consumer
-    call runs on ``_loop``'s thread; ``generation`` never decreases.
+    Invariants: every consumer call runs on the loop's thread; ``control.generation`` never decreases;
+    the parts created by :meth:`start` (clients, ownership, loops) exist exactly between ``start`` and
+    ``stop``.
     """
 
-    def __init__(self, config: EngineConfig, processor: Processor, hooks: Any | None = None) -> None:
+    def __init__(self, config: EngineConfig, processor: Processor,
+                 hooks: PartitionStateHooks | None = None) -> None:
         self.config = config
         self.processor = processor
         self.hooks = hooks
-        self.generation = 0
-        # Not None while fenced (:meth:`fence`): the generation held when the lease was lost. Invariant:
-        # while set, nothing is fetched, processed or committed, and only an assignment with a higher
-        # generation is accepted (it clears it).
-        self._fenced_at: int | None = None
-        # True from a lost Lease (fence()) until it is renewed (lease_renewed()). Invariant: while
-        # True, assign() accepts no generation at all, so a worker that may be considered dead by the
-        # operator at any moment never resumes processing.
-        self._lease_lost = False
-        self._factor = config.factor
-        self._parts: dict[TopicPartitionId, PartitionRuntime] = {}
-        # Partitions whose state is being opened (restore or promotion) before they join ``_parts``.
-        # Invariant: disjoint from ``_parts``; an entry lives exactly while its open_partition runs.
-        self._opening: set[TopicPartitionId] = set()
-        # The state hooks' learner_status() as last read on an I/O thread (never on the loop: the
-        # hooks may hold their lock during network calls). Refreshed by the housekeeping loop and by
-        # refresh_learners(); read by status().
-        self._learners: list[dict[str, Any]] = []
-        self._learners_refresh: asyncio.Task[None] | None = None  # the housekeeping loop's, if running
-        # Reopens scheduled after a StateDurabilityError (at most one task per partition at a time).
-        self._reopens: dict[TopicPartitionId, asyncio.Task[None]] = {}
-        # Partitions a reopen released and has not added back yet (its add failed and is retried).
-        # Invariant: disjoint from ``_parts``; any control call or rebalance that decides a
-        # partition's ownership removes it (the reopen then stops retrying).
-        self._reopen_pending: set[TopicPartitionId] = set()
-        # State closes running after a release answered (``_release_parts(close_after=True)``).
-        # Invariant: an entry lives until its close finished; opening or learning the partition again,
-        # and stop(), wait for it first.
-        self._closing: dict[TopicPartitionId, asyncio.Future[Any]] = {}
+        self._hooks = EngineHooks.of(hooks)
+        self.control = ControlState(factor=config.factor)
+        self._life = Lifecycle()
         self._flow = FlowController(config.max_in_flight, config.max_in_flight_bytes,
                                     config.partition_max_records, config.partition_max_bytes,
                                     config.resume_fraction)
+        self.partitions = PartitionSet(self._flow)
         self._retry = RetryPolicy(config.max_retries, config.retry_backoff_ms, config.retry_backoff_max_ms)
         self._hist = LatencyHistogram()
         self._watchdog = StallWatchdog(config.stall_threshold_s)
-        collectors = getattr(hooks, "metrics_collectors", None)
-        self.metrics = WorkerMetrics(self, collectors() if collectors is not None else ())
+        self._rate = RateMeter(self.partitions, self._hist)
+        self.metrics = WorkerMetrics(self, self._hooks.collectors())
         self._is_async = is_async_processor(processor)
         self._proc_pool: ThreadPoolExecutor | None = None
         self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="multilane-io")
         # learner_status() reads only: its own thread, so restores filling _io_pool never delay status
         self._status_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="multilane-status")
+        self._learners = LearnerStatusCache(self._hooks.status, self._status_pool, self._life)
+        self._view = StatusView(config, self.control, self.partitions, self._flow, self._watchdog,
+                                self._rate, self._learners, hooks is not None)
+        # created by start(); None before it and after stop()
         self._consumer: Any = None
         self._producer: Any = None
-        self._store: ProgressStore | None = None
         self._dlq: DeadLetterPublisher | None = None
         self._commits: CommitCycle | None = None
-        self._progress: ProgressCycle | None = None
-        self._env: LaneEnv | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fetch: FetchLoop | None = None
+        self._ownership: Ownership | None = None
+        self._reopener: Reopener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._control_lock = asyncio.Lock()
+        self._learner_calls = LearnerCalls(self._hooks.learner, self.partitions, self._control_lock,
+                                           self._run_io, config.operator_mode)
         self._stop_requested: asyncio.Event | None = None
-        self._stopping = False
-        self._stopped = False
         self.ready = asyncio.Event()
-        self.user_paused = False
-        self.processing_rate = 0.0
-        # Average number of records being processed at once (busy lanes), smoothed like
-        # processing_rate over the same samples: processing seconds completed per second (Little's
-        # law), so processing_rate / busy_lanes is the service rate of one busy lane.
-        self.busy_lanes = 0.0
-        self._released_total = 0  # processed counts of released partitions (for processed_total)
-        self._last_rate_sample: tuple[float, int] = (time.monotonic(), 0)
-        self._last_busy_sample = 0.0  # the latency histogram's sum at the last rate sample
         self._errors = ErrorLog()
-        self._fetch: FetchLoop | None = None
-        # True when partitions of more than one topic may be assigned (fetch runs compare topics).
-        # Invariant: once True, stays True.
-        self._multi_topic = len(set(config.topics) | {t for t, _ in config.assign}) != 1
 
     # ------------------------------------------------------------------------------------------------
     # lifecycle
@@ -160,13 +136,13 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
     async def start(self) -> None:
         """Create clients, make the progress topic, take the initial assignment, start the loops.
 
-        1. Create the producer (dead letters, progress) and the consumer.
+        1. Create the producer (dead letters, progress), the consumer and the parts that use them.
         2. Ensure the progress topic exists (one partition per input partition index).
         3. Operator mode: assign the initial partitions; standalone: subscribe.
         4. Start the fetch, housekeeping and producer loops; set ``ready``.
         """
         cfg = self.config
-        self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
         if cfg.gc_threshold:
             g0, g1, g2 = gc.get_threshold()
@@ -175,49 +151,63 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         if not self._is_async:
             self._proc_pool = ThreadPoolExecutor(max_workers=cfg.max_threads,
                                                  thread_name_prefix="multilane-proc")
-        self._env = LaneEnv(self.processor, self._is_async, self._proc_pool, cfg.yield_every,
-                            cfg.sync_batch, self.hooks.view if self.hooks is not None else None)
-        # 1. clients
+        state = self._hooks.state
+        env = LaneEnv(self.processor, self._is_async, self._proc_pool, cfg.yield_every, cfg.sync_batch,
+                      state.view if state is not None else None)
+        # 1. clients and the parts that use them
         self._producer = Producer(cfg.producer_config())
         conf: dict[str, Any] = dict(cfg.consumer_config())
         conf["on_commit"] = self._on_commit
         conf["error_cb"] = self._errors.client_error
         self._consumer = Consumer(conf)
-        self._fetch = FetchLoop(self._consumer, self._parts, self._flow, cfg.consume_batch, self._errors,
-                                self._multi_topic)
-        self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic)
-        self._store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name,
-                                    self._producer, security_config(cfg.consumer_overrides))
-        self._commits = CommitCycle(self._consumer, self._store, self.hooks)
-        self._progress = ProgressCycle(self._store, self.hooks, self._commits)
+        multi_topic = len(set(cfg.topics) | {t for t, _ in cfg.assign}) != 1
+        fetch = self._fetch = FetchLoop(self._consumer, self.partitions.runtimes, self._flow,
+                                        cfg.consume_batch, self._errors, multi_topic)
+        dlq = self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic)
+        store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name, self._producer,
+                              security_config(cfg.consumer_overrides))
+        commits = self._commits = CommitCycle(self._consumer, store, state)
+        progress = ProgressCycle(store, self._hooks, commits)
+        runtimes = RuntimeFactory(cfg, self.control, env, self._flow, self._retry, dlq, self._hist)
+        ownership = self._ownership = Ownership(cfg, self.partitions, self.control, state, self._consumer,
+                                                self._producer, store, commits, fetch, runtimes,
+                                                self._io_pool)
+        reopener = self._reopener = Reopener(ownership, self.partitions, self.control, self._life,
+                                             self._control_lock, cfg.drain_timeout_s)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
-        await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, topics)
+        await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, store,
+                             topics)
         # 3. assignment
         if cfg.operator_mode:
             if cfg.assign:
                 await self._retrying("take the initial assignment", self.assign, list(cfg.assign),
-                                     self.generation)
+                                     self.control.generation)
         else:
-            self._consumer.subscribe(list(cfg.topics), on_assign=self._on_assign,
-                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
+            group = GroupRebalance(self.partitions, ownership)
+            self._consumer.subscribe(list(cfg.topics), on_assign=group.on_assign,
+                                     on_revoke=group.on_revoke, on_lost=group.on_lost)
         # 4. loops. Objects alive now (modules, clients, config) move to the collector's permanent
         # generation: full collections then do not traverse them again and again.
         if cfg.gc_threshold:
             gc.freeze()
-        loop = self._loop
+        housekeeping = HousekeepingLoop(cfg.commit_interval_ms / 1000.0, self.partitions, commits,
+                                        self._consumer, self._watchdog, self._rate, self._learners, reopener,
+                                        self._life)
         self._tasks = [
-            loop.create_task(self._fetcher().run(), name="multilane-fetch"),
-            loop.create_task(self._housekeeping_loop(), name="multilane-housekeeping"),
-            loop.create_task(self._producer_loop(), name="multilane-producer"),
+            loop.create_task(fetch.run(), name="multilane-fetch"),
+            loop.create_task(housekeeping.run(), name="multilane-housekeeping"),
+            loop.create_task(ProducerLoop(self._producer, self._life).run(), name="multilane-producer"),
         ]
         if cfg.progress_interval_ms > 0:
-            self._tasks.append(loop.create_task(self._progress_loop(), name="multilane-progress"))
+            progress_loop = ProgressLoop(cfg.progress_interval_ms / 1000.0, self.partitions, progress,
+                                         self._life)
+            self._tasks.append(loop.create_task(progress_loop.run(), name="multilane-progress"))
         self.ready.set()
         log.info("engine %s started (%s mode, ordering=%s, factor=%d)", cfg.worker_id,
-                 "operator" if cfg.operator_mode else "standalone", cfg.ordering.value, self._factor)
+                 "operator" if cfg.operator_mode else "standalone", cfg.ordering.value, self.control.factor)
 
-    async def _retrying(self, what: str, fn: Any, *args: Any) -> Any:
+    async def _retrying(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Call ``fn(*args)`` until it succeeds (the broker may not be reachable yet), with backoff."""
         delay = 0.5
         while True:
@@ -230,9 +220,18 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    def _require_started(self) -> None:
-        if self._consumer is None or self._stopped:
+    def _started(self) -> Ownership:
+        """The ownership protocol of a running engine (EngineError before start or after stop)."""
+        if self._ownership is None or self._life.stopped:
             raise EngineError("the engine is not running")
+        return self._ownership
+
+    async def _run_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
+
+    def _on_commit(self, err: Any, tps: list[Any]) -> None:
+        if self._commits is not None:
+            self._commits.on_commit(err, tps, self.partitions.runtimes)
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to stop (safe from signal handlers on the loop)."""
@@ -261,26 +260,25 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         3. Stop the loops; flush the producer.
         4. Close the consumer (standalone: leaves the group) and the thread pools.
         """
-        if self._stopped or self._consumer is None:
+        if self._life.stopped or self._ownership is None:
             return
-        self._stopped = True
+        ownership = self._ownership
+        self._life.stopped = True
         # 1. stop fetching
-        self._fetcher().pause_fetch(list(self._parts.values()))
+        ownership.fetch.pause_fetch(self.partitions.owned())
         # 2. drain and commit
         try:
             async with self._control_lock:
-                await self._release_parts(list(self._parts.values()), self.config.drain_timeout_s,
-                                          unassign=self.config.operator_mode)
+                await ownership.release(self.partitions.owned(), self.config.drain_timeout_s,
+                                        unassign=self.config.operator_mode)
         except Exception:
             log.exception("error while releasing partitions at shutdown")
-        await self._closed(list(self._closing))
+        await ownership.wait_for_closes(self.partitions.all_closing())
         # 3. loops and producer
-        self._stopping = True
-        if self._fetch is not None:
-            self._fetch.stopping = True
-        background = [*self._tasks, *self._reopens.values()]
-        if self._learners_refresh is not None:
-            background.append(self._learners_refresh)
+        self._life.stopping = True
+        ownership.fetch.stopping = True
+        background = [*self._tasks, *(self._reopener.tasks() if self._reopener else []),
+                      *self._learners.tasks()]
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -298,7 +296,6 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         except Exception as exc:
             log.debug("producer close: %s", exc)
         self._dlq = None
-        self._store = None
         self._commits = None
         self._producer = None
         if self._proc_pool is not None:
@@ -312,7 +309,7 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
     # ------------------------------------------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
-                     release_deadline_s: float = 30.0) -> list[ReleasedPartition]:
+                     release_deadline_s: float = 30.0) -> list[ReleaseResult]:
         """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``.
 
         1. Refuse (FencingError) a generation below the current one, or, while fenced
@@ -324,67 +321,66 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         if not self.config.operator_mode:
             raise EngineError("assign() is for operator mode; standalone mode uses group rebalances")
         wanted = _normalise(partitions)
-        self._require_started()
+        ownership = self._started()
+        control = self.control
         async with self._control_lock:
             # 1. fencing
-            if generation < self.generation:
+            if generation < control.generation:
                 raise FencingError(f"assignment generation {generation} is older than current "
-                                   f"generation {self.generation}")
-            if self._fenced_at is not None and generation <= self._fenced_at:
-                raise FencingError(f"fenced (lease lost) at generation {self._fenced_at}: waiting for "
+                                   f"generation {control.generation}")
+            if control.fenced_at is not None and generation <= control.fenced_at:
+                raise FencingError(f"fenced (lease lost) at generation {control.fenced_at}: waiting for "
                                    f"a higher generation than {generation}")
-            if self._fenced_at is not None and self._lease_lost:
+            if control.fenced_at is not None and control.lease_lost:
                 # the operator may not see the Lease as expired yet; processing resumes only once it
                 # is held again (else a new owner could start while this worker still runs)
-                raise FencingError(f"fenced (lease lost) at generation {self._fenced_at}: the lease is "
+                raise FencingError(f"fenced (lease lost) at generation {control.fenced_at}: the lease is "
                                    "not renewed yet")
-            self.generation = generation
-            self._reopen_pending.clear()  # this assignment decides every partition
+            control.generation = generation
+            self.partitions.settle()  # this assignment decides every partition
             # 2. release (fenced partitions: dropped uncommitted, re-added fresh if still wanted)
-            if self._fenced_at is not None:
-                fenced = [p for p in self._parts.values() if p.phase == Phase.FENCED]
-                await self._release_parts(fenced, 0.0, unassign=True, commit=False)
-                self._fenced_at = None
-                assert self._commits is not None
-                self._commits.fenced = False
+            if control.fenced_at is not None:
+                fenced = [p for p in self.partitions if p.phase == Phase.FENCED]
+                await ownership.release(fenced, 0.0, unassign=True, commit=False)
+                control.fenced_at = None
+                ownership.commits.fenced = False
                 log.info("fence lifted by generation %d", generation)
-            gone = [p for tp, p in self._parts.items() if tp not in wanted]
-            released = await self._release_parts(gone, release_deadline_s, unassign=True,
-                                                 close_after=True)
+            gone = [p for p in self.partitions if (p.topic, p.partition) not in wanted]
+            released = await ownership.release(gone, release_deadline_s, unassign=True, close_after=True)
             # 3. add
-            new = [tp for tp in wanted if tp not in self._parts]
+            new = [tp for tp in wanted if tp not in self.partitions]
             if new:
-                await self._add_partitions(new)
+                await ownership.add(new)
             return released
 
     async def release(self, partitions: Iterable[TopicPartitionId],
-                      deadline_s: float = 30.0) -> list[ReleasedPartition]:
+                      deadline_s: float = 30.0) -> list[ReleaseResult]:
         """Drain and hand back partitions; returns their final committed offsets."""
         tps = _normalise(partitions)
-        self._require_started()
+        ownership = self._started()
         async with self._control_lock:
-            self._reopen_pending.difference_update(tps)
-            unknown = [tp for tp in tps if tp not in self._parts]
+            self.partitions.settle(tps)
+            unknown = [tp for tp in tps if tp not in self.partitions]
             if unknown:
                 log.info("release of partitions not owned: %s", unknown)
-            parts = [self._parts[tp] for tp in tps if tp in self._parts]
-            return await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode,
-                                             close_after=self.config.operator_mode)
+            return await ownership.release(self.partitions.owned(tps), deadline_s,
+                                           unassign=self.config.operator_mode,
+                                           close_after=self.config.operator_mode)
 
     async def set_factor(self, factor: int) -> int:
         """Change lanes per partition at run time (quiesce + re-route; see LaneGroup.resize)."""
         if not isinstance(factor, int) or isinstance(factor, bool) or not 1 <= factor <= 65536:
             raise EngineError(f"factor must be an int in [1, 65536], got {factor!r}")
         async with self._control_lock:
-            self._factor = factor
-            await asyncio.gather(*(p.lanes.resize(factor) for p in list(self._parts.values())
+            self.control.factor = factor
+            await asyncio.gather(*(p.lanes.resize(factor) for p in self.partitions
                                    if p.phase != Phase.FENCED))
         return factor
 
     def pause(self) -> bool:
         """Stop fetching every partition (records in flight still finish)."""
-        self.user_paused = True
-        parts = list(self._parts.values())
+        self.control.user_paused = True
+        parts = self.partitions.owned()
         for p in parts:
             p.user_paused = True
         if self._fetch is not None:
@@ -393,22 +389,32 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
 
     def resume(self) -> bool:
         """Undo :meth:`pause` (partitions paused by back-pressure stay paused until drained)."""
-        self.user_paused = False
-        for p in self._parts.values():
+        self.control.user_paused = False
+        for p in self.partitions:
             p.user_paused = False
             if not p.flow_counters.paused and p.phase == Phase.ACTIVE:
-                self._fetcher().resume_fetch(p)
+                if self._fetch is None:
+                    raise EngineError("the engine has not started")
+                self._fetch.resume_fetch(p)
         return False
+
+    @property
+    def generation(self) -> int:
+        return self.control.generation
+
+    @property
+    def user_paused(self) -> bool:
+        return self.control.user_paused
 
     @property
     def fenced(self) -> bool:
         """True between :meth:`fence` and the next accepted assignment."""
-        return self._fenced_at is not None
+        return self.control.fenced_at is not None
 
     def lease_renewed(self) -> None:
         """The Lease is held again (``LeaseKeeper``'s ``on_renewed``): a fenced engine may now accept
         an assignment with a higher generation (it stays fenced until one arrives)."""
-        self._lease_lost = False
+        self.control.lease_lost = False
 
     def fence(self) -> None:
         """Stop processing and committing at once: the worker's Lease was lost (``LeaseKeeper``'s
@@ -429,15 +435,16 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         """
         if not self.config.operator_mode:
             raise EngineError("fence() is for operator mode (the Lease belongs to the operator)")
-        self._lease_lost = True
-        if self._fenced_at is not None:
+        control = self.control
+        control.lease_lost = True
+        if control.fenced_at is not None:
             return
         # 1. no more commits
-        self._fenced_at = self.generation
+        control.fenced_at = control.generation
         if self._commits is not None:
             self._commits.fenced = True
         # 2. stop fetching
-        parts = list(self._parts.values())
+        parts = self.partitions.owned()
         for p in parts:
             p.phase = Phase.FENCED
         if self._fetch is not None:
@@ -446,81 +453,100 @@ class Engine(GroupRebalanceAdapter, Housekeeping):
         for p in parts:
             p.close()
         # 4. (assign) wait for a higher generation
-        log.error("fenced at generation %d: stopped processing and committing %s", self.generation,
+        log.error("fenced at generation %d: stopped processing and committing %s", control.generation,
                   [(p.topic, p.partition) for p in parts])
 
-    # -- learner calls (state hooks; docs/state.md, "Learner protocol") ---------------------------------
+    # -- learner calls (learner hooks; docs/state.md, "Learner protocol"; multilane.worker.learner_calls) --
 
-    def _state_call(self, verb: str) -> Any:
-        fn = getattr(self.hooks, verb, None) if self.hooks is not None else None
-        if fn is None:
-            raise EngineError(f"{verb} needs a worker with a state store")
-        return fn
+    @property
+    def learner(self) -> LearnerHooks | None:
+        """The learner hooks (None: the learner calls raise :class:`EngineError`, HTTP 404)."""
+        return self._hooks.learner
 
     async def learn(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Start learning partitions this worker does not process (``hooks.learn``; returns once each
         learner's tail thread runs). A partition this engine owns is refused by the hooks."""
-        return await self._each_state_call("learn", partitions)
+        tps = _normalise(partitions)
+        fn = self._learner_calls.hooks("learn").learn
+        return await self._learner_calls.each(self._started(), fn, tps)
 
     async def promote(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Check that each partition is learning here, healthy and caught up (``hooks.promote``;
         raises the hooks' ``StatePhaseError`` otherwise). The switch itself is the assignment: opening
         a learning partition (:meth:`assign`) is the promotion."""
-        tps = _normalise(partitions)
-        fn = self._state_call("promote")
-        for tp in tps:
-            await self._run_io(fn, tp[0], tp[1])
-        return tps
+        return await self._learner_calls.promote(_normalise(partitions))
 
     async def demote(self, partitions: Iterable[TopicPartitionId],
-                     deadline_s: float = 30.0) -> list[ReleasedPartition]:
-        """Active -> learner (steps 1-2); returns the released partitions with their final offsets.
-
-        1. Release the partitions this engine owns like :meth:`release` (drain, final commit, close
-           the state cleanly when nothing was abandoned): no lane may still use the store.
-        2. ``hooks.demote``: learn from the checkpoint just written (or from scratch after an unclean
-           close). Partitions not owned here just start learning.
-        """
+                     deadline_s: float = 30.0) -> list[ReleaseResult]:
+        """Active -> learner: release what this engine owns, then learn from the checkpoint
+        (:meth:`LearnerCalls.demote`); returns the released partitions with their final offsets."""
         tps = _normalise(partitions)
-        fn = self._state_call("demote")
-        self._require_started()
-        async with self._control_lock:
-            # 1. release
-            self._reopen_pending.difference_update(tps)
-            parts = [self._parts[tp] for tp in tps if tp in self._parts]
-            released = await self._release_parts(parts, deadline_s, unassign=self.config.operator_mode)
-            # 2. learn (after any background close of an earlier release)
-            await self._closed(tps)
-            for tp in tps:
-                await self._run_io(fn, tp[0], tp[1])
-        return released
+        self._learner_calls.hooks("demote")
+        return await self._learner_calls.demote(self._started(), tps, deadline_s)
 
     async def drop(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Stop learning and delete the local state of partitions (``hooks.drop``); refused by the
         hooks for a partition that is active here (release it first)."""
-        return await self._each_state_call("drop", partitions)
-
-    async def _each_state_call(self, verb: str,
-                               partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
-        """``hooks.<verb>`` on each partition, under the control lock, after any background close."""
         tps = _normalise(partitions)
-        fn = self._state_call(verb)
-        self._require_started()
-        async with self._control_lock:
-            await self._closed(tps)
-            for tp in tps:
-                await self._run_io(fn, tp[0], tp[1])
-        return tps
+        fn = self._learner_calls.hooks("drop").drop
+        return await self._learner_calls.each(self._started(), fn, tps)
+
+    # ------------------------------------------------------------------------------------------------
+    # status and metric sources (multilane.worker.metrics.MetricsSource)
+    # ------------------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The worker's status (``GET /v1/status``; :meth:`StatusView.status`)."""
+        return self._view.status()
+
+    async def refresh_learners(self) -> None:
+        """Re-read the state hooks' ``learner_status()`` off the loop (for :meth:`status`)."""
+        await self._learners.refresh()
+
+    @property
+    def factor(self) -> int:
+        return self.control.factor
+
+    @property
+    def processing_rate(self) -> float:
+        return self._rate.processing_rate
+
+    @property
+    def busy_lanes(self) -> float:
+        return self._rate.busy_lanes
+
+    def processed_total(self) -> int:
+        return self.partitions.processed_total()
+
+    @property
+    def commit_latency(self) -> LatencyHistogram | None:
+        """Start of a commit cycle -> the broker's acknowledgement (None before the start)."""
+        return self._commits.latency if self._commits is not None else None
+
+    def metric_partitions(self) -> list[PartitionRuntime]:
+        return self.partitions.owned()
+
+    @property
+    def histogram(self) -> LatencyHistogram:
+        return self._hist
+
+    def stalled_count(self) -> int:
+        return self._watchdog.stalled
+
+    def lane_utilisation(self) -> float:
+        return self._view.lane_utilisation()
+
+    def last_progress_bytes(self) -> int:
+        return self._commits.last_progress_bytes if self._commits is not None else 0
 
     # ------------------------------------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------------------------------------
 
-    def _ensure_progress_topic(self, topics: list[str]) -> None:
-        assert self._store is not None
+    def _ensure_progress_topic(self, store: ProgressStore, topics: list[str]) -> None:
         cfg = self.config
-        self._store.ensure_topic(max_partition_count(cfg.bootstrap_servers, topics,
-                                                     security_config(cfg.consumer_overrides)))
+        store.ensure_topic(max_partition_count(cfg.bootstrap_servers, topics,
+                                               security_config(cfg.consumer_overrides)))
 
     def _ensure_topic(self, topic: str) -> None:
         """Create a dead-letter topic if it does not exist (blocking, short timeout)."""

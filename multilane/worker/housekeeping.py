@@ -1,157 +1,172 @@
-"""The engine's background loops: *housekeeping* (commit cycle, watchdog, watermarks, rate, reopening a
-partition whose state lost a change), *progress* (progress records between commits) and *producer*
-(delivery callbacks). Does I/O."""
+"""The engine's background loops, each an object with narrow inputs: :class:`HousekeepingLoop` (commit
+cycle, watchdog, watermarks, rate, learner figures, reopening a partition whose state lost a change),
+:class:`ProgressLoop` (progress records between commits) and :class:`ProducerLoop` (delivery
+callbacks); with :class:`RateMeter` and :class:`LearnerStatusCache`, the figures they keep. Does I/O."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from multilane.worker.config import TopicPartitionId
-from multilane.worker.partition import PartitionRuntime, Phase
-from multilane.worker.views import EngineViews
+from multilane.worker.commits import CommitCycle, ProgressCycle
+from multilane.worker.control_state import Lifecycle
+from multilane.worker.hooks import StateStatusHooks
+from multilane.worker.metrics import LatencyHistogram
+from multilane.worker.partition_set import PartitionSet
+from multilane.worker.reopen import Reopener
+from multilane.worker.watchdog import StallWatchdog
 
-__all__ = ["Housekeeping"]
+__all__ = ["HousekeepingLoop", "LearnerStatusCache", "ProducerLoop", "ProgressLoop", "RateMeter"]
 
-log = logging.getLogger("multilane.worker.engine")
+log = logging.getLogger(__name__)
 
 
-class Housekeeping(EngineViews):
-    """The loops started by ``Engine.start``."""
+class RateMeter:
+    """The processing rate and the busy lanes, smoothed over samples at least a second apart."""
 
-    def _on_commit(self, err: Any, tps: list[Any]) -> None:
-        if self._commits is not None:
-            self._commits.on_commit(err, tps, self._parts)
+    def __init__(self, partitions: PartitionSet, hist: LatencyHistogram) -> None:
+        self._partitions = partitions
+        self._hist = hist
+        self.processing_rate = 0.0
+        # Average number of records being processed at once (busy lanes), smoothed like
+        # processing_rate over the same samples: processing seconds completed per second (Little's
+        # law), so processing_rate / busy_lanes is the service rate of one busy lane.
+        self.busy_lanes = 0.0
+        self._last_sample: tuple[float, int] = (time.monotonic(), 0)
+        self._last_busy = 0.0  # the latency histogram's sum at the last sample
 
-    async def _housekeeping_loop(self) -> None:
-        interval = self.config.commit_interval_ms / 1000.0
-        assert self._commits is not None
+    def update(self, now: float) -> None:
+        t0, n0 = self._last_sample
+        n = self._partitions.processed_total()
+        if now - t0 >= 1.0:
+            rate = (n - n0) / (now - t0)
+            prev = self.processing_rate
+            self.processing_rate = rate if prev == 0 else 0.5 * prev + 0.5 * rate
+            self._last_sample = (now, n)
+            busy_s = self._hist.sum
+            busy = (busy_s - self._last_busy) / (now - t0)
+            self.busy_lanes = busy if self.busy_lanes == 0 else 0.5 * self.busy_lanes + 0.5 * busy
+            self._last_busy = busy_s
+
+
+class LearnerStatusCache:
+    """The state hooks' ``learner_status()`` as last read on its own thread (never on the loop: the
+    hooks may hold their lock during network calls)."""
+
+    def __init__(self, hooks: StateStatusHooks | None, pool: ThreadPoolExecutor,
+                 lifecycle: Lifecycle) -> None:
+        self._hooks = hooks
+        self._pool = pool
+        self._lifecycle = lifecycle
+        self.learners: list[dict[str, Any]] = []  # written by refresh() only
+        self._task: asyncio.Task[None] | None = None  # the background refresh, if running
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [self._task] if self._task is not None else []
+
+    async def refresh(self) -> None:
+        """Re-read ``learner_status()`` on the status thread."""
+        if self._hooks is not None and not self._lifecycle.stopping:
+            self.learners = await asyncio.get_running_loop().run_in_executor(self._pool, self._read)
+
+    def refresh_in_background(self) -> None:
+        """Start a :meth:`refresh` unless one runs (a learn() may hold the hooks' lock for a while;
+        commits must not wait for it)."""
+        if self._hooks is not None and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self.refresh())
+
+    def _read(self) -> list[dict[str, Any]]:
+        """``learner_status()`` ([] when it fails; blocking)."""
+        assert self._hooks is not None
+        try:
+            return list(self._hooks.learner_status())
+        except Exception:
+            log.exception("learner_status() failed")
+            return []
+
+
+class HousekeepingLoop:
+    """Every half second: watchdog, watermarks, rate, learner figures; every commit interval, the
+    commit cycle over the active partitions (a partition whose state lost a change is reopened)."""
+
+    def __init__(self, commit_interval_s: float, partitions: PartitionSet, commits: CommitCycle,
+                 consumer: Any, watchdog: StallWatchdog, rate: RateMeter, learners: LearnerStatusCache,
+                 reopener: Reopener, lifecycle: Lifecycle) -> None:
+        self._interval = commit_interval_s
+        self._partitions = partitions
+        self._commits = commits
+        self._consumer = consumer
+        self._watchdog = watchdog
+        self._rate = rate
+        self._learners = learners
+        self._reopener = reopener
+        self._lifecycle = lifecycle
+
+    async def run(self) -> None:
+        interval = self._interval
         next_commit = time.monotonic() + interval
-        while not self._stopping:
+        while not self._lifecycle.stopping:
             await asyncio.sleep(min(0.5, interval))
             now = time.monotonic()
-            self._watchdog.scan([s for p in self._parts.values() for s in p.lanes.slots()], now)
+            self._watchdog.scan([s for p in self._partitions for s in p.lanes.slots()], now)
             self._update_watermarks()
-            self._update_rate(now)
-            # learner figures: in the background (the hooks' lock may be held by a learn() for a
-            # while; commits must not wait for it)
-            task = self._learners_refresh
-            if self.hooks is not None and (task is None or task.done()):
-                self._learners_refresh = asyncio.get_running_loop().create_task(self.refresh_learners())
+            self._rate.update(now)
+            self._learners.refresh_in_background()
             if now >= next_commit:
                 next_commit = now + interval
-                active = [p for p in self._parts.values() if p.phase == Phase.ACTIVE]
                 try:
-                    lost = await self._commits.run(active)
+                    lost = await self._commits.run(self._partitions.active())
                 except Exception:
                     log.exception("commit cycle failed; retrying next cycle")
                     continue
                 for p in lost:
-                    self._schedule_reopen(p)
-
-    def _schedule_reopen(self, part: PartitionRuntime) -> None:
-        """Start :meth:`_reopen_lost` for ``part`` unless one is already running for it."""
-        tp = (part.topic, part.partition)
-        task = self._reopens.get(tp)
-        if task is not None and not task.done():
-            return
-        assert self._loop is not None
-        self._reopens[tp] = self._loop.create_task(self._reopen_lost(part), name=f"multilane-reopen-{tp}")
-
-    async def _reopen_lost(self, part: PartitionRuntime) -> None:
-        """Reopen a partition whose changelog lost a record (``before_commit`` raised
-        :class:`StateDurabilityError`), so that every record not committed is processed again
-        (steps 1-3, under the control lock).
-
-        1. Still the same runtime (not released or reopened meanwhile)? Otherwise nothing to do.
-        2. Release it without committing: drain (up to ``drain_timeout_s``), stop its lanes,
-           ``close_partition(clean=False)`` (no checkpoint: the next open wipes the store), unassign.
-        3. Add it again: committed offset and progress as on any assignment, ``open_partition``
-           (full restore from the changelog), fetching from the committed offset. If that fails,
-           retry with backoff (lock released in between) while it is in ``_reopen_pending``, i.e.
-           until a control call or rebalance decides the partition's ownership.
-        In standalone mode the partition stays in the group's assignment throughout; only the local
-        consumer assignment is dropped and retaken.
-        """
-        tp = (part.topic, part.partition)
-        delay = 0.5
-        async with self._control_lock:
-            # 1.
-            if self._stopped or self._fenced_at is not None or self._parts.get(tp) is not part:
-                return
-            log.warning(
-                "reopening %s/%d: its state changes are not durable; records after the last "
-                "commit will be processed again",
-                tp[0],
-                tp[1],
-            )
-            # 2.
-            await self._release_parts([part], self.config.drain_timeout_s, unassign=True, commit=False)
-            self._reopen_pending.add(tp)
-            # 3.
-            if await self._try_reopen_add(tp, delay):
-                return
-        while not self._stopped:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-            async with self._control_lock:
-                if self._stopped or self._fenced_at is not None or tp not in self._reopen_pending:
-                    return
-                if await self._try_reopen_add(tp, delay):
-                    return
-
-    async def _try_reopen_add(self, tp: TopicPartitionId, delay: float) -> bool:
-        """Step 3 of :meth:`_reopen_lost` (control lock held): True when done."""
-        try:
-            await self._add_partitions([tp])
-        except Exception as exc:
-            log.warning("cannot reopen %s/%d yet (%s); retrying in %.1fs", tp[0], tp[1], exc, delay)
-            return False
-        self._reopen_pending.discard(tp)
-        return True
+                    self._reopener.schedule(p)
 
     def _update_watermarks(self) -> None:
-        for p in self._parts.values():
+        for p in self._partitions:
             try:
-                _lo, hi = self._consumer.get_watermark_offsets(
-                    TopicPartition(p.topic, p.partition), cached=True
-                )
+                _lo, hi = self._consumer.get_watermark_offsets(TopicPartition(p.topic, p.partition),
+                                                               cached=True)
             except KafkaException:
                 continue
             if hi is not None and hi >= 0:
                 p.high_watermark = hi
 
-    def _update_rate(self, now: float) -> None:
-        t0, n0 = self._last_rate_sample
-        n = self.processed_total()
-        if now - t0 >= 1.0:
-            rate = (n - n0) / (now - t0)
-            prev = self.processing_rate
-            self.processing_rate = rate if prev == 0 else 0.5 * prev + 0.5 * rate
-            self._last_rate_sample = (now, n)
-            busy_s = self._hist.sum
-            busy = (busy_s - self._last_busy_sample) / (now - t0)
-            self.busy_lanes = busy if self.busy_lanes == 0 else 0.5 * self.busy_lanes + 0.5 * busy
-            self._last_busy_sample = busy_s
 
-    async def _progress_loop(self) -> None:
-        """Every ``progress_interval_ms``: progress records of the active partitions (between commits)."""
-        interval = self.config.progress_interval_ms / 1000.0
-        assert self._progress is not None
-        while not self._stopping:
+class ProgressLoop:
+    """Every ``progress_interval_ms``: progress records of the active partitions (between commits)."""
+
+    def __init__(self, interval_s: float, partitions: PartitionSet, progress: ProgressCycle,
+                 lifecycle: Lifecycle) -> None:
+        self._interval = interval_s
+        self._partitions = partitions
+        self._progress = progress
+        self._lifecycle = lifecycle
+
+    async def run(self) -> None:
+        while not self._lifecycle.stopping:
             started = time.monotonic()
             try:
-                await self._progress.run([p for p in self._parts.values() if p.phase == Phase.ACTIVE])
+                await self._progress.run(self._partitions.active())
             except Exception:
                 log.exception("progress cycle failed; retrying next cycle")
-            await asyncio.sleep(self._progress.next_delay(interval, time.monotonic() - started))
+            await asyncio.sleep(self._progress.next_delay(self._interval, time.monotonic() - started))
 
-    async def _producer_loop(self) -> None:
+
+class ProducerLoop:
+    """Serves the producer's delivery callbacks (dead letters, progress records) on the loop."""
+
+    def __init__(self, producer: Any, lifecycle: Lifecycle) -> None:
+        self._producer = producer
+        self._lifecycle = lifecycle
+
+    async def run(self) -> None:
         producer = self._producer
-        while not self._stopping:
+        while not self._lifecycle.stopping:
             producer.poll(0)
             await asyncio.sleep(0.005 if len(producer) else 0.05)

@@ -1,60 +1,66 @@
-"""The partition-ownership protocol of a worker: how a partition is added and how it is released, in
-operator mode (``Engine.assign`` / ``Engine.release``) and in group mode (the rebalance callbacks of
-:mod:`multilane.worker.group`). Does I/O (Kafka, the state hooks).
+"""The partition-ownership protocol of a worker: the one way a partition is added and the one way it is
+released, used by operator mode (``Engine.assign`` / ``release``) and group mode (the rebalance
+callbacks of :mod:`multilane.worker.group`). Does I/O (Kafka, the state hooks).
 
-Add (:meth:`PartitionOwnership._add_partitions`), numbered as in the code:
+Add (:meth:`Ownership.add`, :meth:`Ownership.add_blocking`), numbered as in the code:
 
 1. Read the committed offsets (and metadata) from the group coordinator.
 2. Read the progress records (the progress topic, else the commit metadata) and vet them.
-3. Open the state (``hooks.open_partition``, several partitions in parallel), after any background
-   close of an earlier release of the same partition; all or nothing.
+3. Open the state (``open_partition``, several partitions in parallel), after any background close
+   of an earlier release of the same partition; all or nothing.
 4. Create the runtimes, start their lanes, ``incremental_assign`` at the committed offsets.
 
-Release (:meth:`PartitionOwnership._release_parts`), numbered as in the code:
+Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbered as in the code:
 
 1. Phase ``releasing``; stop fetching.
 2. Hold the lanes: wait for the records already running (not the queued ones: they go to the next
    owner through the committed offset and the progress record), up to the deadline.
-3. Stop the lanes (records still running are abandoned and replayed by the next owner).
+3. Stop the lanes (records still running are abandoned and replayed by the next owner); give the
+   thread-pool batches until the deadline to return.
 4. Final synchronous commit with progress.
 5. Close the state: clean only when nothing running was abandoned and the commit succeeded; in
    operator mode after the answer (in the background).
-6. ``incremental_unassign`` and forget the partitions.
+6. ``incremental_unassign`` (operator mode) and forget the partitions.
 
-:class:`PartitionOwnership` is a base class of :class:`multilane.worker.engine.Engine`: it declares the
-engine state the protocol reads and writes (set by ``Engine.__init__`` and ``Engine.start``, where
-the invariants are written) next to the steps.
+Each protocol is written once, as a coroutine over an I/O driver: :class:`_LoopIo` awaits on the
+event loop; :class:`_BlockingIo` serves the rebalance callbacks, which run inside ``consume()`` and
+cannot await: its awaitables are already resolved, so the coroutine runs to its end without
+suspending (:func:`_run_now`). A blocked loop runs no record, so the blocking driver does not wait
+in step 2 of a release, and its commit is :meth:`CommitCycle.run_blocking`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from multilane.formats.progress import ProgressRecord
 from multilane.worker.admin import security_config
-from multilane.worker.commits import CommitCycle, ProgressCycle
+from multilane.worker.commits import CommitCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
+from multilane.worker.control_state import ControlState
 from multilane.worker.fetch import FetchLoop
 from multilane.worker.flow import FlowController
+from multilane.worker.hooks import PartitionStateHooks
 from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.partition import PartitionRuntime, Phase
+from multilane.worker.partition_set import PartitionSet
 from multilane.worker.progress_store import ProgressStore, choose_progress
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
-from multilane.worker.watchdog import StallWatchdog
 
-__all__ = ["EngineError", "FencingError", "PartitionOwnership", "ReleasedPartition"]
+__all__ = ["EngineError", "FencingError", "Ownership", "ReleaseResult", "RuntimeFactory"]
 
-log = logging.getLogger("multilane.worker.engine")
+log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _Committed = tuple[int | None, str | None]  # (committed offset or None, commit metadata or None)
 
 
@@ -67,7 +73,9 @@ class FencingError(EngineError):
 
 
 @dataclass(frozen=True)
-class ReleasedPartition:
+class ReleaseResult:
+    """A partition this worker released, with its final committed offset."""
+
     topic: str
     partition: int
     committed_offset: int | None  # the final committed offset (None if nothing was ever committed)
@@ -76,317 +84,332 @@ class ReleasedPartition:
         return {"topic": self.topic, "partition": self.partition, "committed_offset": self.committed_offset}
 
 
-class PartitionOwnership:
-    """Adding and releasing partitions (the module docstring's steps). The annotations below are the
-    engine's state, set by ``Engine.__init__`` and ``Engine.start``."""
+@dataclass(frozen=True)
+class RuntimeFactory:
+    """Builds the :class:`PartitionRuntime` of a partition being added (the engine's shared parts)."""
 
     config: EngineConfig
-    hooks: Any
-    generation: int
-    user_paused: bool
-    processing_rate: float
-    busy_lanes: float
-    _factor: int
-    _parts: dict[TopicPartitionId, PartitionRuntime]
-    _opening: set[TopicPartitionId]
-    _closing: dict[TopicPartitionId, asyncio.Future[Any]]
-    _reopen_pending: set[TopicPartitionId]
-    _reopens: dict[TopicPartitionId, asyncio.Task[None]]
-    _fenced_at: int | None
-    _flow: FlowController
-    _retry: RetryPolicy
-    _hist: LatencyHistogram
-    _watchdog: StallWatchdog
-    _env: LaneEnv | None
-    _dlq: DeadLetterPublisher | None
-    _store: ProgressStore | None
-    _commits: CommitCycle | None
-    _progress: ProgressCycle | None
-    _consumer: Any
-    _producer: Any
-    _fetch: FetchLoop | None
-    _multi_topic: bool
-    _released_total: int
-    _io_pool: ThreadPoolExecutor
-    _status_pool: ThreadPoolExecutor
-    _control_lock: asyncio.Lock
-    _loop: asyncio.AbstractEventLoop | None
-    _learners: list[dict[str, Any]]
-    _learners_refresh: asyncio.Task[None] | None
-    _stopping: bool
-    _stopped: bool
-    _last_rate_sample: tuple[float, int]
-    _last_busy_sample: float
+    control: ControlState
+    env: LaneEnv
+    flow: FlowController
+    retry: RetryPolicy
+    dlq: DeadLetterPublisher
+    hist: LatencyHistogram
 
-    async def _run_io(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
-
-    def _fetcher(self) -> FetchLoop:
-        if self._fetch is None:
-            raise EngineError("the engine has not started")
-        return self._fetch
-
-    def _new_runtime(
-        self, topic: str, partition: int, committed: int | None, progress: ProgressRecord | None
-    ) -> PartitionRuntime:
-        assert self._env is not None and self._dlq is not None
+    def __call__(self, topic: str, partition: int, committed: int | None,
+                 progress: ProgressRecord | None) -> PartitionRuntime:
         cfg = self.config
-        return PartitionRuntime(
-            topic,
-            partition,
-            cfg.ordering,
-            self._factor,
-            self._env,
-            self._flow,
-            self._retry,
-            self._dlq,
-            self._hist,
-            cfg.group,
-            cfg.worker_id,
-            committed,
-            progress,
-        )
+        return PartitionRuntime(topic, partition, cfg.ordering, self.control.factor, self.env, self.flow,
+                                self.retry, self.dlq, self.hist, cfg.group, cfg.worker_id, committed,
+                                progress)
 
-    async def _add_partitions(self, tps: list[TopicPartitionId]) -> None:
-        """Start consuming ``tps`` (operator mode; steps 1-4).
 
-        1. Read committed offsets (and metadata) from the group coordinator.
-        2. Read progress records (metadata first, else the progress topic; on a worker thread) and vet
-           them (undecodable / stale / foreign -> warning, ignored).
-        3. Let the state hooks restore (``open_partition``; blocking, on worker threads, several
-           partitions in parallel). If one fails, those opened are closed uncleanly and the error is
-           raised: nothing of this call is assigned.
-        4. Create the runtimes, start their lanes, and ``incremental_assign`` at the committed offsets.
-           No record of a partition is fetched before its state is open.
-        """
-        # 1. committed offsets (a short-lived client on a worker thread: the loop keeps processing)
-        committed = await self._run_io(self._committed_blocking, tps)
-        # 2. progress
-        progress = await asyncio.gather(*(self._run_io(self._load_progress, tp, committed[tp]) for tp in tps))
-        # 3. state restore
-        if self.hooks is not None:
-            await self._open_states(
-                [(tp, committed[tp][0], prog) for tp, prog in zip(tps, progress, strict=True)]
-            )
-        runtimes = [
-            self._new_runtime(tp[0], tp[1], committed[tp][0], prog)
-            for tp, prog in zip(tps, progress, strict=True)
-        ]
-        # 4. start
-        for rt in runtimes:
-            self._activate(rt)
-        self._consumer.incremental_assign(
-            [
-                TopicPartition(rt.topic, rt.partition, rt.committed)
-                if rt.committed is not None
-                else TopicPartition(rt.topic, rt.partition)
-                for rt in runtimes
-            ]
-        )
-        self._resume_assigned(runtimes, self._consumer)
-        log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
+# -- I/O drivers ------------------------------------------------------------------------------------------
 
-    async def _open_states(
-        self, items: list[tuple[TopicPartitionId, int | None, ProgressRecord | None]]
-    ) -> None:
-        """``hooks.open_partition`` for every item, in parallel on the I/O threads (the hooks are
-        thread-safe across partitions). All or nothing: on any failure, the partitions that opened
-        are closed uncleanly and the first error is raised. ``_opening`` lists them meanwhile."""
-        hooks = self.hooks
-        assert hooks is not None
-        await self._closed([tp for tp, _, _ in items])
-        for tp, _, _ in items:
-            self._opening.add(tp)
-        try:
-            results = await asyncio.gather(
-                *(self._run_io(hooks.open_partition, tp[0], tp[1], off, prog) for tp, off, prog in items),
-                return_exceptions=True,
-            )
-        finally:
-            for tp, _, _ in items:
-                self._opening.discard(tp)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for (tp, _, _), r in zip(items, results, strict=True):
-                if not isinstance(r, BaseException):
-                    await self._run_io(self._close_state_quietly, tp, False)
-            raise errors[0]
 
-    async def _closed(self, tps: Iterable[TopicPartitionId]) -> None:
-        """Wait for the background state closes of ``tps`` (see ``_release_parts``, step 5)."""
-        pending = [f for tp in tps if (f := self._closing.pop(tp, None)) is not None]
+class _Ready(Generic[T]):
+    """An awaitable that is already resolved: awaiting it returns (or raises) without suspending."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: T, error: BaseException | None = None) -> None:
+        self._value = value
+        self._error = error
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._error is not None:
+            raise self._error
+        return self._value
+        yield  # a generator, never reached
+
+
+def _ready_call(fn: Callable[..., T], *args: Any) -> _Ready[T]:
+    try:
+        return _Ready(fn(*args))
+    except Exception as exc:
+        return _Ready(None, exc)  # type: ignore[arg-type]  # never read: awaiting raises ``exc``
+
+
+def _run_now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a protocol coroutine over :class:`_BlockingIo` to its end (it never suspends)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+    coro.close()
+    raise RuntimeError("an ownership step suspended under the blocking driver")
+
+
+class _Io(Protocol):
+    """How the protocol's steps wait: on the loop, or blocking the loop's thread."""
+
+    commit_errors: tuple[type[Exception], ...]  # final-commit failures that only make the close unclean
+
+    def call(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]: ...
+    def each(self, fn: Callable[..., T],
+             calls: Sequence[tuple[Any, ...]]) -> Awaitable[list[T | BaseException]]: ...
+    def committed(self, tps: list[TopicPartitionId]) -> Awaitable[dict[TopicPartitionId, _Committed]]: ...
+    def wait_closes(self, tps: Iterable[TopicPartitionId]) -> Awaitable[None]: ...
+    def wait_until(self, done: Callable[[], bool], deadline: float, poll_s: float) -> Awaitable[None]: ...
+    def wait_batches(self, futs: list[concurrent.futures.Future[Any]],
+                     timeout_s: float) -> Awaitable[int]: ...
+    def commit_final(self, parts: list[PartitionRuntime]) -> Awaitable[list[PartitionRuntime]]: ...
+    def close_state(self, tp: TopicPartitionId, clean: bool, background: bool) -> Awaitable[None]: ...
+
+
+class _LoopIo:
+    """The protocol on the event loop: blocking calls on the I/O threads, waits that yield."""
+
+    commit_errors: tuple[type[Exception], ...] = (KafkaException,)  # others propagate to the caller
+
+    def __init__(self, owner: Ownership) -> None:
+        self._o = owner
+
+    def call(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        return asyncio.get_running_loop().run_in_executor(self._o.io_pool, fn, *args)
+
+    async def each(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T | BaseException]:
+        return list(await asyncio.gather(*(self.call(fn, *args) for args in calls), return_exceptions=True))
+
+    def committed(self, tps: list[TopicPartitionId]) -> Awaitable[dict[TopicPartitionId, _Committed]]:
+        # a short-lived client on a worker thread: the loop keeps processing meanwhile
+        return self.call(self._o.committed_blocking, tps)
+
+    async def wait_closes(self, tps: Iterable[TopicPartitionId]) -> None:
+        pending = self._o.partitions.take_closing(tps)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
-    def _close_state_quietly(self, tp: TopicPartitionId, clean: bool) -> None:
-        """``hooks.close_partition`` (blocking), logging instead of raising."""
-        if self.hooks is None:
-            return
-        try:
-            self.hooks.close_partition(tp[0], tp[1], clean)
-        except Exception:
-            log.exception("close_partition failed for %s/%d", tp[0], tp[1])
+    async def wait_until(self, done: Callable[[], bool], deadline: float, poll_s: float) -> None:
+        while not done() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(poll_s)
 
-    @staticmethod
-    def _resume_assigned(runtimes: list[PartitionRuntime], consumer: Any) -> None:
-        """Clear a pause left from an earlier ownership: librdkafka keeps a partition's pause across
-        ``incremental_unassign``/``incremental_assign``, so a partition released (paused) and later
-        given back to this process would never be fetched again. User-paused ones stay paused."""
-        tps = [TopicPartition(rt.topic, rt.partition) for rt in runtimes if not rt.user_paused]
-        if tps:
-            try:
-                consumer.resume(tps)
-            except KafkaException as exc:
-                log.warning("resume of newly assigned partitions failed: %s", exc)
+    async def wait_batches(self, futs: list[concurrent.futures.Future[Any]], timeout_s: float) -> int:
+        if not futs:
+            return 0
+        _done, pending = await asyncio.wait([asyncio.wrap_future(f) for f in futs], timeout=timeout_s)
+        return len(pending)
+
+    def commit_final(self, parts: list[PartitionRuntime]) -> Awaitable[list[PartitionRuntime]]:
+        return self._o.commits.run(parts, final=True)
+
+    async def close_state(self, tp: TopicPartitionId, clean: bool, background: bool) -> None:
+        hooks = self._o.hooks
+        assert hooks is not None
+        if background:
+            fut = asyncio.ensure_future(self.call(self._o.close_state_quietly, tp, clean))
+            self._o.partitions.closing_started(tp, fut)
+        else:
+            await self.call(hooks.close_partition, tp[0], tp[1], clean)
+
+
+class _BlockingIo:
+    """The protocol inside a rebalance callback: every step done before its awaitable is returned."""
+
+    commit_errors: tuple[type[Exception], ...] = (Exception,)  # a callback must not raise for a commit
+
+    def __init__(self, owner: Ownership, consumer: Any) -> None:
+        self._o = owner
+        self._consumer = consumer
+
+    def call(self, fn: Callable[..., T], *args: Any) -> _Ready[T]:
+        return _ready_call(fn, *args)
+
+    def each(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> _Ready[list[T | BaseException]]:
+        # in parallel on the I/O threads (the callback blocks the loop meanwhile)
+        futs = [self._o.io_pool.submit(fn, *args) for args in calls]
+        concurrent.futures.wait(futs)
+        out: list[T | BaseException] = []
+        for f in futs:
+            exc = f.exception()
+            out.append(exc if exc is not None else f.result())
+        return _Ready(out)
+
+    def committed(self, tps: list[TopicPartitionId]) -> _Ready[dict[TopicPartitionId, _Committed]]:
+        try:
+            return _Ready(self._o.committed_with(tps, self._consumer))
+        except KafkaException as exc:
+            # librdkafka then starts at the committed offset itself; without it no progress is used.
+            log.warning("cannot read committed offsets of %s (%s); starting without progress", tps, exc)
+            return _Ready({tp: (None, None) for tp in tps})
+
+    def wait_closes(self, tps: Iterable[TopicPartitionId]) -> _Ready[None]:
+        return _Ready(None)  # group mode closes in the callback itself: nothing runs in the background
+
+    def wait_until(self, done: Callable[[], bool], deadline: float, poll_s: float) -> _Ready[None]:
+        return _Ready(None)  # the blocked loop runs no record: waiting would only delay the rebalance
+
+    def wait_batches(self, futs: list[concurrent.futures.Future[Any]], timeout_s: float) -> _Ready[int]:
+        if not futs:
+            return _Ready(0)
+        _done, pending = concurrent.futures.wait(futs, timeout=timeout_s)
+        return _Ready(len(pending))
+
+    def commit_final(self, parts: list[PartitionRuntime]) -> _Ready[list[PartitionRuntime]]:
+        return _ready_call(self._o.commits.run_blocking, parts, self._o.producer)
+
+    def close_state(self, tp: TopicPartitionId, clean: bool, background: bool) -> _Ready[None]:
+        self._o.close_state_quietly(tp, clean)
+        return _Ready(None)
+
+
+# -- the protocol -----------------------------------------------------------------------------------------
+
+
+class Ownership:
+    """Adding and releasing partitions (the module docstring's steps), for both modes."""
+
+    def __init__(self, config: EngineConfig, partitions: PartitionSet, control: ControlState,
+                 hooks: PartitionStateHooks | None, consumer: Any, producer: Any, store: ProgressStore,
+                 commits: CommitCycle, fetch: FetchLoop, new_runtime: RuntimeFactory,
+                 io_pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self.config = config
+        self.partitions = partitions
+        self.control = control
+        self.hooks = hooks
+        self.consumer = consumer
+        self.producer = producer
+        self.store = store
+        self.commits = commits
+        self.fetch = fetch
+        self.new_runtime = new_runtime
+        self.io_pool = io_pool
+        self._loop_io = _LoopIo(self)
+
+    async def wait_for_closes(self, tps: Iterable[TopicPartitionId]) -> None:
+        """Wait until the background state closes of ``tps`` (a release's step 5) finished."""
+        await self._loop_io.wait_closes(tps)
+
+    # -- add ------------------------------------------------------------------------------------------------
+
+    async def add(self, tps: list[TopicPartitionId]) -> None:
+        """Start consuming ``tps`` (operator mode, and a reopen), on the loop."""
+        await self._add(tps, self._loop_io, self.consumer)
+
+    def add_blocking(self, tps: list[TopicPartitionId], consumer: Any) -> None:
+        """The same protocol inside group mode's ``on_assign`` (blocks the loop's thread)."""
+        _run_now(self._add(tps, _BlockingIo(self, consumer), consumer))
+
+    async def _add(self, tps: list[TopicPartitionId], io: _Io, consumer: Any) -> None:
+        """Steps 1-4 of the module docstring. If a state open fails, those opened are closed uncleanly
+        and the error is raised: nothing of this call is assigned. No record of a partition is
+        fetched before its state is open."""
+        # 1. committed offsets
+        committed = await io.committed(tps)
+        # 2. progress (undecodable / stale / foreign records -> warning, ignored)
+        loaded = await io.each(self.load_progress, [(tp, committed[tp]) for tp in tps])
+        failed = [r for r in loaded if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        progress = [r for r in loaded if not isinstance(r, BaseException)]
+        # 3. state (all or nothing)
+        if self.hooks is not None:
+            await self._open_states(
+                [(tp, committed[tp][0], prog) for tp, prog in zip(tps, progress, strict=True)], io
+            )
+        # 4. start
+        runtimes = [self.new_runtime(tp[0], tp[1], committed[tp][0], prog)
+                    for tp, prog in zip(tps, progress, strict=True)]
+        for rt in runtimes:
+            self._activate(rt)
+        consumer.incremental_assign([
+            TopicPartition(rt.topic, rt.partition, rt.committed) if rt.committed is not None
+            else TopicPartition(rt.topic, rt.partition)
+            for rt in runtimes
+        ])  # fmt: skip
+        _resume_assigned(runtimes, consumer)
+        log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
+
+    async def _open_states(self, items: list[tuple[TopicPartitionId, int | None, ProgressRecord | None]],
+                           io: _Io) -> None:
+        """Step 3: ``open_partition`` for every item, in parallel on the I/O threads (the hooks are
+        thread-safe across partitions). All or nothing: on any failure, the partitions that opened
+        are closed uncleanly and the first error is raised. They are listed as opening meanwhile."""
+        hooks = self.hooks
+        assert hooks is not None
+        tps = [tp for tp, _, _ in items]
+        await io.wait_closes(tps)
+        self.partitions.start_opening(tps)
+        try:
+            results = await io.each(hooks.open_partition,
+                                    [(tp[0], tp[1], off, prog) for tp, off, prog in items])
+        finally:
+            self.partitions.end_opening(tps)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for tp, r in zip(tps, results, strict=True):
+                if not isinstance(r, BaseException):
+                    await io.call(self.close_state_quietly, tp, False)
+            raise errors[0]
 
     def _activate(self, rt: PartitionRuntime) -> None:
         topics = self.config.topics
-        if any(t != rt.topic for t, _ in self._parts) or (topics and rt.topic not in topics):
-            self._multi_topic = True  # never reset: stale messages of another topic may still arrive
-            if self._fetch is not None:
-                self._fetch.multi_topic = True
-        self._parts[(rt.topic, rt.partition)] = rt
-        self._flow.set_partitions(len(self._parts))
+        if any(t != rt.topic for t in self.partitions.topics()) or (topics and rt.topic not in topics):
+            self.fetch.multi_topic = True  # never reset: stale messages of another topic may still arrive
+        self.partitions.add(rt)
         rt.lanes.start()
         rt.phase = Phase.ACTIVE
-        if self.user_paused:
+        if self.control.user_paused:
             rt.user_paused = True
 
-    def _committed_blocking(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets via a separate client of the same group (blocking; worker thread)."""
-        cfg = self.config
-        client = Consumer(
-            {
-                "bootstrap.servers": cfg.bootstrap_servers,
-                "group.id": cfg.group,
-                "enable.auto.commit": False,
-                **security_config(cfg.consumer_overrides),
-            }
-        )
-        try:
-            return self._committed(tps, client)
-        finally:
-            client.close()
+    # -- release ---------------------------------------------------------------------------------------------
 
-    def _committed(
-        self, tps: list[TopicPartitionId], client: Any = None
-    ) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets and metadata of ``tps`` (blocking; by default the engine's consumer,
-        which may only be used on the loop thread)."""
-        out: dict[TopicPartitionId, _Committed] = {}
-        consumer = client if client is not None else self._consumer
-        result = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=15)
-        for tp in result:
-            off = tp.offset if tp.offset >= 0 else None
-            out[(tp.topic, tp.partition)] = (off, getattr(tp, "metadata", None))
-        for tp in tps:
-            out.setdefault(tp, (None, None))
-        return out
+    async def release(self, parts: list[PartitionRuntime], deadline_s: float, *, unassign: bool,
+                      commit: bool = True, close_after: bool = False) -> list[ReleaseResult]:
+        """Stop, commit and drop ``parts`` on the loop (steps 1-6). Not ``commit``: a partition whose
+        changelog lost a record is reopened without a commit. ``close_after``: step 5 runs in the
+        background after the call returned (closing a large store flushes its memtables: the caller
+        need not wait for it); a later open of the same partition, a learn, and ``stop()`` wait for it."""
+        return await self._release(parts, deadline_s, unassign, commit, close_after, self._loop_io)
 
-    def _load_progress(self, tp: TopicPartitionId, committed: _Committed) -> ProgressRecord | None:
-        """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
-        off, meta = committed
-        if off is None:
-            return None
-        cfg = self.config
-        # the progress topic first: between commits it holds fresher records than the commit metadata
-        if cfg.ordering.value != "partition" and self._store is not None:
-            try:
-                rec = self._store.read_progress(tp[0], tp[1], off)
-            except Exception as exc:
-                log.warning("cannot read progress for %s/%d (%s)", tp[0], tp[1], exc)
-                rec = None
-            if rec is not None:
-                return rec
-        if meta:
-            return choose_progress(
-                meta, source="commit metadata", group=cfg.group, topic=tp[0], partition=tp[1], committed=off
-            )
-        log.info(
-            "no usable progress record for %s/%d at %d; replaying from the committed offset",
-            tp[0],
-            tp[1],
-            off,
-        )
-        return None
+    def release_blocking(self, parts: list[PartitionRuntime], consumer: Any) -> list[ReleaseResult]:
+        """The same protocol inside group mode's ``on_revoke`` (blocks the loop's thread; the group
+        unassigns by itself). Records still running are abandoned; the progress record lets the next
+        owner replay only those (and the queued ones), not what already completed."""
+        return _run_now(self._release(parts, self.config.drain_timeout_s, False, True, False,
+                                      _BlockingIo(self, consumer)))
 
-    async def _release_parts(
-        self,
-        parts: list[PartitionRuntime],
-        deadline_s: float,
-        unassign: bool,
-        commit: bool = True,
-        close_after: bool = False,
-    ) -> list[ReleasedPartition]:
-        """Stop, commit and drop ``parts`` (steps 1-6).
-
-        1. Phase ``releasing``; pause fetching (records fetched later are ignored).
-        2. Hold their lanes (no queued record starts any more) and wait until the records already
-           *running* finished, or the deadline passed. Queued records are not waited for: they are
-           above the committed offset and not marked done by the progress record, so the next owner
-           runs them (nothing is lost, and nothing that completed runs again). The deadline bounds
-           only slow running records.
-        3. Stop their lanes (records still running are abandoned; the next owner replays them).
-        4. Final synchronous commit of the committable offsets, with progress records (skipped when
-           not ``commit``: a partition whose changelog lost a record is reopened without one).
-        5. ``close_partition``: clean only when no running record was abandoned and the final commit
-           succeeded (a partition whose ``before_commit`` raised :class:`StateDurabilityError` is not
-           committed and closes uncleanly). With ``close_after``, this runs in the background after
-           the call returned (closing a large store flushes its memtables: the caller need not wait
-           for it); a later open of the same partition, a learn, and :meth:`stop` wait for it.
-        6. ``incremental_unassign`` (operator mode) and forget them.
-        """
+    async def _release(self, parts: list[PartitionRuntime], deadline_s: float, unassign: bool, commit: bool,
+                       close_after: bool, io: _Io) -> list[ReleaseResult]:
+        """Steps 1-6 of the module docstring."""
         if not parts:
             return []
-        commit = commit and self._fenced_at is None  # a fenced worker never commits
+        commit = commit and self.control.fenced_at is None  # a fenced worker never commits
         # 1. stop fetching
         for p in parts:
             p.phase = Phase.RELEASING
-        self._fetcher().pause_fetch(parts)
+        self.fetch.pause_fetch(parts)
         # 2. hold the lanes; wait for running records (and dead letters being written) only
         deadline = time.monotonic() + max(0.0, deadline_s)
         if self.config.release_drain == "queued":  # the older behaviour: drain every fetched record
-            while any(p.in_flight for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+            await io.wait_until(lambda: not any(p.in_flight for p in parts), deadline, 0.01)
         for p in parts:
             p.lanes.hold()
-        while any(_busy(p) for p in parts) and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
+        await io.wait_until(lambda: not any(_busy(p) for p in parts), deadline, 0.005)
         clean = {id(p): not _busy(p) for p in parts}
         for p in parts:
             if _busy(p):
-                log.warning(
-                    "releasing %s/%d with %d records still running after %.1fs; they will be "
-                    "replayed by the next owner",
-                    p.topic,
-                    p.partition,
-                    p.lanes.running,
-                    deadline_s,
-                )
+                log.warning("releasing %s/%d with %d records still running after %.1fs; they will be "
+                            "replayed by the next owner", p.topic, p.partition, p.lanes.running, deadline_s)
             elif p.in_flight:
-                log.info(
-                    "releasing %s/%d: %d queued records go to the next owner",
-                    p.topic,
-                    p.partition,
-                    p.in_flight,
-                )
+                log.info("releasing %s/%d: %d queued records go to the next owner", p.topic, p.partition,
+                         p.in_flight)
         # 3. stop lanes (keep the tracker: completed work is still committed); records running on
         #    the thread pool cannot be cancelled: give them until the deadline (at least a moment)
         #    to return, so that the next owner does not run a key while we still do
         for p in parts:
             p.close()
-        batches = [asyncio.wrap_future(f) for p in parts for f in p.lanes.batches_running()]
-        if batches:
-            _done, pending = await asyncio.wait(batches, timeout=max(1.0, deadline - time.monotonic()))
-            if pending:
-                log.warning("%d thread-pool batches still running after the release deadline", len(pending))
+        batches = [f for p in parts for f in p.lanes.batches_running()]
+        pending = await io.wait_batches(batches, max(1.0, deadline - time.monotonic()))
+        if pending:
+            log.warning("%d thread-pool batches still running after the release deadline", pending)
         # 4. final commit
-        assert self._commits is not None
         if commit:
             try:
-                for p in await self._commits.run(parts, final=True):
+                for p in await io.commit_final(parts):
                     clean[id(p)] = False
-            except KafkaException as exc:
+            except io.commit_errors as exc:
                 log.warning("final commit failed for %s: %s", [(p.topic, p.partition) for p in parts], exc)
                 clean = dict.fromkeys(clean, False)
         else:
@@ -395,27 +418,97 @@ class PartitionOwnership:
         if self.hooks is not None:
             for p in parts:
                 clean[id(p)] = clean[id(p)] and _fully_committed(p)
-                tp = (p.topic, p.partition)
-                if close_after:
-                    self._closing[tp] = asyncio.ensure_future(
-                        self._run_io(self._close_state_quietly, tp, clean[id(p)])
-                    )
-                else:
-                    await self._run_io(self.hooks.close_partition, p.topic, p.partition, clean[id(p)])
+                await io.close_state((p.topic, p.partition), clean[id(p)], close_after)
         # 6. unassign and forget
         if unassign:
             try:
-                self._consumer.incremental_unassign([TopicPartition(p.topic, p.partition) for p in parts])
+                self.consumer.incremental_unassign([TopicPartition(p.topic, p.partition) for p in parts])
             except KafkaException as exc:
                 log.warning("unassign failed: %s", exc)
         out = []
         for p in parts:
-            self._parts.pop((p.topic, p.partition), None)
-            self._flow.set_partitions(len(self._parts))
-            self._released_total += p.processed
-            out.append(ReleasedPartition(p.topic, p.partition, p.committed))
+            self.partitions.forget(p)
+            out.append(ReleaseResult(p.topic, p.partition, p.committed))
         log.info("released %s", [r.to_dict() for r in out])
         return out
+
+    def drop_lost(self, tps: list[TopicPartitionId]) -> None:
+        """Partitions lost (group session expired): forget them without committing; their state
+        closes uncleanly."""
+        for tp in tps:
+            p = self.partitions.get(tp)
+            if p is None:
+                continue
+            p.close()
+            self.partitions.forget(p)
+            if self.hooks is not None:
+                self.hooks.close_partition(p.topic, p.partition, False)
+
+    # -- blocking helpers (I/O threads, or the loop's thread in a callback) ---------------------------------
+
+    def close_state_quietly(self, tp: TopicPartitionId, clean: bool) -> None:
+        """``close_partition`` (blocking), logging instead of raising."""
+        if self.hooks is None:
+            return
+        try:
+            self.hooks.close_partition(tp[0], tp[1], clean)
+        except Exception:
+            log.exception("close_partition failed for %s/%d", tp[0], tp[1])
+
+    def committed_blocking(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
+        """Committed offsets via a separate client of the same group (blocking; worker thread)."""
+        cfg = self.config
+        client = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group,
+                           "enable.auto.commit": False, **security_config(cfg.consumer_overrides)})
+        try:
+            return self.committed_with(tps, client)
+        finally:
+            client.close()
+
+    @staticmethod
+    def committed_with(tps: list[TopicPartitionId], client: Any) -> dict[TopicPartitionId, _Committed]:
+        """Committed offsets and metadata of ``tps`` through ``client`` (blocking)."""
+        out: dict[TopicPartitionId, _Committed] = {}
+        for tp in client.committed([TopicPartition(t, p) for t, p in tps], timeout=15):
+            out[(tp.topic, tp.partition)] = (tp.offset if tp.offset >= 0 else None,
+                                             getattr(tp, "metadata", None))  # older clients lack it
+        for tp in tps:
+            out.setdefault(tp, (None, None))
+        return out
+
+    def load_progress(self, tp: TopicPartitionId, committed: _Committed) -> ProgressRecord | None:
+        """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
+        off, meta = committed
+        if off is None:
+            return None
+        cfg = self.config
+        # the progress topic first: between commits it holds fresher records than the commit metadata
+        if cfg.ordering.value != "partition":
+            try:
+                rec = self.store.read_progress(tp[0], tp[1], off)
+            except Exception as exc:
+                log.warning("cannot read progress for %s/%d (%s)", tp[0], tp[1], exc)
+                rec = None
+            if rec is not None:
+                return rec
+        if meta:
+            return choose_progress(meta, source="commit metadata", group=cfg.group, topic=tp[0],
+                                   partition=tp[1], committed=off)
+        log.info("no usable progress record for %s/%d at %d; replaying from the committed offset",
+                 tp[0], tp[1], off)
+        return None
+
+
+def _resume_assigned(runtimes: list[PartitionRuntime], consumer: Any) -> None:
+    """Clear a pause left from an earlier ownership: librdkafka keeps a partition's pause across
+    ``incremental_unassign``/``incremental_assign``, so a partition released (paused) and later given
+    back to this process would never be fetched again. User-paused ones stay paused."""
+    tps = [TopicPartition(rt.topic, rt.partition) for rt in runtimes if not rt.user_paused]
+    if tps:
+        try:
+            consumer.resume(tps)
+        except KafkaException as exc:
+            log.warning("resume of newly assigned partitions failed: %s", exc)
 
 
 def _busy(part: PartitionRuntime) -> bool:

@@ -5,7 +5,6 @@ interrupted bulk load is never reused, and an open of a partition waits for its 
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import uuid
@@ -15,16 +14,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.state import StateManager
 from multilane.worker.state.checkpoint import CheckpointStore
 from multilane.worker.state.store import BULK_MARKER, PartitionStore, partition_dir
+from tests.support.state_ops import apply_ops, random_ops, reference
 
 pytestmark = pytest.mark.broker
-
-FULL = KeyRange(0, HASH_SPACE)
-Ops = list[tuple[int, bytes, bytes | None]]
 
 
 @pytest.fixture
@@ -37,32 +33,6 @@ def writer(broker: EmbeddedBroker, tmp_path: Path, group: str) -> Iterator[State
     sm = StateManager(tmp_path / "writer", broker.bootstrap, group)
     yield sm
     sm.close()
-
-
-def random_ops(n: int, keys: int, seed: int) -> Ops:
-    rnd = random.Random(seed)
-    return [
-        (i, b"key-%d" % rnd.randrange(keys), None if rnd.random() < 0.2 else b"v%d" % i) for i in range(n)
-    ]
-
-
-def write(sm: StateManager, topic: str, ops: Ops) -> None:
-    for src, key, value in ops:
-        view = sm.view(topic, 0, key, FULL, src, key_hash(key))
-        if value is None:
-            view.delete()
-        else:
-            view.put(value)
-
-
-def reference(ops: Ops) -> dict[bytes, bytes]:
-    out: dict[bytes, bytes] = {}
-    for _src, key, value in ops:
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
 
 
 def commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
@@ -79,7 +49,7 @@ def test_bulk_and_plain_restores_and_a_bulk_learner_equal_the_reference(
     broker.create_topic(topic_name, 1)
     ops = random_ops(20_000, 3_000, seed=5)
     writer.open_partition(topic_name, 0, 0, None)
-    write(writer, topic_name, ops)
+    apply_ops(writer, topic_name, ops)
     writer.before_commit(topic_name, 0, len(ops))
     expected = reference(ops)
     assert dict(writer.store(topic_name, 0).items()) == expected
@@ -120,7 +90,7 @@ def test_an_interrupted_bulk_load_is_never_reused(
     broker.create_topic(topic_name, 1)
     ops = random_ops(2_000, 200, seed=6)
     writer.open_partition(topic_name, 0, 0, None)
-    write(writer, topic_name, ops)
+    apply_ops(writer, topic_name, ops)
     writer.before_commit(topic_name, 0, len(ops))
     writer.close_partition(topic_name, 0, clean=True)
     directory = partition_dir(writer.state_dir, topic_name, 0)
@@ -145,7 +115,7 @@ def test_open_waits_for_a_close_still_running_after_the_release_answer(
     broker.create_topic(topic_name, 1)
     ops = random_ops(2_000, 200, seed=7)
     writer.open_partition(topic_name, 0, 0, None)
-    write(writer, topic_name, ops)
+    apply_ops(writer, topic_name, ops)
     writer.before_commit(topic_name, 0, len(ops))
 
     # Hold the close in its flush of the memtables (step 2), as a close after the answer would be.
@@ -194,7 +164,7 @@ def test_manager_close_waits_for_a_close_still_running(
     sm = StateManager(tmp_path / "m", broker.bootstrap, group)
     ops = random_ops(500, 50, seed=8)
     sm.open_partition(topic_name, 0, 0, None)
-    write(sm, topic_name, ops)
+    apply_ops(sm, topic_name, ops)
     sm.before_commit(topic_name, 0, len(ops))
     in_close = threading.Event()
     original_close = PartitionStore.close

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,24 +12,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
+from multilane.formats.keyranges import key_hash
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.state import ChangelogCorruptError, StateManager, StatePhaseError
 from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.store import partition_dir
+from tests.support.state_ops import FULL, DoneSet, apply_ops, random_ops, reference
 
 pytestmark = pytest.mark.broker
-
-FULL = KeyRange(0, HASH_SPACE)
-Ops = list[tuple[int, bytes, bytes | None]]
-
-
-class DoneSet:
-    def __init__(self, done: set[tuple[int, int]]) -> None:
-        self.done = done
-
-    def is_done(self, offset: int, key_hash: int) -> bool:
-        return (offset, key_hash) in self.done
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
@@ -40,35 +29,6 @@ def wait_until(pred: Callable[[], bool], timeout: float = 60.0, what: str = "con
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def random_ops(first: int, n: int, keys: int, seed: int) -> Ops:
-    rnd = random.Random(seed)
-    return [
-        (i, b"key-%d" % rnd.randrange(keys), None if rnd.random() < 0.15 else b"v%d" % i)
-        for i in range(first, first + n)
-    ]
-
-
-def apply_ops(sm: StateManager, topic: str, ops: Ops) -> None:
-    for src, key, value in ops:
-        view = sm.view(topic, 0, key, FULL, src, key_hash(key))
-        if value is None:
-            view.delete()
-        else:
-            view.put(value)
-
-
-def reference(ops: Ops, applicable: Callable[[int], bool]) -> dict[bytes, bytes]:
-    out: dict[bytes, bytes] = {}
-    for src, key, value in ops:
-        if not applicable(src):
-            continue
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
 
 
 @pytest.fixture
@@ -117,7 +77,7 @@ def test_learner_tails_buffers_and_promotes_fast(
 ) -> None:
     broker.create_topic(topic_name, 1)
     owner, learner = managers("owner"), managers("learner")
-    ops = random_ops(0, 300, 60, seed=7)
+    ops = random_ops(300, 60, seed=7, first=0, delete_share=0.15)
     owner.open_partition(topic_name, 0, 0, None)
     apply_ops(owner, topic_name, ops)
     owner.before_commit(topic_name, 0, 150)
@@ -146,7 +106,7 @@ def test_learner_tails_buffers_and_promotes_fast(
 
     # 3. The owner processes more, then is released mid-flight: its final commit reaches 350 and the
     #    progress record says 370 is done; records 350..399 except 370 will be processed again.
-    more = random_ops(300, 100, 60, seed=8)
+    more = random_ops(100, 60, seed=8, first=300, delete_share=0.15)
     apply_ops(owner, topic_name, more)
     owner.before_commit(topic_name, 0, 350)
     committer(topic_name, 350)
@@ -182,7 +142,7 @@ def test_promotion_falls_back_to_full_restore_when_learner_is_ahead(
 ) -> None:
     broker.create_topic(topic_name, 1)
     owner, learner = managers("owner"), managers("learner")
-    ops = random_ops(0, 100, 20, seed=9)
+    ops = random_ops(100, 20, seed=9, first=0, delete_share=0.15)
     owner.open_partition(topic_name, 0, 0, None)
     apply_ops(owner, topic_name, ops)
     owner.before_commit(topic_name, 0, 100)
@@ -208,7 +168,7 @@ def test_demote_keeps_the_store_and_drop_removes_it(
 ) -> None:
     broker.create_topic(topic_name, 1)
     sm = managers("w")
-    ops = random_ops(0, 200, 30, seed=10)
+    ops = random_ops(200, 30, seed=10, first=0, delete_share=0.15)
     sm.open_partition(topic_name, 0, 0, None)
     apply_ops(sm, topic_name, ops)
     sm.before_commit(topic_name, 0, 200)
@@ -241,7 +201,7 @@ def test_learner_fails_loudly_on_a_corrupt_record(
     broker.create_topic(topic_name, 1)
     owner, learner = managers("owner"), managers("learner")
     owner.open_partition(topic_name, 0, 0, None)
-    apply_ops(owner, topic_name, random_ops(0, 10, 5, seed=11))
+    apply_ops(owner, topic_name, random_ops(10, 5, seed=11, first=0, delete_share=0.15))
     owner.before_commit(topic_name, 0, 10)
     committer(topic_name, 10)
     p = Producer({"bootstrap.servers": broker.bootstrap})

@@ -3,7 +3,6 @@ done ones; checkpoints; corrupt records (embedded broker)."""
 
 from __future__ import annotations
 
-import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,24 +12,15 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
-from multilane.formats.keyranges import HASH_SPACE, KeyRange, key_hash
+from multilane.formats.keyranges import key_hash
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.state import ChangelogCorruptError, StateManager
 from multilane.worker.state import metrics as state_metrics
 from multilane.worker.state.checkpoint import Checkpoint, CheckpointStore
 from multilane.worker.state.store import partition_dir
+from tests.support.state_ops import DoneSet, apply_ops, random_ops, reference
 
 pytestmark = pytest.mark.broker
-
-FULL = KeyRange(0, HASH_SPACE)
-
-
-class DoneSet:
-    def __init__(self, done: set[tuple[int, int]]) -> None:
-        self.done = done
-
-    def is_done(self, offset: int, key_hash: int) -> bool:
-        return (offset, key_hash) in self.done
 
 
 @pytest.fixture
@@ -49,44 +39,13 @@ def snapshot(sm: StateManager, topic: str, p: int) -> dict[bytes, bytes]:
     return dict(sm.store(topic, p).items())
 
 
-def apply_ops(sm: StateManager, topic: str, p: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
-    """ops: (source offset, key, value or None to delete); one record per op, keyed by the state key."""
-    for src, key, value in ops:
-        view = sm.view(topic, p, key, FULL, src, key_hash(key))
-        if value is None:
-            view.delete()
-        else:
-            view.put(value)
-
-
-def reference(
-    ops: list[tuple[int, bytes, bytes | None]], applicable: set[int] | None = None
-) -> dict[bytes, bytes]:
-    out: dict[bytes, bytes] = {}
-    for src, key, value in ops:
-        if applicable is not None and src not in applicable:
-            continue
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
-
-
-def random_ops(n: int, keys: int, seed: int) -> list[tuple[int, bytes, bytes | None]]:
-    rnd = random.Random(seed)
-    return [
-        (i, b"key-%d" % rnd.randrange(keys), None if rnd.random() < 0.2 else b"v%d" % i) for i in range(n)
-    ]
-
-
 def test_changelog_restore_equals_store_with_deletes(
     broker: EmbeddedBroker, topic_name: str, manager: StateManager, tmp_path: Path, group: str
 ) -> None:
     broker.create_topic(topic_name, 2)
     ops = random_ops(3000, 300, seed=1)
     manager.open_partition(topic_name, 1, 0, None)
-    apply_ops(manager, topic_name, 1, ops)
+    apply_ops(manager, topic_name, ops, partition=1)
     manager.before_commit(topic_name, 1, len(ops))
     live = snapshot(manager, topic_name, 1)
     assert live == reference(ops)
@@ -114,13 +73,13 @@ def test_restore_skips_uncommitted_and_applies_done(
     broker.create_topic(topic_name, 1)
     ops = random_ops(400, 40, seed=2)
     manager.open_partition(topic_name, 0, 0, None)
-    apply_ops(manager, topic_name, 0, ops)
+    apply_ops(manager, topic_name, ops, partition=0)
     manager.before_commit(topic_name, 0, 200)
     manager.close_partition(topic_name, 0, clean=False)  # crash after the commit of offset 200
 
     done_above = {250, 260, 399}
     progress = DoneSet({(o, key_hash(ops[o][1])) for o in done_above})
-    expected = reference(ops, applicable=set(range(200)) | done_above)
+    expected = reference(ops, (set(range(200)) | done_above).__contains__)
     assert expected != reference(ops)
     restorer = StateManager(tmp_path / "b", broker.bootstrap, group)
     try:
@@ -136,7 +95,7 @@ def test_clean_close_checkpoint_is_reused_and_dirty_one_is_not(
     broker.create_topic(topic_name, 1)
     ops = random_ops(500, 50, seed=3)
     manager.open_partition(topic_name, 0, 0, None)
-    apply_ops(manager, topic_name, 0, ops[:450])
+    apply_ops(manager, topic_name, ops[:450], partition=0)
     manager.before_commit(topic_name, 0, 450)
     manager.close_partition(topic_name, 0, clean=True)
     ckpts = CheckpointStore(partition_dir(manager.state_dir, topic_name, 0))
@@ -152,7 +111,7 @@ def test_clean_close_checkpoint_is_reused_and_dirty_one_is_not(
     assert snapshot(manager, topic_name, 0) == reference(ops[:450])
 
     # Records 450..499 are processed but the final commit only reaches 480; record 490 is done.
-    apply_ops(manager, topic_name, 0, ops[450:])
+    apply_ops(manager, topic_name, ops[450:], partition=0)
     manager.before_commit(topic_name, 0, 480)
     manager.close_partition(topic_name, 0, clean=True)
     ck = ckpts.read()
@@ -163,7 +122,7 @@ def test_clean_close_checkpoint_is_reused_and_dirty_one_is_not(
     manager.open_partition(topic_name, 0, 480, progress)
     [status] = manager.learner_status()
     assert status["records_read"] > 450
-    assert snapshot(manager, topic_name, 0) == reference(ops, applicable=set(range(480)) | {490})
+    assert snapshot(manager, topic_name, 0) == reference(ops, (set(range(480)) | {490}).__contains__)
     manager.close_partition(topic_name, 0, clean=True)
 
     # Everything committed: the checkpoint is reused again.
@@ -185,7 +144,7 @@ def test_corrupt_record_fails_or_is_skipped(
 ) -> None:
     broker.create_topic(topic_name, 1)
     manager.open_partition(topic_name, 0, 0, None)
-    apply_ops(manager, topic_name, 0, [(0, b"a", b"1"), (1, b"b", b"1")])
+    apply_ops(manager, topic_name, [(0, b"a", b"1"), (1, b"b", b"1")], partition=0)
     manager.before_commit(topic_name, 0, 2)
     manager.close_partition(topic_name, 0, clean=True)
     changelog = manager.changelog_topic(topic_name)
@@ -206,7 +165,7 @@ def test_corrupt_record_fails_or_is_skipped(
     assert ck is not None and ck.changelog_offset == 2
     ckpts.write(Checkpoint(3, ck.committed_offset, ck.above_commit_sources))
     manager.open_partition(topic_name, 0, 2, None)
-    apply_ops(manager, topic_name, 0, [(3, b"c", b"1")])
+    apply_ops(manager, topic_name, [(3, b"c", b"1")], partition=0)
     manager.before_commit(topic_name, 0, 5)
     manager.close_partition(topic_name, 0, clean=False)
 
@@ -232,7 +191,7 @@ def test_open_without_committed_offset_applies_nothing_uncommitted(
 ) -> None:
     broker.create_topic(topic_name, 1)
     manager.open_partition(topic_name, 0, None, None)
-    apply_ops(manager, topic_name, 0, [(0, b"a", b"1")])
+    apply_ops(manager, topic_name, [(0, b"a", b"1")], partition=0)
     manager.before_commit(topic_name, 0, 0)
     manager.close_partition(topic_name, 0, clean=False)
     fresh = StateManager(tmp_path / "n", broker.bootstrap, group)

@@ -5,7 +5,6 @@ built by the snapshot job's task functions in process, no Spark)."""
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,56 +14,16 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from multilane.formats.keyranges import HASH_SPACE, KeyRange, KeyRangeMap, key_hash
+from multilane.formats.keyranges import KeyRangeMap, key_hash
 from multilane.pipeline.job import SnapshotJob, SnapshotJobConfig
 from multilane.snapshots.layout import manifest_path
 from multilane.snapshots.manifest import SnapshotManifest
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.state import StateManager
 from multilane.worker.state import metrics as state_metrics
+from tests.support.state_ops import DoneSet, Ops, apply_ops, random_ops, reference
 
 pytestmark = pytest.mark.broker
-
-FULL = KeyRange(0, HASH_SPACE)
-Ops = list[tuple[int, bytes, bytes | None]]
-
-
-class DoneSet:
-    def __init__(self, done: set[tuple[int, int]]) -> None:
-        self.done = done
-
-    def is_done(self, offset: int, key_hash: int) -> bool:
-        return (offset, key_hash) in self.done
-
-
-def random_ops(first: int, n: int, keys: int, seed: int) -> Ops:
-    """Source offsets ``first..first+n-1``; ~20% deletes; few keys, so most changes overwrite."""
-    rnd = random.Random(seed)
-    return [
-        (i, b"key-%d" % rnd.randrange(keys), None if rnd.random() < 0.2 else b"v%d" % i)
-        for i in range(first, first + n)
-    ]
-
-
-def apply_ops(sm: StateManager, topic: str, ops: Ops) -> None:
-    for src, key, value in ops:
-        view = sm.view(topic, 0, key, FULL, src, key_hash(key))
-        if value is None:
-            view.delete()
-        else:
-            view.put(value)
-
-
-def reference(ops: Ops, applicable: Callable[[int], bool]) -> dict[bytes, bytes]:
-    out: dict[bytes, bytes] = {}
-    for src, key, value in ops:
-        if not applicable(src):
-            continue
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
 
 
 def state_of(sm: StateManager, topic: str) -> dict[bytes, bytes]:
@@ -135,7 +94,7 @@ def history(
     then 400 more changes (the tail)."""
     broker.create_topic(topic_name, 1)
     owner = managers("owner")
-    ops = random_ops(0, 2400, 150, seed=11)
+    ops = random_ops(2400, 150, seed=11, first=0)
     owner.open_partition(topic_name, 0, 0, None)
     apply_ops(owner, topic_name, ops[:2000])
     owner.before_commit(topic_name, 0, 1200)

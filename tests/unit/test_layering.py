@@ -59,6 +59,7 @@ PURE = (
     "operator/rollout/handoff_model.py",
     "worker/state/apply.py",
     "formats/changelog.py",
+    "worker/control_state.py",
     "testing/checkers.py",
     "sim/model.py",
     "sim/policies.py",
