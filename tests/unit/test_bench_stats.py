@@ -106,3 +106,24 @@ def test_goal_on_a_spread_is_judged_on_the_median_and_shows_the_range() -> None:
     doc = report.to_json()
     assert doc["goals"][0]["spread"] == {"median": 0.96, "min": 0.90, "max": 1.02, "n": 5}
     json.dumps(doc)
+
+
+def test_compared_build_holds_refs_multilane_beside_this_trees_benchmarks() -> None:
+    import shutil
+    import subprocess
+
+    from benchmarks.engine_rows import build_env, compared_build, this_tree
+
+    if shutil.which("git") is None or subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=this_tree(), capture_output=True
+    ).returncode != 0:
+        pytest.skip("not a git checkout")
+    with compared_build("HEAD") as build:
+        root = Path(build.pythonpath or "")
+        assert (root / "multilane" / "worker" / "engine.py").is_file()
+        assert (root / "benchmarks").resolve() == Path(this_tree(), "benchmarks").resolve()
+        env, cwd = build_env(build)
+        assert env == {"PYTHONPATH": str(root)} and cwd == str(root)  # python -m puts cwd first
+    assert not root.exists()  # removed afterwards
+    with pytest.raises(ValueError, match="not a commit"), compared_build("no-such-ref-26"):
+        pass
