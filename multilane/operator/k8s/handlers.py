@@ -16,14 +16,20 @@ registry:
      ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet and, with a
      snapshot schedule, the CronJob NAME-snapshot (create, or merge-patch when they exist; the
      StatefulSet keeps the replicas the operator decided). Without a schedule an existing
-     NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted.
-  6. Status: observedGeneration, labelSelector, conditions.
+     NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted. A spec change that would
+     change an immutable StatefulSet field (``state.enabled``, the storage size or class) holds the
+     StatefulSet as it is (see :meth:`OperatorHandlers._apply_stateful_set`) unless the annotation
+     ``multilane.dev/recreate-on-immutable-change: "true"`` opts in to recreating it.
+  6. Status: observedGeneration, labelSelector, conditions (Degraded=ImmutableFieldChange naming the
+     fields while a StatefulSet change is held; the control loop keeps running).
 
 - ``timer`` (every ``tick_s``) -> :meth:`OperatorHandlers.tick`: re-reads the object, honours Paused,
   re-runs :meth:`reconcile` when the spec is not yet applied or an environment problem may have gone,
   then runs one :class:`ConsumerController` pass (scaling, replicas, assignment, status).
-- ``on.delete`` (optional: no finalizer) forgets in-memory caches; the children go with the owner
-  through Kubernetes' garbage collector (owner references).
+- ``on.delete`` forgets in-memory caches; the children go with the owner through Kubernetes' garbage
+  collector (owner references). kopf puts its finalizer ``multilane.dev/finalizer`` on every
+  ParallelConsumer it handles (a deletion handler exists), so a ParallelConsumer is deleted only
+  while the operator runs, or after the finalizer is removed by hand (docs/runbook.md).
 
 Length (~540 lines): every kopf handler and its wiring in one place, so that what the operator
 reacts to is read at once; the logic they call lives in the controller, children and validation.
@@ -69,6 +75,7 @@ __all__ = [
     "PAUSED_ANNOTATION",
     "PLURAL",
     "POLICY_STATE_ANNOTATION",
+    "RECREATE_ANNOTATION",
     "HandlerSettings",
     "OperatorHandlers",
 ]
@@ -80,6 +87,8 @@ VERSION = "v1alpha1"
 PLURAL = "parallelconsumers"
 CR_API = f"{GROUP}/{VERSION}"
 PAUSED_ANNOTATION = "multilane.dev/paused"
+#: Opt-in: recreate the worker StatefulSet (orphaning its pods) when the spec changes an immutable field.
+RECREATE_ANNOTATION = "multilane.dev/recreate-on-immutable-change"
 POLICY_STATE_ANNOTATION = "multilane.dev/policy-state"
 # Problems that can go away without a spec change: re-checked on every tick.
 TRANSIENT_REASONS = {"KafkaUnreachable", "TopicNotFound", "CredentialsSecretMissing"}
@@ -116,6 +125,11 @@ def _ref(body: Mapping[str, Any]) -> ch.ConsumerRef:
 def _paused(body: Mapping[str, Any]) -> bool:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     return str(annotations.get(PAUSED_ANNOTATION, "")).lower() == "true"
+
+
+def _recreate_allowed(body: Mapping[str, Any]) -> bool:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(RECREATE_ANNOTATION, "")).lower() == "true"
 
 
 def _event(body: Mapping[str, Any], record: EventRecord) -> None:
@@ -159,6 +173,9 @@ class OperatorHandlers:
         # uid -> (control, config, executor): one executor per consumer while its inputs stay the same
         self._handoffs: dict[str, tuple[WorkerControl, HandoffConfig, HandoffExecutor]] = {}
         self._last_errors: dict[str, str] = {}  # uid -> last control-loop error (Events only on change)
+        # uid -> message naming the immutable StatefulSet fields a spec change would change: set by
+        # reconcile while that change is held, removed when a reconcile applies the StatefulSet.
+        self._immutable: dict[str, str] = {}
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 
@@ -208,6 +225,7 @@ class OperatorHandlers:
         self._locks.pop(ref.uid, None)
         self._sources.pop(ref.uid, None)
         self._controls.pop(ref.uid, None)
+        self._immutable.pop(ref.uid, None)
         self.metrics.forget(ref.namespace, ref.name)
         log.info("forgot %s/%s (children go with it through owner references)", ref.namespace, ref.name)
 
@@ -268,9 +286,17 @@ class OperatorHandlers:
             await self._degrade(ref, body, conditions, problems, generation)
             return False
         # 5. Apply the children.
-        await self._apply_children(ref, spec, body, status)
+        held_before = self._immutable.get(ref.uid)
+        held = await self._apply_children(ref, spec, body, status)
         # 6. Status.
-        conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
+        if held:
+            self._immutable[ref.uid] = held
+            if held != held_before:  # one Event per held change (kopf may run a handler again)
+                _event(body, EventRecord("Warning", "ImmutableFieldChange", held))
+            conditions = set_condition(conditions, "Degraded", True, "ImmutableFieldChange", held, now=stamp)
+        else:
+            self._immutable.pop(ref.uid, None)
+            conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
         ready_reason = (condition(conditions, "Ready") or {}).get("reason")
         if ready_reason not in {"WaitingForWorkers", "Rebalancing", "AllPartitionsAssigned"}:
             conditions = set_condition(
@@ -345,8 +371,10 @@ class OperatorHandlers:
 
     async def _apply_children(
         self, ref: ch.ConsumerRef, spec: ConsumerSpec, body: Mapping[str, Any], status: Mapping[str, Any]
-    ) -> None:
+    ) -> str | None:
+        """Apply every child; returns the message of a held immutable StatefulSet change (or None)."""
         raw_spec = dict(body.get("spec") or {})
+        held: str | None = None
         # The token Secret: created once, never overwritten.
         secrets_path = api_path("v1", "secrets", ref.namespace)
         if await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret)) is None:
@@ -367,6 +395,9 @@ class OperatorHandlers:
         replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
         for manifest in ch.children(ref, raw_spec, replicas):
             kind = manifest["kind"]
+            if kind == "StatefulSet":
+                held = await self._apply_stateful_set(ref, manifest, existing, body)
+                continue
             api_version = manifest["apiVersion"]
             plural = {
                 "ServiceAccount": "serviceaccounts",
@@ -391,6 +422,68 @@ class OperatorHandlers:
             existing_cronjob = await self.kube.get(cronjob_path)
             if existing_cronjob is not None and not (existing_cronjob.get("spec") or {}).get("suspend"):
                 await self.kube.patch(cronjob_path, {"spec": {"suspend": True}})
+        return held
+
+    async def _apply_stateful_set(
+        self,
+        ref: ch.ConsumerRef,
+        manifest: dict[str, Any],
+        existing: Mapping[str, Any] | None,
+        body: Mapping[str, Any],
+    ) -> str | None:
+        """Create or update the worker StatefulSet; returns the message of a held immutable change.
+
+        1. Absent: create it.
+        2. Being deleted (an earlier recreate waits for its orphaning): wait for the next pass.
+        3. No immutable field changes: merge-patch the fields an update may change.
+        4. Immutable fields would change and no opt-in: hold the StatefulSet as it is (the control
+           loop still scales it and moves partitions); the message names the fields.
+        5. Opt-in (annotation ``multilane.dev/recreate-on-immutable-change: "true"``): delete it with
+           ``propagationPolicy: Orphan`` (pods and volumes stay, running; precondition: the uid read
+           in step 1), then create the new one with the same replicas. Its controller adopts the pods
+           (same selector) and their volumes (same claim names); the pods change to the new template
+           as the update strategy replaces them.
+        """
+        collection = api_path("apps/v1", "statefulsets", ref.namespace)
+        path = api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
+        # 1. Absent: create.
+        if existing is None:
+            try:
+                await self.kube.create(collection, manifest)
+                return None
+            except KubeConflictError:
+                existing = await self.kube.get(path)
+                if existing is None:
+                    return None  # gone again: the next pass creates it
+        # 2. An earlier recreate still orphaning: wait.
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            return f"StatefulSet {ref.name} is being recreated: waiting for the old one to be deleted"
+        changed = ch.statefulset_immutable_changes(existing, manifest)
+        # 3. Nothing immutable changes: update.
+        if not changed:
+            await self.kube.patch(path, ch.statefulset_update(manifest))
+            return None
+        fields = ", ".join(changed)
+        # 4. No opt-in: hold.
+        if not _recreate_allowed(body):
+            return (
+                f"the spec changes {fields} of StatefulSet {ref.name}, which Kubernetes does not allow to "
+                f"change: the StatefulSet is kept as it is. Revert the change, or set the annotation "
+                f'{RECREATE_ANNOTATION}="true" to recreate the StatefulSet (pods and volumes are kept)'
+            )
+        # 5. Opt-in: orphan-delete and recreate.
+        uid = (existing.get("metadata") or {}).get("uid")
+        await self.kube.delete(
+            path, {"propagationPolicy": "Orphan", "preconditions": {"uid": uid} if uid else {}}
+        )
+        try:
+            await self.kube.create(collection, manifest)
+        except KubeConflictError:
+            return f"StatefulSet {ref.name} is being recreated: waiting for the old one to be deleted"
+        _event(
+            body, EventRecord("Normal", "StatefulSetRecreated", f"recreated to change {fields}; pods kept")
+        )
+        return None
 
     # ---- the control loop -------------------------------------------------------------------------
 
@@ -442,6 +535,7 @@ class OperatorHandlers:
             paused
             or status.get("observedGeneration") != generation
             or (degraded.get("status") == "True" and degraded.get("reason") in TRANSIENT_REASONS)
+            or (ref.uid in self._immutable and _recreate_allowed(fresh))
         ):
             if not await self.reconcile(fresh):
                 return
@@ -544,6 +638,12 @@ class OperatorHandlers:
                         "annotations": {POLICY_STATE_ANNOTATION: json.dumps(result.policy_state.to_dict())}
                     }
                 },
+            )
+        held = self._immutable.get(ref.uid)
+        degraded_now = condition(result.status.get("conditions"), "Degraded") or {}
+        if held and degraded_now.get("status") != "True":  # the control loop knows nothing of it
+            result.status["conditions"] = set_condition(
+                result.status.get("conditions"), "Degraded", True, "ImmutableFieldChange", held
             )
         await self._patch_status(ref, result.status)
         for record in result.events:
