@@ -164,3 +164,32 @@ async def test_pvc_retention_maps_onto_the_statefulset(
     await wait_for(updated, timeout=30, what="retention updated in place")
     assert (await kube.get(f"{STS}/keep") or {})["metadata"]["uid"] == uid
     assert cond(await get_status(kube, "keep"), "Degraded").get("reason") != "ImmutableFieldChange"
+
+
+async def test_finalizer_holds_a_deletion_without_operator_and_the_runbook_step_releases_it(
+    kube: KubeClient, broker: EmbeddedBroker, topic: str, operator_factory: Any
+) -> None:
+    """Issue 22 item 6: kopf puts the finalizer multilane.dev/finalizer on each ParallelConsumer. With
+    the operator gone (``helm uninstall`` first), a deletion -- and so a namespace deletion -- waits
+    for it; docs/runbook.md "A ParallelConsumer (or namespace) stuck deleting" removes it, and the
+    children then go through owner references. With the operator running (the documented order:
+    delete the ParallelConsumers, then uninstall) the deletion completes on its own
+    (test_lifecycle.py::test_delete_removes_children_through_owner_references)."""
+    runner = operator_factory(control_factory=lambda token: WorkerControlClient(token))
+    await runner.start()
+    await kube.create(CR_COLLECTION, consumer_body("fin", broker.bootstrap, topic))
+
+    async def finalized() -> bool:
+        obj = await kube.get(cr_path("fin")) or {}
+        return "multilane.dev/finalizer" in ((obj.get("metadata") or {}).get("finalizers") or [])
+
+    await wait_for(finalized, timeout=30, what="kopf's finalizer")
+    await wait_for(lambda: kube.get(f"{STS}/fin"), timeout=30, what="StatefulSet")
+    await runner.stop()
+    await kube.delete(cr_path("fin"))
+    stuck = await kube.get(cr_path("fin"))
+    assert stuck is not None and stuck["metadata"].get("deletionTimestamp")  # waits for the finalizer
+    # The runbook step: kubectl patch pc NAME --type=merge -p '{"metadata":{"finalizers":null}}'
+    await kube.patch(cr_path("fin"), {"metadata": {"finalizers": None}})
+    assert await kube.get(cr_path("fin")) is None
+    assert await kube.get(f"{STS}/fin") is None  # collected through its owner reference
