@@ -59,7 +59,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +71,16 @@ import kmock
 import yaml
 from kmock._internal import enums  # the action enum is not re-exported under this name
 
+from multilane.testing.kube_crd import (
+    CelRules,
+    apply_merge_patch,
+    default_and_prune,
+    merge_diff,
+    plain_json_schema,
+)
 from multilane.testing.kube_rules import (
     BuiltinSchemas,
     Cause,
-    CelRules,
     RefusalError,
     immutable_causes,
     name_causes,
@@ -121,47 +127,6 @@ BUILTINS: tuple[tuple[str, str, str, bool], ...] = (
 Authorizer = Callable[[kmock.Request], Awaitable[None]]
 
 
-def _strip_x(schema: Any) -> Any:
-    """The CRD schema as plain JSON Schema: drop x-kubernetes-* keys; OpenAPI's ``nullable: true``
-    becomes ``type: [T, "null"]``."""
-    if isinstance(schema, dict):
-        out = {
-            k: _strip_x(v) for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"
-        }
-        if schema.get("nullable") and isinstance(out.get("type"), str):
-            out["type"] = [out["type"], "null"]
-        return out
-    if isinstance(schema, list):
-        return [_strip_x(v) for v in schema]
-    return schema
-
-
-def default_and_prune(obj: Any, schema: Mapping[str, Any], *, root: bool = False) -> Any:
-    """Structural defaulting + pruning of one value against its (CRD) schema."""
-    if isinstance(obj, dict) and (schema.get("type") == "object" or "properties" in schema):
-        props: Mapping[str, Any] = schema.get("properties") or {}
-        for key, sub in props.items():
-            if key not in obj and "default" in sub:
-                obj[key] = copy.deepcopy(sub["default"])
-        for key in list(obj):
-            if root and key in ("apiVersion", "kind", "metadata"):
-                continue
-            if key in props:
-                if obj[key] is None and not props[key].get("nullable"):
-                    del obj[key]
-                    continue
-                obj[key] = default_and_prune(obj[key], props[key])
-            elif isinstance(schema.get("additionalProperties"), dict):
-                obj[key] = default_and_prune(obj[key], schema["additionalProperties"])
-            elif not schema.get("x-kubernetes-preserve-unknown-fields") and not schema.get(
-                "additionalProperties"
-            ):
-                del obj[key]
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        return [default_and_prune(item, schema["items"]) for item in obj]
-    return obj
-
-
 @attrs.define(kw_only=True)
 class ApiServerEmulator(kmock.KubernetesEmulator):
     _schemas: dict[kmock.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
@@ -205,7 +170,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 subresources=subresources,
             )
             self._schemas[res] = version["schema"]["openAPIV3Schema"]
-            plain = _strip_x(self._schemas[res])
+            plain = plain_json_schema(self._schemas[res])
             plain.get("properties", {}).pop("metadata", None)
             self._validators[res] = jsonschema.Draft7Validator(plain)
             self._cel[res] = CelRules(self._schemas[res])
@@ -312,19 +277,6 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         else:
             self._requests.append(evolved)
         return evolved
-
-    @staticmethod
-    def _merge_diff(old: Any, new: Any) -> Any:
-        """A JSON merge patch turning ``old`` into ``new``."""
-        if not isinstance(old, dict) or not isinstance(new, dict):
-            return new
-        out: dict[str, Any] = {k: None for k in old if k not in new}
-        for k, v in new.items():
-            if k not in old:
-                out[k] = v
-            elif old[k] != v:
-                out[k] = ApiServerEmulator._merge_diff(old[k], v)
-        return out
 
     # ---- request handling ------------------------------------------------------------------------
 
@@ -467,7 +419,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 if key in old["metadata"]:
                     new["metadata"][key] = old["metadata"][key]
         else:
-            new = self._apply_merge(copy.deepcopy(old), body)
+            new = apply_merge_patch(copy.deepcopy(old), body)
         if res in self._status_subresource:
             if sub == "status":
                 new = {**old, "status": new.get("status"), "metadata": {**old["metadata"], **new["metadata"]}}
@@ -485,7 +437,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             k: v for k, v in old.items() if k not in strip
         }:
             meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
-        diff = self._merge_diff(old, new)
+        diff = merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
         response = await super()._handle(evolved)
         stored: Any = (res, request.namespace, request.name)
@@ -512,19 +464,6 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             payload["kind"] = kind
             payload["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
         return payload
-
-    @staticmethod
-    def _apply_merge(target: Any, patch: Any) -> Any:
-        if not isinstance(patch, dict):
-            return copy.deepcopy(patch)
-        if not isinstance(target, dict):
-            target = {}
-        for k, v in patch.items():
-            if v is None:
-                target.pop(k, None)
-            else:
-                target[k] = ApiServerEmulator._apply_merge(target.get(k), v)
-        return target
 
     async def _collect_garbage(self, orphan_of: str | None = None) -> None:
         """Background cascading deletion of objects whose owners are gone; the dependents of

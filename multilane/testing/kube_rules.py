@@ -1,5 +1,5 @@
-"""What kube-apiserver refuses, as pure checks for the API-server double (:mod:`multilane.testing.kube_api`).
-No network; reads the OpenAPI schemas bundled with ``kubernetes-validate`` (files) once per kind.
+"""What kube-apiserver refuses, as checks for the API-server double (:mod:`multilane.testing.kube_api`).
+Does I/O: reads the OpenAPI schemas bundled with ``kubernetes-validate`` (files, once per kind).
 
 Each check returns :class:`Cause` entries (field path, reason, message), and :class:`RefusalError` turns
 them into the answer kube-apiserver gives: a ``Status`` object (``kind: Status``, ``code``,
@@ -20,9 +20,7 @@ them into the answer kube-apiserver gives: a ``Status`` object (``kind: Status``
 - :class:`BuiltinSchemas`: built-in kinds against the Kubernetes OpenAPI schema of
   :data:`KUBE_VERSION`, with unknown fields refused (``fieldValidation=Strict``, what kubectl asks for
   by default: https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation);
-- :class:`CelRules`: a CRD's ``x-kubernetes-validations`` rules (``self``; ``oldSelf`` for transition
-  rules on update) evaluated with cel-python
-  -- https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-rules
+- a CRD's CEL rules: :class:`multilane.testing.kube_crd.CelRules`.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ __all__ = [
     "KUBE_VERSION",
     "BuiltinSchemas",
     "Cause",
-    "CelRules",
     "RefusalError",
     "immutable_causes",
     "label_causes",
@@ -406,78 +403,3 @@ class BuiltinSchemas:
             else:
                 causes.append(Cause(where, f"Invalid value: {exc.message}"))
         return RefusalError.invalid(kind, group, name, causes)
-
-
-# ---- CEL rules of a CRD --------------------------------------------------------------------------
-
-
-class CelRules:
-    """The ``x-kubernetes-validations`` rules of one CRD version's schema, compiled once."""
-
-    def __init__(self, schema: Mapping[str, Any]) -> None:
-        import celpy  # the `test` extra
-
-        self._celpy = celpy
-        self._env = celpy.Environment()
-        self._programs: dict[str, Any] = {}
-        self.schema = schema
-
-    def _program(self, rule: str) -> Any:
-        if rule not in self._programs:
-            self._programs[rule] = self._env.program(self._env.compile(rule))
-        return self._programs[rule]
-
-    def causes(self, obj: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[Cause]:
-        """Rules ``obj`` breaks (transition rules, those naming ``oldSelf``, only with ``old``).
-
-        On update, a value equal to its old value is not validated again, nor anything below it
-        (validation ratcheting, on by default since Kubernetes 1.30:
-        https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-ratcheting),
-        so a status write evaluates no spec rule. At the root, rules see ``metadata.name`` and
-        ``metadata.generateName`` only, and ``status`` only if a root rule names it (cel-python
-        converts the whole value for every rule)."""
-        root_rules = " ".join(str(r["rule"]) for r in self.schema.get("x-kubernetes-validations") or [])
-
-        def rooted(body: Mapping[str, Any]) -> dict[str, Any]:
-            meta = body.get("metadata") or {}
-            out = {k: v for k, v in body.items() if k != "status" or "status" in root_rules}
-            out["metadata"] = {k: meta[k] for k in ("name", "generateName") if k in meta}
-            return out
-
-        out: list[Cause] = []
-        self._walk(self.schema, rooted(obj), None if old is None else rooted(old), "", out)
-        return out
-
-    def _walk(self, schema: Mapping[str, Any], value: Any, old: Any, path: str, out: list[Cause]) -> None:
-        if value is None or (old is not None and value == old):
-            return  # absent, or unchanged (ratcheting)
-        for rule in schema.get("x-kubernetes-validations") or []:
-            text = str(rule["rule"])
-            transition = "oldSelf" in text
-            if transition and old is None:
-                continue
-            activation = {"self": self._celpy.json_to_cel(value)}
-            if transition:
-                activation["oldSelf"] = self._celpy.json_to_cel(old)
-            try:
-                result = self._program(text).evaluate(activation)
-            except Exception as exc:  # an evaluation error refuses too (the API server's behaviour)
-                result = exc
-            if isinstance(result, Exception) or not bool(result):
-                message = str(rule.get("message") or f"failed rule: {text}")
-                reason = {
-                    "FieldValueForbidden": "FieldValueForbidden",
-                    "FieldValueRequired": "FieldValueRequired",
-                }.get(str(rule.get("reason")), "FieldValueInvalid")
-                out.append(Cause(path or "<nil>", f"Invalid value: {message}", reason))
-        if isinstance(value, Mapping):
-            props = schema.get("properties") or {}
-            extra = schema.get("additionalProperties")
-            for key, sub_value in value.items():
-                sub = props.get(key) if key in props else (extra if isinstance(extra, Mapping) else None)
-                if sub is not None:
-                    sub_old = old.get(key) if isinstance(old, Mapping) else None
-                    self._walk(sub, sub_value, sub_old, f"{path}.{key}" if path else key, out)
-        elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-            for i, item in enumerate(value):
-                self._walk(schema["items"], item, None, f"{path}[{i}]", out)

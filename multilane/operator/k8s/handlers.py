@@ -18,7 +18,7 @@ registry:
      StatefulSet keeps the replicas the operator decided). Without a schedule an existing
      NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted. A spec change that would
      change an immutable StatefulSet field (``state.enabled``, the storage size or class) holds the
-     StatefulSet as it is (see :meth:`OperatorHandlers._apply_stateful_set`) unless the annotation
+     StatefulSet as it is (:mod:`multilane.operator.k8s.statefulset`) unless the annotation
      ``multilane.dev/recreate-on-immutable-change: "true"`` opts in to recreating it.
   6. Status: observedGeneration, labelSelector, conditions (Degraded=ImmutableFieldChange naming the
      fields while a StatefulSet change is held; the control loop keeps running).
@@ -54,6 +54,7 @@ from multilane.operator.decision.planner import format_partition
 from multilane.operator.decision.policy import PolicyState
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
+from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION, apply_stateful_set, recreate_allowed
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.platform import Platform
@@ -87,8 +88,6 @@ VERSION = "v1alpha1"
 PLURAL = "parallelconsumers"
 CR_API = f"{GROUP}/{VERSION}"
 PAUSED_ANNOTATION = "multilane.dev/paused"
-#: Opt-in: recreate the worker StatefulSet (orphaning its pods) when the spec changes an immutable field.
-RECREATE_ANNOTATION = "multilane.dev/recreate-on-immutable-change"
 POLICY_STATE_ANNOTATION = "multilane.dev/policy-state"
 # Problems that can go away without a spec change: re-checked on every tick.
 TRANSIENT_REASONS = {"KafkaUnreachable", "TopicNotFound", "CredentialsSecretMissing"}
@@ -125,11 +124,6 @@ def _ref(body: Mapping[str, Any]) -> ch.ConsumerRef:
 def _paused(body: Mapping[str, Any]) -> bool:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     return str(annotations.get(PAUSED_ANNOTATION, "")).lower() == "true"
-
-
-def _recreate_allowed(body: Mapping[str, Any]) -> bool:
-    annotations = (body.get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(RECREATE_ANNOTATION, "")).lower() == "true"
 
 
 def _event(body: Mapping[str, Any], record: EventRecord) -> None:
@@ -396,7 +390,9 @@ class OperatorHandlers:
         for manifest in ch.children(ref, raw_spec, replicas):
             kind = manifest["kind"]
             if kind == "StatefulSet":
-                held = await self._apply_stateful_set(ref, manifest, existing, body)
+                held = await apply_stateful_set(
+                    self.kube, ref, manifest, existing, body, lambda record: _event(body, record)
+                )
                 continue
             api_version = manifest["apiVersion"]
             plural = {
@@ -423,67 +419,6 @@ class OperatorHandlers:
             if existing_cronjob is not None and not (existing_cronjob.get("spec") or {}).get("suspend"):
                 await self.kube.patch(cronjob_path, {"spec": {"suspend": True}})
         return held
-
-    async def _apply_stateful_set(
-        self,
-        ref: ch.ConsumerRef,
-        manifest: dict[str, Any],
-        existing: Mapping[str, Any] | None,
-        body: Mapping[str, Any],
-    ) -> str | None:
-        """Create or update the worker StatefulSet; returns the message of a held immutable change.
-
-        1. Absent: create it.
-        2. Being deleted (an earlier recreate waits for its orphaning): wait for the next pass.
-        3. No immutable field changes: merge-patch the fields an update may change.
-        4. Immutable fields would change and no opt-in: hold the StatefulSet as it is (the control
-           loop still scales it and moves partitions); the message names the fields.
-        5. Opt-in (annotation ``multilane.dev/recreate-on-immutable-change: "true"``): delete it with
-           ``propagationPolicy: Orphan`` (pods and volumes stay, running; precondition: the uid read
-           in step 1), then create the new one with the same replicas. Its controller adopts the pods
-           (same selector) and their volumes (same claim names); the pods change to the new template
-           as the update strategy replaces them.
-        """
-        collection = api_path("apps/v1", "statefulsets", ref.namespace)
-        path = api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
-        # 1. Absent: create.
-        if existing is None:
-            try:
-                await self.kube.create(collection, manifest)
-                return None
-            except KubeConflictError:
-                existing = await self.kube.get(path)
-                if existing is None:
-                    return None  # gone again: the next pass creates it
-        # 2. An earlier recreate still orphaning: wait.
-        if (existing.get("metadata") or {}).get("deletionTimestamp"):
-            return f"StatefulSet {ref.name} is being recreated: waiting for the old one to be deleted"
-        changed = ch.statefulset_immutable_changes(existing, manifest)
-        # 3. Nothing immutable changes: update.
-        if not changed:
-            await self.kube.patch(path, ch.statefulset_update(manifest))
-            return None
-        fields = ", ".join(changed)
-        # 4. No opt-in: hold.
-        if not _recreate_allowed(body):
-            return (
-                f"the spec changes {fields} of StatefulSet {ref.name}, which Kubernetes does not allow to "
-                f"change: the StatefulSet is kept as it is. Revert the change, or set the annotation "
-                f'{RECREATE_ANNOTATION}="true" to recreate the StatefulSet (pods and volumes are kept)'
-            )
-        # 5. Opt-in: orphan-delete and recreate.
-        uid = (existing.get("metadata") or {}).get("uid")
-        await self.kube.delete(
-            path, {"propagationPolicy": "Orphan", "preconditions": {"uid": uid} if uid else {}}
-        )
-        try:
-            await self.kube.create(collection, manifest)
-        except KubeConflictError:
-            return f"StatefulSet {ref.name} is being recreated: waiting for the old one to be deleted"
-        _event(
-            body, EventRecord("Normal", "StatefulSetRecreated", f"recreated to change {fields}; pods kept")
-        )
-        return None
 
     # ---- the control loop -------------------------------------------------------------------------
 
@@ -535,7 +470,7 @@ class OperatorHandlers:
             paused
             or status.get("observedGeneration") != generation
             or (degraded.get("status") == "True" and degraded.get("reason") in TRANSIENT_REASONS)
-            or (ref.uid in self._immutable and _recreate_allowed(fresh))
+            or (ref.uid in self._immutable and recreate_allowed(fresh))
         ):
             if not await self.reconcile(fresh):
                 return
