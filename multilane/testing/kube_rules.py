@@ -16,7 +16,7 @@ them into the answer kube-apiserver gives: a ``Status`` object (``kind: Status``
 - :func:`immutable_causes`: fields kube-apiserver lets no update change (StatefulSet spec except
   replicas, template, updateStrategy, persistentVolumeClaimRetentionPolicy, minReadySeconds, ordinals
   and revisionHistoryLimit; Service ``clusterIP``; PVC spec except the storage request; Job selector
-  and template);
+  and template; a RoleBinding's ``roleRef``);
 - :class:`BuiltinSchemas`: built-in kinds against the Kubernetes OpenAPI schema of
   :data:`KUBE_VERSION`, with unknown fields refused (``fieldValidation=Strict``, what kubectl asks for
   by default: https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation);
@@ -332,6 +332,8 @@ def immutable_causes(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
             for k in ("selector", "template", "completionMode")
             if k in old_spec and old_spec.get(k) != new_spec.get(k)
         ]
+    if kind == "RoleBinding" and old.get("roleRef") != new.get("roleRef"):
+        return [Cause("roleRef", "Invalid value: cannot change roleRef")]
     return []
 
 

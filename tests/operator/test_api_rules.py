@@ -263,6 +263,20 @@ async def test_job_template_is_immutable(api: Api) -> None:
     assert status == 422 and assert_status(answer, 422, "Invalid")["causes"][0]["field"] == "spec.template"
 
 
+async def test_role_binding_role_ref_is_immutable(api: Api) -> None:
+    """https://kubernetes.io/docs/reference/access-authn-authz/rbac/#clusterrolebinding-example : "After
+    you create a binding, you cannot change the Role or ClusterRole that it refers to"."""
+    bindings = api_path("rbac.authorization.k8s.io/v1", "rolebindings", NS)
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "a"}
+    subjects = [{"kind": "ServiceAccount", "name": "w", "namespace": NS}]
+    assert (
+        await call(api, "POST", bindings, {"metadata": {"name": "b"}, "roleRef": ref, "subjects": subjects})
+    )[0] == 201
+    status, answer = await call(api, "PATCH", f"{bindings}/b", {"roleRef": {**ref, "name": "other"}})
+    assert status == 422 and assert_status(answer, 422, "Invalid")["causes"][0]["field"] == "roleRef"
+    assert (await call(api, "PATCH", f"{bindings}/b", {"subjects": subjects * 1}))[0] == 200
+
+
 # ---- CEL rules of the CRD ------------------------------------------------------------------------
 
 
