@@ -39,6 +39,11 @@
 #                   missed, and the scenario then fails saying so.
 #   operator-restart  scale 1 -> 2 under load; force-delete the operator pod while status.rollout is
 #                   set; the new operator pod resumes the rollout from status.
+#   immutable-change  under load, change spec.state.storage.size (an immutable StatefulSet field): the
+#                   StatefulSet is held with Degraded=ImmutableFieldChange; then the annotation
+#                   multilane.dev/recreate-on-immutable-change=true recreates it (orphan delete): the
+#                   pod keeps running (same uid), the condition clears, nothing is lost (checkers).
+#                   Emulated: tests/operator/test_day2.py.
 # Not here: lease-lost (needs a network partition between one pod and the API server) and
 # chart-operator (every scenario here runs the chart's operator).
 #
@@ -61,7 +66,7 @@ SLEEP_MS=${SLEEP_MS:-5}
 TIMEOUT_UP=${TIMEOUT_UP:-600}     # seconds to observe the burst's scale-up
 TIMEOUT_DOWN=${TIMEOUT_DOWN:-1200} # seconds to observe the burst's lag 0 and scale-down
 TIMEOUT_STEP=${TIMEOUT_STEP:-300} # seconds for a scale step, a kill or a drain in the other scenarios
-SCENARIOS=${SCENARIOS:-burst scale-up-down kill-learning kill-releasing kill-promoting operator-restart}
+SCENARIOS=${SCENARIOS:-burst scale-up-down kill-learning kill-releasing kill-promoting operator-restart immutable-change}
 OUT=${OUT:-e2e-out}
 KEEP=${KEEP:-0}
 BOOTSTRAP="kafka.kafka.svc.cluster.local:9092"
@@ -277,6 +282,39 @@ finish_scenario() {
 
 # ---- the scenarios ---------------------------------------------------------------------------------
 
+scenario_immutable_change() {
+  local name=immutable-change old_uid pod_uid reason="" deadline
+  apply_consumer "$name" pinned
+  start_load "$name" --rate "$RATE" --duration "$LOAD_S"
+  sleep 10
+  old_uid=$(kubectl get statefulset "$name" -n "$NS" -o jsonpath='{.metadata.uid}')
+  pod_uid=$(kubectl get pod "$name-0" -n "$NS" -o jsonpath='{.metadata.uid}')
+  kubectl patch pc "$name" -n "$NS" --type=merge -p '{"spec":{"state":{"storage":{"size":"11Gi"}}}}'
+  deadline=$(( $(date +%s) + TIMEOUT_STEP ))
+  while [ "$reason" != "ImmutableFieldChange" ] && [ "$(date +%s)" -lt "$deadline" ]; do
+    reason=$(pc "$name" '{.status.conditions[?(@.type=="Degraded")].reason}'); sleep 2
+  done
+  [ "$reason" = "ImmutableFieldChange" ] || die "$name: no Degraded=ImmutableFieldChange within ${TIMEOUT_STEP}s"
+  pc "$name" '{.status.conditions[?(@.type=="Degraded")].message}'; echo
+  [ "$(kubectl get statefulset "$name" -n "$NS" -o jsonpath='{.metadata.uid}')" = "$old_uid" ] \
+    || die "$name: the StatefulSet changed without the opt-in"
+  kubectl annotate pc "$name" -n "$NS" multilane.dev/recreate-on-immutable-change=true
+  deadline=$(( $(date +%s) + TIMEOUT_STEP ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    if [ "$(kubectl get statefulset "$name" -n "$NS" -o jsonpath='{.metadata.uid}' 2>/dev/null)" != "$old_uid" ] \
+       && [ "$(pc "$name" '{.status.conditions[?(@.type=="Degraded")].reason}')" != "ImmutableFieldChange" ]; then
+      break
+    fi
+    sleep 2
+  done
+  [ "$(pc "$name" '{.status.conditions[?(@.type=="Degraded")].reason}')" != "ImmutableFieldChange" ] \
+    || die "$name: StatefulSet not recreated within ${TIMEOUT_STEP}s"
+  [ "$(kubectl get pod "$name-0" -n "$NS" -o jsonpath='{.metadata.uid}')" = "$pod_uid" ] \
+    || echo "note: pod $name-0 was replaced (the update strategy rolls it to the new template)"
+  wait_drained "$name"
+  check_logs "$name"
+}
+
 scenario_burst() {
   local name=burst base peak now lag deadline down=0
   apply_consumer "$name" auto
@@ -469,6 +507,7 @@ for scenario in $SCENARIOS; do
     scale-up-down) scenario_scale_up_down ;;
     kill-learning|kill-releasing|kill-promoting) scenario_kill "$scenario" ;;
     operator-restart) scenario_operator_restart ;;
+    immutable-change) scenario_immutable_change ;;
     *) die "unknown scenario $scenario" ;;
   esac
   finish_scenario "$scenario"

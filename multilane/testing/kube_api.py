@@ -1,37 +1,53 @@
-"""``ApiServerEmulator``: a ``kmock.KubernetesEmulator`` with the API-server behaviours kopf and the
-operator rely on. A test double for kube-apiserver, not a cluster.
+"""``ApiServerEmulator``: a ``kmock.KubernetesEmulator`` that refuses what kube-apiserver refuses, with the
+API-server behaviours kopf and the operator rely on. A test double for kube-apiserver, not a cluster.
 
-Emulated here (kmock 0.8 lacks them; see FACTS.md in the shared reference folder):
+Emulated here (kmock 0.8 lacks them; see FACTS.md in the shared reference folder), each refusal answered
+as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.causes``; built by
+:mod:`multilane.testing.kube_rules`):
 
-- on create: ``metadata.namespace`` stamped from the URL (kmock's watch drops objects without it),
-  ``uid``, ``resourceVersion`` (one global counter), ``generation: 1``, ``creationTimestamp``,
-  ``generateName`` filled in; answer 201 instead of 200;
+- request handling starts with :attr:`ApiServerEmulator.authorizer` (None: everything allowed), an
+  optional async callable that raises :class:`~multilane.testing.kube_rules.RefusalError` (403 Forbidden);
+- on create: ``apiVersion``/``kind`` from the URL when absent, ``metadata.namespace`` stamped from the
+  URL (kmock's watch drops objects without it), ``uid``, ``resourceVersion`` (one global counter),
+  ``generation: 1``, ``creationTimestamp``, ``generateName`` filled in; 409 ``AlreadyExists``; answer
+  201 instead of 200;
+- names and labels (:func:`~multilane.testing.kube_rules.name_causes`, ``object_label_causes``) -> 422;
+- built-in kinds (:data:`BUILTINS`) against the OpenAPI schema of
+  :data:`~multilane.testing.kube_rules.KUBE_VERSION` (unknown fields and wrong types -> 400, the rest
+  -> 422; ``required`` is enforced under ``spec`` only: kube-apiserver decodes built-ins into Go types,
+  so a missing status field is not refused);
 - on PATCH (merge or JSON patch) and PUT (kmock answers PUT with 404): optimistic concurrency (a
-  ``metadata.resourceVersion`` in the body that differs from the stored one -> 409), a new
-  ``resourceVersion``, ``generation`` + 1 when anything outside ``metadata``/``status`` changed;
-  for resources with a status subresource, writes to the object ignore ``status`` and writes to
-  ``/status`` only change ``status``; PATCH on ``/scale`` of a custom resource writes the CRD's
+  ``metadata.resourceVersion`` in the body that differs from the stored one -> 409 ``Conflict``; also
+  a DELETE's ``preconditions``), immutable fields (:func:`~multilane.testing.kube_rules.immutable_causes`)
+  -> 422, a new ``resourceVersion``, ``generation`` + 1 when anything outside ``metadata``/``status``
+  changed; for resources with a status subresource, writes to the object ignore ``status`` and writes
+  to ``/status`` only change ``status``; PATCH on ``/scale`` of a custom resource writes the CRD's
   ``specReplicasPath``;
 - custom resources whose CRD was loaded (:meth:`ApiServerEmulator.load_crd`): structural defaulting
   (``default`` values, recursively), pruning of unknown fields (honouring
-  ``x-kubernetes-preserve-unknown-fields``), dropping of nulls in non-nullable fields, and
-  ``jsonschema`` validation of the result (``nullable`` honoured) -> 422 ``Invalid``. CEL rules
-  (``x-kubernetes-validations``) are NOT evaluated;
+  ``x-kubernetes-preserve-unknown-fields``), dropping of nulls in non-nullable fields, ``jsonschema``
+  validation of the result (``nullable`` honoured) and the CRD's CEL rules (``x-kubernetes-validations``,
+  transition rules on update) -> 422 ``Invalid``;
+- watches: :meth:`ApiServerEmulator.compact` forgets history; a watch from an older ``resourceVersion``
+  gets an ``ERROR`` event with a 410 ``Expired`` Status (kopf then lists again); lists carry the
+  current ``resourceVersion``;
 - list answers carry ``kind``/``apiVersion`` and core discovery says ``groupVersion: v1`` (kubectl
   needs both);
 - garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
-  object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively).
+  object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively); a
+  DELETE with ``propagationPolicy: Orphan`` instead removes those references from the dependents.
 
 The request log (``kmock.requests``) keeps only the requests in flight (see ``_handle``).
 
 Not emulated: controllers (no pods appear for a StatefulSet; tests create them, or
 :class:`~multilane.testing.pods.StatefulSetProcessDouble` runs them), label-selector filtering on the
-server (the operator filters on its side too), watch ``resourceVersion`` bookmarks,
-RBAC/authentication, admission webhooks.
+server (the operator filters on its side too), watch bookmarks, authentication, admission webhooks,
+Go-side validation beyond names, labels, immutability and the schema.
 
 :func:`emulated_api_server` serves it on loopback with the ParallelConsumer CRD and the builtin
 resources the operator and the workers use (the operator tests' ``api`` fixture, the burst
-benchmark's ``operator`` variant). Test support: needs the ``test`` extra (kmock, jsonschema).
+benchmark's ``operator`` variant). Test support: needs the ``test`` extra (kmock, jsonschema,
+kubernetes-validate, cel-python).
 """
 
 from __future__ import annotations
@@ -41,8 +57,9 @@ import copy
 import datetime as dt
 import itertools
 import json
+import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +71,39 @@ import kmock
 import yaml
 from kmock._internal import enums  # the action enum is not re-exported under this name
 
-_rv = itertools.count(1000)
+from multilane.testing.kube_crd import (
+    CelRules,
+    apply_merge_patch,
+    default_and_prune,
+    merge_diff,
+    plain_json_schema,
+)
+from multilane.testing.kube_rules import (
+    BuiltinSchemas,
+    Cause,
+    RefusalError,
+    immutable_causes,
+    name_causes,
+    object_label_causes,
+)
+
+
+class _ResourceVersions:
+    """One counter for every object of every emulator in the process (as etcd's revision)."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count(1000)
+        self.last = 999
+
+    def __next__(self) -> int:
+        self.last = next(self._counter)
+        return self.last
+
+
+_rv = _ResourceVersions()
+log = logging.getLogger(__name__)
+#: Validators of built-in kinds, shared by every emulator (building one costs ~40 ms).
+_BUILTIN_SCHEMAS = BuiltinSchemas()
 
 # (group/version, plural, kind, has a status subresource): the builtin resources the operator, its
 # children and the workers' Leases use.
@@ -69,48 +118,13 @@ BUILTINS: tuple[tuple[str, str, str, bool], ...] = (
     ("rbac.authorization.k8s.io/v1", "roles", "Role", False),
     ("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", False),
     ("coordination.k8s.io/v1", "leases", "Lease", False),
+    ("v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
+    ("batch/v1", "cronjobs", "CronJob", True),
+    ("batch/v1", "jobs", "Job", True),
 )
 
-
-def _strip_x(schema: Any) -> Any:
-    """The CRD schema as plain JSON Schema: drop x-kubernetes-* keys; OpenAPI's ``nullable: true``
-    becomes ``type: [T, "null"]``."""
-    if isinstance(schema, dict):
-        out = {
-            k: _strip_x(v) for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"
-        }
-        if schema.get("nullable") and isinstance(out.get("type"), str):
-            out["type"] = [out["type"], "null"]
-        return out
-    if isinstance(schema, list):
-        return [_strip_x(v) for v in schema]
-    return schema
-
-
-def default_and_prune(obj: Any, schema: Mapping[str, Any], *, root: bool = False) -> Any:
-    """Structural defaulting + pruning of one value against its (CRD) schema."""
-    if isinstance(obj, dict) and (schema.get("type") == "object" or "properties" in schema):
-        props: Mapping[str, Any] = schema.get("properties") or {}
-        for key, sub in props.items():
-            if key not in obj and "default" in sub:
-                obj[key] = copy.deepcopy(sub["default"])
-        for key in list(obj):
-            if root and key in ("apiVersion", "kind", "metadata"):
-                continue
-            if key in props:
-                if obj[key] is None and not props[key].get("nullable"):
-                    del obj[key]
-                    continue
-                obj[key] = default_and_prune(obj[key], props[key])
-            elif isinstance(schema.get("additionalProperties"), dict):
-                obj[key] = default_and_prune(obj[key], schema["additionalProperties"])
-            elif not schema.get("x-kubernetes-preserve-unknown-fields") and not schema.get(
-                "additionalProperties"
-            ):
-                del obj[key]
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        return [default_and_prune(item, schema["items"]) for item in obj]
-    return obj
+#: An authorizer: called first for every request; raises a ``RefusalError`` (403) to refuse it.
+Authorizer = Callable[[kmock.Request], Awaitable[None]]
 
 
 @attrs.define(kw_only=True)
@@ -120,6 +134,15 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _inflight: list[kmock.Request] = attrs.field(factory=list, init=False)
     _scale_paths: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
     _status_subresource: set[kmock.resource] = attrs.field(factory=set, init=False)
+    _cel: dict[kmock.resource, CelRules] = attrs.field(factory=dict, init=False)
+    _builtin_kinds: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
+    #: Watches from a resourceVersion below this get 410 Expired (0: nothing compacted yet).
+    compacted_rv: int = attrs.field(default=0, init=False)
+    #: False: the CRDs' CEL rules are not evaluated (a cluster whose CRD predates a rule; tests of the
+    #: operator's own validation, which must hold without them).
+    cel_rules: bool = attrs.field(default=True)
+    #: The request-handling hook (RBAC in tests: multilane/testing/kube_rbac.py); None allows everything.
+    authorizer: Authorizer | None = attrs.field(default=None)
 
     # ---- setup -----------------------------------------------------------------------------------
 
@@ -147,9 +170,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 subresources=subresources,
             )
             self._schemas[res] = version["schema"]["openAPIV3Schema"]
-            plain = _strip_x(self._schemas[res])
+            plain = plain_json_schema(self._schemas[res])
             plain.get("properties", {}).pop("metadata", None)
             self._validators[res] = jsonschema.Draft7Validator(plain)
+            self._cel[res] = CelRules(self._schemas[res])
             if "status" in subresources:
                 self._status_subresource.add(res)
             scale = (version.get("subresources") or {}).get("scale")
@@ -170,6 +194,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         )
         if status:
             self._status_subresource.add(res)
+        self._builtin_kinds[res] = kind
+
+    def compact(self) -> int:
+        """Forget the history up to now (etcd compaction): watches from an older resourceVersion get
+        410 Gone. Returns the compacted revision."""
+        self.compacted_rv = _rv.last
+        return self.compacted_rv
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -179,18 +210,59 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             return None
         return copy.deepcopy(dict(self.objects[key].raw))
 
-    def _admit(self, res: kmock.resource, obj: dict[str, Any]) -> dict[str, Any]:
+    def _kind(self, res: kmock.resource) -> str:
+        info = self.resources.get(res, None)
+        return str(getattr(info, "kind", None) or res.plural)
+
+    def _admit(
+        self,
+        res: kmock.resource,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None = None,
+        *,
+        status_only: bool = False,
+    ) -> dict[str, Any]:
+        """Defaulting/pruning (custom resources) and every refusal of kube-apiserver for ``obj`` (``old``:
+        the stored object on update). Raises :class:`RefusalError`."""
+        kind = self._kind(res)
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        causes: list[Cause] = []
+        if old is None:
+            causes += name_causes(kind, name)
+        causes += object_label_causes(obj)
         schema = self._schemas.get(res)
-        if schema is None:
-            return obj
-        obj = default_and_prune(obj, schema, root=True)
-        errors = list(self._validators[res].iter_errors({k: v for k, v in obj.items() if k != "metadata"}))
-        if errors:
-            exc = errors[0]
-            path = ".".join(str(p) for p in exc.absolute_path)
-            raise kmock.KubernetesError(
-                status=422, reason="Invalid", message=f"{path}: {exc.message}"
-            ) from None
+        if schema is not None:
+            obj = default_and_prune(obj, schema, root=True)
+            for exc in self._validators[res].iter_errors({k: v for k, v in obj.items() if k != "metadata"}):
+                path = ".".join(str(p) for p in exc.absolute_path)
+                if exc.validator == "required":
+                    causes.append(
+                        Cause(path or "<root>", f"Required value: {exc.message}", "FieldValueRequired")
+                    )
+                elif exc.validator == "enum":
+                    causes.append(
+                        Cause(path, f"Unsupported value: {exc.instance!r}", "FieldValueNotSupported")
+                    )
+                else:
+                    causes.append(Cause(path, f"Invalid value: {exc.message}"))
+            if not causes and self.cel_rules:  # CEL runs on a schema-valid object only (as the API server)
+                causes += self._cel[res].causes(obj, old)
+        elif res in self._builtin_kinds:
+            # On update, only the top-level sections that changed are validated again (a pod's status
+            # write does not re-validate its spec: ~14 ms for a worker pod's).
+            subject = obj
+            if old is not None:
+                kept = ("apiVersion", "kind", "metadata")
+                subject = {k: v for k, v in obj.items() if k in kept or v != old.get(k)}
+            refusal = _BUILTIN_SCHEMAS.refusal(subject, res.group or "", required=not status_only)
+            if refusal is not None and refusal.code == 400:
+                raise refusal
+            if refusal is not None:
+                causes += [Cause(**c) for c in refusal.details.get("causes", [])]
+            if old is not None:
+                causes += immutable_causes(kind, old, obj)
+        if causes:
+            raise RefusalError.invalid(kind, res.group, name, causes)
         return obj
 
     def _substitute(self, original: kmock.Request, **changes: Any) -> kmock.Request:
@@ -206,19 +278,6 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             self._requests.append(evolved)
         return evolved
 
-    @staticmethod
-    def _merge_diff(old: Any, new: Any) -> Any:
-        """A JSON merge patch turning ``old`` into ``new``."""
-        if not isinstance(old, dict) or not isinstance(new, dict):
-            return new
-        out: dict[str, Any] = {k: None for k in old if k not in new}
-        for k, v in new.items():
-            if k not in old:
-                out[k] = v
-            elif old[k] != v:
-                out[k] = ApiServerEmulator._merge_diff(old[k], v)
-        return out
-
     # ---- request handling ------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -227,7 +286,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._inflight.append(request)
         self._requests[:] = [r for r in self._requests if any(r is f for f in self._inflight)]
         try:
+            if self.authorizer is not None:
+                await self.authorizer(request)  # first: a refused request changes nothing
             return await self._dispatch(request)
+        except RefusalError as refusal:
+            log.info("refused %s %s: %s", request.method, request.url.path, refusal)
+            return aiohttp.web.json_response(refusal.status(), status=refusal.code)
         finally:
             done = [f for f in self._inflight if f is request or f._raw_request is request._raw_request]
             self._inflight[:] = [f for f in self._inflight if not any(f is d for d in done)]
@@ -242,28 +306,68 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             and (request.action == enums.action.UPDATE or request.method == enums.method.PUT)
         ):
             return await self._update(request)
-        response = await super()._handle(request)
+        if res is not None and request.action == enums.action.WATCH:
+            expired = self._expired_watch(request)
+            if expired is not None:
+                return expired
         if res is not None and request.action == enums.action.DELETE and request.name:
-            await self._collect_garbage()
-        return response
+            orphan = self._check_delete(request)
+            response = await super()._handle(request)
+            await self._collect_garbage(orphan_of=orphan)
+            return response
+        return await super()._handle(request)
+
+    def _expired_watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+        """A watch from a compacted resourceVersion: one ERROR event with a 410 Status, then the end
+        (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes)."""
+        since = str(request.params.get("resourceVersion") or "")
+        if not since.isdigit() or int(since) == 0 or int(since) >= self.compacted_rv:
+            return None
+        event = {"type": "ERROR", "object": RefusalError.expired(int(since), self.compacted_rv).status()}
+        return aiohttp.web.Response(
+            status=200, text=json.dumps(event) + "\n", content_type="application/json"
+        )
+
+    def _check_delete(self, request: kmock.Request) -> str | None:
+        """DeleteOptions: ``preconditions`` (409 when they do not hold) and ``propagationPolicy``
+        (returns the uid whose dependents are orphaned, for ``Orphan``)."""
+        assert request.resource is not None and request.name is not None
+        options = request.data if isinstance(request.data, dict) else {}
+        stored = self._stored(request)
+        if stored is None:
+            return None
+        meta = stored.get("metadata") or {}
+        pre = options.get("preconditions") or {}
+        for key in ("resourceVersion", "uid"):
+            if pre.get(key) is not None and str(pre[key]) != str(meta.get(key)):
+                raise RefusalError.conflict(request.resource.plural, request.resource.group, request.name)
+        policy = options.get("propagationPolicy") or request.params.get("propagationPolicy")
+        return str(meta.get("uid")) if policy == "Orphan" else None
 
     async def _create(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        assert request.resource is not None
+        res = request.resource
+        assert res is not None
         obj = copy.deepcopy(request.data)
+        if res in self._builtin_kinds or res in self._schemas:
+            obj.setdefault("apiVersion", f"{res.group}/{res.version}" if res.group else res.version)
+            obj.setdefault("kind", self._kind(res))
         meta = obj.setdefault("metadata", {})
         if request.namespace:
             meta["namespace"] = request.namespace
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        key: Any = (res, meta.get("namespace"), meta.get("name"))
+        if key in self.objects and not self.objects[key].deleted:
+            raise RefusalError.already_exists(res.plural, res.group, str(meta.get("name")))
         meta.update(
             uid=str(uuid.uuid4()),
             resourceVersion=str(next(_rv)),
             generation=1,
             creationTimestamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
-        if request.resource in self._status_subresource and request.resource in self._schemas:
+        if res in self._status_subresource and res in self._schemas:
             obj.pop("status", None)
-        obj = self._admit(request.resource, obj)
+        obj = self._admit(res, obj)
         response = await super()._handle(self._substitute(request, data=obj))
         if response.status == 200:
             response.set_status(201)
@@ -282,9 +386,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if isinstance(body, dict):
             want_rv = (body.get("metadata") or {}).get("resourceVersion")
             if want_rv is not None and str(want_rv) != str(old["metadata"].get("resourceVersion")):
-                raise kmock.KubernetesError(
-                    status=409, reason="Conflict", message="the object has been modified"
-                )
+                raise RefusalError.conflict(res.plural, res.group, str(request.name))
+        elif isinstance(body, list):  # a JSON patch may "test" the resourceVersion instead
+            for op in body:
+                if (
+                    isinstance(op, dict)
+                    and op.get("op") == "test"
+                    and op.get("path") == "/metadata/resourceVersion"
+                    and str(op.get("value")) != str(old["metadata"].get("resourceVersion"))
+                ):
+                    raise RefusalError.conflict(res.plural, res.group, str(request.name))
         if sub == "scale" and res in self._scale_paths and isinstance(body, dict):
             replicas = (body.get("spec") or {}).get("replicas")
             body = {}
@@ -299,7 +410,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             try:
                 new = jsonpatch.apply_patch(copy.deepcopy(old), body)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
+                cause = Cause("<patch>", f"Invalid value: {exc}")
+                raise RefusalError.invalid(self._kind(res), res.group, str(request.name), [cause]) from None
         elif is_put:
             new = copy.deepcopy(body)
             new.setdefault("metadata", {})
@@ -307,7 +419,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 if key in old["metadata"]:
                     new["metadata"][key] = old["metadata"][key]
         else:
-            new = self._apply_merge(copy.deepcopy(old), body)
+            new = apply_merge_patch(copy.deepcopy(old), body)
         if res in self._status_subresource:
             if sub == "status":
                 new = {**old, "status": new.get("status"), "metadata": {**old["metadata"], **new["metadata"]}}
@@ -317,7 +429,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 new["status"] = old["status"]
             else:
                 new.pop("status", None)
-        new = self._admit(res, new)
+        new = self._admit(res, new, old, status_only=sub == "status")
         meta = new.setdefault("metadata", {})
         meta["resourceVersion"] = str(next(_rv))
         strip = ("metadata", "status")
@@ -325,7 +437,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             k: v for k, v in old.items() if k not in strip
         }:
             meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
-        diff = self._merge_diff(old, new)
+        diff = merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
         response = await super()._handle(evolved)
         stored: Any = (res, request.namespace, request.name)
@@ -341,9 +453,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return payload
 
     async def _serve_list(self, request: kmock.Request) -> Any:
-        """kmock's list, plus the ``kind``/``apiVersion`` a real list carries (kubectl needs them)."""
+        """kmock's list, plus the ``kind``/``apiVersion`` a real list carries (kubectl needs them) and
+        the current ``resourceVersion`` (watches continue from it)."""
         payload = await super()._serve_list(request)
         if isinstance(payload, dict) and request.resource is not None:
+            payload["metadata"] = {"resourceVersion": str(_rv.last)}
             res = request.resource
             info = self.resources.get(res, None)
             kind = (getattr(info, "kind", None) or "List") + "List"
@@ -351,21 +465,23 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             payload["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
         return payload
 
-    @staticmethod
-    def _apply_merge(target: Any, patch: Any) -> Any:
-        if not isinstance(patch, dict):
-            return copy.deepcopy(patch)
-        if not isinstance(target, dict):
-            target = {}
-        for k, v in patch.items():
-            if v is None:
-                target.pop(k, None)
-            else:
-                target[k] = ApiServerEmulator._apply_merge(target.get(k), v)
-        return target
-
-    async def _collect_garbage(self) -> None:
-        """Background cascading deletion of objects whose owners are gone."""
+    async def _collect_garbage(self, orphan_of: str | None = None) -> None:
+        """Background cascading deletion of objects whose owners are gone; the dependents of
+        ``orphan_of`` (a uid deleted with ``propagationPolicy: Orphan``) lose their reference to it
+        instead (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#cascading-deletion)."""
+        if orphan_of is not None:
+            async with self._lock:
+                for key, obj in list(self.objects.items()):
+                    refs = list((obj.get("metadata") or {}).get("ownerReferences") or [])
+                    kept = [r for r in refs if r.get("uid") != orphan_of]
+                    if obj.deleted or len(kept) == len(refs):
+                        continue
+                    obj.patch(
+                        {"metadata": {"ownerReferences": kept or None, "resourceVersion": str(next(_rv))}}
+                    )
+                    await self._buses[key[0]].put(
+                        {"type": "MODIFIED", "object": copy.deepcopy(dict(obj.raw))}
+                    )
         while True:
             live_uids = {
                 (obj.get("metadata") or {}).get("uid") for _, obj in self.objects.items() if not obj.deleted

@@ -96,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--snapshot-uri", default=None,
       help="state snapshots (`multilane snapshot --uri`): full restores and learners start from the newest "
            "usable one plus the changelog tail (needs --state-dir and pyarrow)")
+    a("--state-owner", default=None,
+      help="owner of --state-dir (default $MULTILANE_STATE_OWNER; the operator sets the ParallelConsumer's "
+           "uid): a directory stamped with another owner is wiped and restored, never used")
     a("--state-on-corrupt", choices=["fail", "skip"], default="fail",
       help="a changelog record that does not decode fails the restore or is logged and skipped")
     a("--changelog-config", action="append", default=[], metavar="KEY=VALUE",
@@ -292,7 +295,8 @@ def check_state_args(args: argparse.Namespace) -> None:
     """The state flags are consistent, and a snapshot URI can be read (pyarrow); ConfigError if not."""
     if not args.state_dir:
         flags = (("--snapshot-uri", args.snapshot_uri), ("--changelog-config", args.changelog_config),
-                 ("--state-on-corrupt", args.state_on_corrupt != "fail"))
+                 ("--state-on-corrupt", args.state_on_corrupt != "fail"),
+                 ("--state-owner", getattr(args, "state_owner", None)))
         given = [f for f, v in flags if v]
         if given:
             raise ConfigError(f"{', '.join(given)} need(s) --state-dir")
@@ -389,7 +393,11 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> StateManager | 
     if not args.state_dir:
         return None
     from multilane.worker.state.manager import StateManager
+    from multilane.worker.state.owner import OWNER_ENV, claim_state_dir
 
+    owner = getattr(args, "state_owner", None) or os.environ.get(OWNER_ENV)
+    if owner:  # before any store opens: another owner's stores are wiped, never used
+        claim_state_dir(args.state_dir, owner)
     security = security_settings(cfg.consumer_overrides)
     return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
                         producer_config=security, consumer_config=security, admin_config=security,

@@ -251,6 +251,10 @@ def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
         ("multilane.dev", "parallelconsumers", "watch"),
         ("multilane.dev", "parallelconsumers", "patch"),
         ("multilane.dev", "parallelconsumers/status", "patch"),
+        # blockOwnerDeletion on the children's owner references (OwnerReferencesPermissionEnforcement)
+        ("multilane.dev", "parallelconsumers/finalizers", "update"),
+        # the opt-in recreate of a StatefulSet on an immutable change (orphan delete)
+        ("apps", "statefulsets", "delete"),
         ("", "events", "create"),
         ("apps", "statefulsets", "create"),
         ("apps", "statefulsets", "patch"),
@@ -265,6 +269,24 @@ def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
     ]
     missing = [n for n in needed if not _grants(rules, *n)]
     assert missing == []
+
+
+def test_names_fit_with_the_longest_full_name(render: Any) -> None:
+    """A 63-character full name still gives valid names: a Service name is a DNS-1035 label of at most
+    63 characters (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/), so a
+    suffixed name (``-metrics``, ``-dashboard``, ``-workers``) cuts the full name, not the suffix."""
+    from multilane.testing.kube_rules import name_causes, object_label_causes
+
+    values = {
+        "fullnameOverride": "m" * 63,
+        "metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+    }
+    docs = render(values)
+    names = {d["metadata"]["name"] for d in docs}
+    assert "m" * 55 + "-metrics" in names and "m" * 53 + "-dashboard" in names
+    for doc in docs:
+        assert name_causes(doc["kind"], doc["metadata"]["name"]) == [], (doc["kind"], doc["metadata"]["name"])
+        assert object_label_causes(doc) == [], doc["kind"]
 
 
 def test_operator_cannot_write_crds_or_cluster_rbac(render: Any) -> None:

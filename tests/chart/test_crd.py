@@ -61,6 +61,7 @@ CONTRACT_SPEC_FIELDS = {
         "learnerTimeoutSeconds",
         "changelogConfig",
         "storage",
+        "pvcRetention",
         "snapshot",
     },
 }
@@ -167,6 +168,7 @@ def test_schema_carries_the_contract_fields(openapi_schema: Manifest) -> None:
     state = spec["properties"]["state"]["properties"]
     assert set(state["storage"]["properties"]) == {"size", "storageClassName"}
     assert set(state["snapshot"]["properties"]) == {"uri", "schedule", "retention"}
+    assert set(state["pvcRetention"]["properties"]) == {"whenDeleted", "whenScaled"}
     status = openapi_schema["properties"]["status"]
     assert set(status["properties"]) == CONTRACT_STATUS_FIELDS
     condition = status["properties"]["conditions"]["items"]["properties"]

@@ -73,11 +73,35 @@ def _resolve(base: str, global_args: dict[str, str]) -> str:
     return re.sub(r"\$\{?(\w+)\}?", lambda m: global_args.get(m.group(1), m.group(0)), base)
 
 
-def test_two_stages_on_python_311_slim(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+def test_stages_on_python_311_slim(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
     global_args, stages = dockerfile
-    assert [s.name for s in stages] == ["builder", "runtime"]
+    # runtime last: the default target (`docker build .`) is the operator/worker image.
+    assert [s.name for s in stages] == ["builder", "pipeline-builder", "pipeline", "runtime"]
     for stage in stages:
-        assert _resolve(stage.base, global_args).startswith("python:3.11-slim")
+        base = _resolve(stage.base, global_args)
+        assert base.startswith("python:3.11-slim") or base in {s.name for s in stages}, base
+
+
+def test_pipeline_target_has_a_jre_and_the_pipeline_extra(
+    dockerfile: tuple[dict[str, str], list[Stage]],
+) -> None:
+    """Issue 22 item 8: the snapshot CronJob runs `multilane snapshot` (PySpark) in the workload image;
+    `docker build --target pipeline` gives a base with a headless JRE and multilane[pipeline]. Parsed,
+    not built (no Docker engine here)."""
+    stages = {s.name: s for s in dockerfile[1]}
+    builder_runs = " ".join(stages["pipeline-builder"].all("RUN"))
+    assert stages["pipeline-builder"].base == "builder"
+    assert re.search(r"\[state,snapshots,operator,pipeline\]", builder_runs)
+    assert "-c constraints.txt" in builder_runs and "--only-binary=:all:" in builder_runs
+    assert "multilane snapshot --help" in builder_runs  # the CronJob's command starts in it
+    pipeline = stages["pipeline"]
+    runs = " ".join(pipeline.all("RUN"))
+    assert "openjdk-17-jre-headless" in runs and "--no-install-recommends" in runs
+    assert "rm -rf /var/lib/apt/lists" in runs and not COMPILERS.search(runs.replace("jre-headless", ""))
+    assert pipeline.all("COPY") == ["--from=pipeline-builder /opt/venv-pipeline /opt/venv"]
+    env = " ".join(pipeline.all("ENV"))
+    assert "JAVA_HOME=" in env and "HOME=/tmp" in env and "PATH=/opt/venv/bin:$PATH" in env
+    assert pipeline.all("USER") == dockerfile[1][-1].all("USER")  # the chart's uid, as the runtime
 
 
 def test_builder_installs_the_worker_and_operator_extras_at_tested_versions(

@@ -5,7 +5,8 @@
   call. It is a double of the workers' HTTP interface only: no Kafka, no engine. Each worker runs the
   real :class:`multilane.worker.lease.LeaseKeeper` against the emulated API server.
 - :class:`StatefulSetControllerDouble`: does what Kubernetes' StatefulSet controller and kubelet would
-  do for the operator's StatefulSet: creates pods ``NAME-0..N-1`` (labels from the pod template) and
+  do for the operator's StatefulSet: creates pods ``NAME-0..N-1`` (labels from the pod template and
+  ``controller-revision-hash``) and
   deletes pods above N, starting/stopping a fleet worker per pod.
 - :class:`StaticSource`: a ``MetricSource`` returning what the test sets (or raising).
 - :class:`RealWorkerFleet`: real ``multilane worker`` processes instead of the HTTP double.
@@ -35,6 +36,7 @@ from multilane.operator.sources import (
     QueryContext,
 )
 from multilane.testing.broker import free_port
+from multilane.testing.kube_rules import revision_hash_label
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
 
@@ -221,7 +223,8 @@ class StatefulSetControllerDouble:
         for sts in await self.kube.list(api_path("apps/v1", "statefulsets", self.namespace)):
             name = sts["metadata"]["name"]
             replicas = int(sts["spec"].get("replicas") or 0)
-            labels = sts["spec"]["template"]["metadata"]["labels"]
+            # As the StatefulSet controller: the pods carry controller-revision-hash: NAME-<hash>.
+            labels = {**sts["spec"]["template"]["metadata"]["labels"], **revision_hash_label(sts)}
             pods_path = api_path("v1", "pods", self.namespace)
             existing = {p["metadata"]["name"] for p in await self.kube.list(pods_path)}
             for i in range(replicas):

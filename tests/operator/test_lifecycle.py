@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from multilane.operator.k8s.kube import KubeClient, api_path
+from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, consumer_body, cr_path
 from tests.operator.doubles import (
@@ -123,12 +123,17 @@ async def test_bad_spec_degrades_with_event_and_touches_no_child(
     topic_name: str,
     fleet: WorkerFleet,
     operator_factory: Any,
+    api: Any,
 ) -> None:
     runner = operator_factory()
     await runner.start()
-    # minReplicas > maxReplicas: the CRD's CEL rule would refuse it; the emulator does not run CEL,
-    # so this checks the operator's own validation (it must hold even if the rule were bypassed).
+    # minReplicas > maxReplicas: the CRD's CEL rule refuses it (tests/operator/test_api_rules.py). With
+    # the rules off (a CRD that predates them) this checks the operator's own validation, which must
+    # hold even if the rule were bypassed.
     body = consumer_body("bad", broker.bootstrap, topic_name, minReplicas=5, maxReplicas=2)
+    with pytest.raises(KubeError, match="minReplicas must not exceed maxReplicas"):
+        await kube.create(CR_COLLECTION, body)
+    api[0].cel_rules = False
     await kube.create(CR_COLLECTION, body)
 
     async def degraded() -> dict[str, Any] | None:

@@ -113,8 +113,11 @@ def test_state_flags_come_from_the_spec_and_parse_with_the_worker_cli() -> None:
 
     from multilane.worker import cli
 
-    state = {"enabled": True, "snapshot": {"uri": "s3://bucket/snaps", "schedule": "0 * * * *"},
-             "changelogConfig": {"min.insync.replicas": "2", "retention.ms": "-1"}}
+    state = {
+        "enabled": True,
+        "snapshot": {"uri": "s3://bucket/snaps", "schedule": "0 * * * *"},
+        "changelogConfig": {"min.insync.replicas": "2", "retention.ms": "-1"},
+    }
     args = ch.worker_args({**SPEC, "state": state})
     assert args[args.index("--state-dir") + 1] == ch.STATE_DIR
     assert args[args.index("--snapshot-uri") + 1] == "s3://bucket/snaps"
@@ -204,3 +207,61 @@ def test_no_snapshot_cronjob_without_a_schedule(state: Any) -> None:
     spec = {**SPEC, "state": state} if state is not None else SPEC
     assert ch.snapshot_cronjob(REF, spec) is None
     assert "CronJob" not in [m["kind"] for m in ch.children(REF, spec, 2)]
+
+
+def _stateful(**state: Any) -> dict[str, Any]:
+    return {**SPEC, "state": {"enabled": True, **state}}
+
+
+def test_pvc_retention_defaults_and_owner_uid() -> None:
+    """Defaults: whenDeleted=Delete (a re-created consumer starts on empty volumes), whenScaled=Retain
+    (a scale-up starts warm); the worker gets the consumer's uid for its state directory stamp."""
+    sts = ch.stateful_set(REF, _stateful(), 2)
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Delete",
+        "whenScaled": "Retain",
+    }
+    env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MULTILANE_STATE_OWNER"] == REF.uid
+    kept = ch.stateful_set(REF, _stateful(pvcRetention={"whenDeleted": "Retain", "whenScaled": "Delete"}), 2)
+    assert kept["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Retain",
+        "whenScaled": "Delete",
+    }
+    assert "persistentVolumeClaimRetentionPolicy" not in ch.stateful_set(REF, SPEC, 2)["spec"]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "changed"),
+    [
+        (SPEC, _stateful(), ["spec.volumeClaimTemplates"]),
+        (_stateful(), SPEC, ["spec.volumeClaimTemplates"]),
+        (
+            _stateful(storage={"size": "1Gi"}),
+            _stateful(storage={"size": "2Gi"}),
+            ["spec.volumeClaimTemplates"],
+        ),
+        (
+            _stateful(storage={"storageClassName": "a"}),
+            _stateful(storage={"storageClassName": "b"}),
+            ["spec.volumeClaimTemplates"],
+        ),
+        (_stateful(), _stateful(pvcRetention={"whenScaled": "Delete"}), []),
+        (SPEC, {**SPEC, "workload": {**SPEC["workload"], "image": "app:2"}}, []),
+    ],
+)
+def test_statefulset_immutable_changes(
+    before: dict[str, Any], after: dict[str, Any], changed: list[str]
+) -> None:
+    existing = ch.stateful_set(REF, before, 2)
+    # The API server adds defaults to the stored claim templates: not a change.
+    for claim in existing["spec"].get("volumeClaimTemplates") or []:
+        claim["spec"]["volumeMode"] = "Filesystem"
+        claim["status"] = {"phase": "Pending"}
+    assert ch.statefulset_immutable_changes(existing, ch.stateful_set(REF, after, 3)) == changed
+
+
+def test_statefulset_update_sends_only_mutable_fields() -> None:
+    patch = ch.statefulset_update(ch.stateful_set(REF, _stateful(), 3))
+    assert set(patch["spec"]) == {"replicas", "template", "persistentVolumeClaimRetentionPolicy"}
+    assert set(patch["metadata"]) == {"labels", "ownerReferences"}

@@ -17,6 +17,17 @@
 {{- end }}
 {{- end }}
 
+{{/*
+A name made of the full name and a suffix, cut so that the whole fits 63 characters (a Service name is
+a DNS-1035 label; a label value is at most 63): include "multilane.suffixed" (list . "metrics").
+*/}}
+{{- define "multilane.suffixed" -}}
+{{- $ctx := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $room := sub 62 (len $suffix) | int }}
+{{- printf "%s-%s" (include "multilane.fullname" $ctx | trunc $room | trimSuffix "-") $suffix }}
+{{- end }}
+
 {{- define "multilane.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -78,15 +89,24 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 - apiGroups: [multilane.dev]
   resources: [parallelconsumers/status]
   verbs: [get, patch]
+# Children carry ownerReferences with blockOwnerDeletion: true, which needs update on the owner's
+# finalizers subresource where the OwnerReferencesPermissionEnforcement admission plugin runs
+# (OpenShift, hardened clusters); without it every child create is forbidden there.
+- apiGroups: [multilane.dev]
+  resources: [parallelconsumers/finalizers]
+  verbs: [update]
 # kopf reports handler progress and errors as Events of the ParallelConsumer.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
 # Children of every ParallelConsumer, created (or merge-patched when they exist) with owner
-# references; the garbage collector deletes them with their owner, so no delete verb.
+# references; the garbage collector deletes them with their owner, so no delete verb (but for the
+# StatefulSet's opt-in recreate).
+# delete: only the opt-in recreate of a StatefulSet whose immutable fields a spec change would change
+# (annotation multilane.dev/recreate-on-immutable-change; propagationPolicy Orphan keeps the pods).
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [get, create, patch]

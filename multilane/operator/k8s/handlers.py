@@ -16,14 +16,20 @@ registry:
      ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet and, with a
      snapshot schedule, the CronJob NAME-snapshot (create, or merge-patch when they exist; the
      StatefulSet keeps the replicas the operator decided). Without a schedule an existing
-     NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted.
-  6. Status: observedGeneration, labelSelector, conditions.
+     NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted. A spec change that would
+     change an immutable StatefulSet field (``state.enabled``, the storage size or class) holds the
+     StatefulSet as it is (:mod:`multilane.operator.k8s.statefulset`) unless the annotation
+     ``multilane.dev/recreate-on-immutable-change: "true"`` opts in to recreating it.
+  6. Status: observedGeneration, labelSelector, conditions (Degraded=ImmutableFieldChange naming the
+     fields while a StatefulSet change is held; the control loop keeps running).
 
 - ``timer`` (every ``tick_s``) -> :meth:`OperatorHandlers.tick`: re-reads the object, honours Paused,
   re-runs :meth:`reconcile` when the spec is not yet applied or an environment problem may have gone,
   then runs one :class:`ConsumerController` pass (scaling, replicas, assignment, status).
-- ``on.delete`` (optional: no finalizer) forgets in-memory caches; the children go with the owner
-  through Kubernetes' garbage collector (owner references).
+- ``on.delete`` forgets in-memory caches; the children go with the owner through Kubernetes' garbage
+  collector (owner references). kopf puts its finalizer ``multilane.dev/finalizer`` on every
+  ParallelConsumer it handles (a deletion handler exists), so a ParallelConsumer is deleted only
+  while the operator runs, or after the finalizer is removed by hand (docs/runbook.md).
 
 Length (~540 lines): every kopf handler and its wiring in one place, so that what the operator
 reacts to is read at once; the logic they call lives in the controller, children and validation.
@@ -48,6 +54,7 @@ from multilane.operator.decision.planner import format_partition
 from multilane.operator.decision.policy import PolicyState
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
+from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION, apply_stateful_set, recreate_allowed
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.platform import Platform
@@ -69,6 +76,7 @@ __all__ = [
     "PAUSED_ANNOTATION",
     "PLURAL",
     "POLICY_STATE_ANNOTATION",
+    "RECREATE_ANNOTATION",
     "HandlerSettings",
     "OperatorHandlers",
 ]
@@ -159,6 +167,9 @@ class OperatorHandlers:
         # uid -> (control, config, executor): one executor per consumer while its inputs stay the same
         self._handoffs: dict[str, tuple[WorkerControl, HandoffConfig, HandoffExecutor]] = {}
         self._last_errors: dict[str, str] = {}  # uid -> last control-loop error (Events only on change)
+        # uid -> message naming the immutable StatefulSet fields a spec change would change: set by
+        # reconcile while that change is held, removed when a reconcile applies the StatefulSet.
+        self._immutable: dict[str, str] = {}
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 
@@ -208,6 +219,7 @@ class OperatorHandlers:
         self._locks.pop(ref.uid, None)
         self._sources.pop(ref.uid, None)
         self._controls.pop(ref.uid, None)
+        self._immutable.pop(ref.uid, None)
         self.metrics.forget(ref.namespace, ref.name)
         log.info("forgot %s/%s (children go with it through owner references)", ref.namespace, ref.name)
 
@@ -268,9 +280,17 @@ class OperatorHandlers:
             await self._degrade(ref, body, conditions, problems, generation)
             return False
         # 5. Apply the children.
-        await self._apply_children(ref, spec, body, status)
+        held_before = self._immutable.get(ref.uid)
+        held = await self._apply_children(ref, spec, body, status)
         # 6. Status.
-        conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
+        if held:
+            self._immutable[ref.uid] = held
+            if held != held_before:  # one Event per held change (kopf may run a handler again)
+                _event(body, EventRecord("Warning", "ImmutableFieldChange", held))
+            conditions = set_condition(conditions, "Degraded", True, "ImmutableFieldChange", held, now=stamp)
+        else:
+            self._immutable.pop(ref.uid, None)
+            conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
         ready_reason = (condition(conditions, "Ready") or {}).get("reason")
         if ready_reason not in {"WaitingForWorkers", "Rebalancing", "AllPartitionsAssigned"}:
             conditions = set_condition(
@@ -345,8 +365,10 @@ class OperatorHandlers:
 
     async def _apply_children(
         self, ref: ch.ConsumerRef, spec: ConsumerSpec, body: Mapping[str, Any], status: Mapping[str, Any]
-    ) -> None:
+    ) -> str | None:
+        """Apply every child; returns the message of a held immutable StatefulSet change (or None)."""
         raw_spec = dict(body.get("spec") or {})
+        held: str | None = None
         # The token Secret: created once, never overwritten.
         secrets_path = api_path("v1", "secrets", ref.namespace)
         if await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret)) is None:
@@ -367,6 +389,11 @@ class OperatorHandlers:
         replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
         for manifest in ch.children(ref, raw_spec, replicas):
             kind = manifest["kind"]
+            if kind == "StatefulSet":
+                held = await apply_stateful_set(
+                    self.kube, ref, manifest, existing, body, lambda record: _event(body, record)
+                )
+                continue
             api_version = manifest["apiVersion"]
             plural = {
                 "ServiceAccount": "serviceaccounts",
@@ -391,6 +418,7 @@ class OperatorHandlers:
             existing_cronjob = await self.kube.get(cronjob_path)
             if existing_cronjob is not None and not (existing_cronjob.get("spec") or {}).get("suspend"):
                 await self.kube.patch(cronjob_path, {"spec": {"suspend": True}})
+        return held
 
     # ---- the control loop -------------------------------------------------------------------------
 
@@ -442,6 +470,7 @@ class OperatorHandlers:
             paused
             or status.get("observedGeneration") != generation
             or (degraded.get("status") == "True" and degraded.get("reason") in TRANSIENT_REASONS)
+            or (ref.uid in self._immutable and recreate_allowed(fresh))
         ):
             if not await self.reconcile(fresh):
                 return
@@ -544,6 +573,12 @@ class OperatorHandlers:
                         "annotations": {POLICY_STATE_ANNOTATION: json.dumps(result.policy_state.to_dict())}
                     }
                 },
+            )
+        held = self._immutable.get(ref.uid)
+        degraded_now = condition(result.status.get("conditions"), "Degraded") or {}
+        if held and degraded_now.get("status") != "True":  # the control loop knows nothing of it
+            result.status["conditions"] = set_condition(
+                result.status.get("conditions"), "Degraded", True, "ImmutableFieldChange", held
             )
         await self._patch_status(ref, result.status)
         for record in result.events:

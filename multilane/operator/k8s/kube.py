@@ -1,8 +1,9 @@
 """``KubeClient``: a small asyncio client for the Kubernetes REST API. Does I/O (HTTP).
 
 Only what the operator needs: get, list (with a label selector, re-checked on the client side), create,
-merge-patch (also of ``/status``), delete. Connection settings come from the ``kubernetes`` package's
-config loaders (in-cluster service account, else kubeconfig) or are given explicitly (tests).
+merge-patch (also of ``/status``), delete (with DeleteOptions). Connection settings come from the
+``kubernetes`` package's config loaders (in-cluster service account, else kubeconfig) or are given
+explicitly (tests).
 """
 
 from __future__ import annotations
@@ -183,10 +184,12 @@ class KubeClient:
         result = await self._request("PATCH", path, body=dict(body), content_type=merge)
         return result if isinstance(result, dict) else {}
 
-    async def delete(self, path: str) -> bool:
-        """Delete; False when it did not exist."""
+    async def delete(self, path: str, options: Mapping[str, Any] | None = None) -> bool:
+        """Delete (``options``: DeleteOptions, e.g. ``propagationPolicy``, ``preconditions``); False when
+        it did not exist."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", **options} if options else None
         try:
-            await self._request("DELETE", path)
+            await self._request("DELETE", path, body=body)
         except KubeNotFoundError:
             return False
         return True

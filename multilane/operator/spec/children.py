@@ -17,7 +17,14 @@ them with it. Children:
   :func:`snapshot_cronjob`.
 
 Worker pods run non-root with a read-only root filesystem; Kafka credentials reach them only by
-reference (``envFrom`` the referenced Secret, prefixed ``MULTILANE_KAFKA_``), never copied.
+reference (``envFrom`` the referenced Secret, prefixed ``MULTILANE_KAFKA_``), never copied. With state,
+each worker gets the ParallelConsumer's uid (``MULTILANE_STATE_OWNER``): a state directory stamped
+with another uid (a volume retained from a deleted ParallelConsumer of the same name) is wiped, never
+used (:mod:`multilane.worker.state.owner`).
+
+A StatefulSet's ``selector``, ``serviceName``, ``volumeClaimTemplates`` and ``podManagementPolicy``
+cannot change (kube-apiserver refuses the update): :func:`statefulset_immutable_changes` names the
+ones a new spec would change, and :func:`statefulset_update` is the patch of the fields that may.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ __all__ = [
     "snapshot_cronjob",
     "snapshot_cronjob_name",
     "stateful_set",
+    "statefulset_immutable_changes",
+    "statefulset_update",
     "worker_args",
 ]
 
@@ -62,7 +71,18 @@ TOKEN_DIR = "/var/run/multilane"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 STATE_DIR = "/var/lib/multilane/state"
 KAFKA_ENV_PREFIX = "MULTILANE_KAFKA_"
+STATE_OWNER_ENV = "MULTILANE_STATE_OWNER"
 LEASE_DURATION_S = 15
+#: StatefulSet spec fields an update may change (kube-apiserver refuses changes to any other).
+STATEFULSET_MUTABLE = (
+    "replicas",
+    "template",
+    "updateStrategy",
+    "persistentVolumeClaimRetentionPolicy",
+    "minReadySeconds",
+    "ordinals",
+    "revisionHistoryLimit",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +205,8 @@ def _container(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any]:
         {"name": "MULTILANE_LEASE_DURATION_SECONDS", "value": str(LEASE_DURATION_S)},
         *copy.deepcopy(list(workload.get("env") or [])),
     ]
+    if (spec.get("state") or {}).get("enabled"):
+        env.insert(3, {"name": STATE_OWNER_ENV, "value": ref.uid})
     container: dict[str, Any] = {
         "name": "worker",
         "image": workload["image"],
@@ -275,7 +297,58 @@ def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> di
         sts["spec"]["volumeClaimTemplates"] = [
             {"metadata": {"name": "state", "labels": selector_labels(ref)}, "spec": pvc_spec}
         ]
+        retention = state.get("pvcRetention") or {}
+        sts["spec"]["persistentVolumeClaimRetentionPolicy"] = {
+            "whenDeleted": retention.get("whenDeleted", "Delete"),
+            "whenScaled": retention.get("whenScaled", "Retain"),
+        }
     return sts
+
+
+def _claims(spec: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """volumeClaimTemplates by name, as the fields multilane sets (the API server adds defaults such
+    as volumeMode and status.phase to the stored copy, which must not count as a change)."""
+    out = {}
+    for claim in spec.get("volumeClaimTemplates") or []:
+        claim_spec = claim.get("spec") or {}
+        out[str((claim.get("metadata") or {}).get("name"))] = (
+            str(((claim_spec.get("resources") or {}).get("requests") or {}).get("storage")),
+            claim_spec.get("storageClassName") or "",
+            tuple(claim_spec.get("accessModes") or ()),
+        )
+    return out
+
+
+def statefulset_immutable_changes(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> list[str]:
+    """The immutable StatefulSet spec fields (``spec.selector``, ...) whose desired value differs from
+    the existing StatefulSet's, in a fixed order; empty when an update can apply."""
+    old = existing.get("spec") or {}
+    new = desired.get("spec") or {}
+    changed = []
+    if (old.get("selector") or {}).get("matchLabels") != (new.get("selector") or {}).get("matchLabels"):
+        changed.append("spec.selector")
+    if old.get("serviceName") != new.get("serviceName"):
+        changed.append("spec.serviceName")
+    if _claims(old) != _claims(new):
+        changed.append("spec.volumeClaimTemplates")
+    if (old.get("podManagementPolicy") or "OrderedReady") != (
+        new.get("podManagementPolicy") or "OrderedReady"
+    ):
+        changed.append("spec.podManagementPolicy")
+    return changed
+
+
+def statefulset_update(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch bringing an existing StatefulSet to ``desired``: metadata and the spec fields an
+    update may change, never the immutable ones (whose changes :func:`statefulset_immutable_changes`
+    reports)."""
+    spec = desired.get("spec") or {}
+    return {
+        "metadata": {
+            k: v for k, v in (desired.get("metadata") or {}).items() if k in ("labels", "ownerReferences")
+        },
+        "spec": {k: copy.deepcopy(v) for k, v in spec.items() if k in STATEFULSET_MUTABLE},
+    }
 
 
 def service(ref: ConsumerRef) -> dict[str, Any]:
