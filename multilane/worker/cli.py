@@ -108,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lease", choices=["auto", "on", "off"], default="auto",
       help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' "
            "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
+    a("--outputs", choices=("on", "off"), default="on",
+      help="ctx.produce: one idempotent producer per worker; a record completes (and may be committed) "
+           "only once every output it produced is acknowledged")
+    a("--output-linger-ms", type=float, default=1.0,
+      help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
+    a("--output-config", action="append", default=[], metavar="KEY=VALUE",
+      help="extra librdkafka setting of the output producer (repeatable; security settings come from "
+           "the consumer's)")
     a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"),
       help="DEBUG, INFO, WARNING or ERROR (or $MULTILANE_LOG_LEVEL)")
 
@@ -405,24 +413,44 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
         return await _serve_engine(args, cfg, processor, token, lease)
 
 
+def output_producer(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+    """The worker's :class:`~multilane.worker.outputs.OutputProducer` (``--outputs on``), or None."""
+    if getattr(args, "outputs", "on") != "on":
+        return None
+    from multilane.worker.outputs import OutputProducer, output_producer_config
+
+    conf = output_producer_config(cfg.bootstrap_servers, f"multilane-{cfg.worker_id}-outputs",
+                                  args.output_linger_ms, security_settings(cfg.consumer_overrides),
+                                  _parse_kv(args.output_config, "--output-config"))
+    return OutputProducer.from_config(conf)
+
+
 async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
                         lease: LeaseSettings | None = None) -> int:
     """Run until a signal (steps 1-5).
 
-    1. Build the engine (and the state hooks with --state-dir).
+    1. Build the output producer (``ctx.produce``; the processor waits for its outputs' acknowledgements,
+       :mod:`multilane.worker.outputs`), the engine (and the state hooks with --state-dir).
     2. Start the control and metrics endpoints (they answer /healthz and status while starting).
     3. Start the engine (initial assignment or subscription); then, with a Lease, the keeper that
        fences the engine when the Lease cannot be renewed (:func:`start_lease_keeper`).
     4. Print the ready line; wait for SIGTERM/SIGINT.
     5. Stop the lease keeper, the engine (drain, final commit unless fenced), then the endpoints,
-       then close the state store (checkpoints learners, closes its Kafka clients).
+       then the output producer (flush), then close the state store (checkpoints learners, closes
+       its Kafka clients).
     """
     from multilane.worker.control import ControlServer
     from multilane.worker.engine import Engine
     from multilane.worker.metrics import MetricsServer
 
     loop = asyncio.get_running_loop()
-    # 1. engine
+    # 1. outputs, engine
+    outputs = output_producer(args, cfg)
+    if outputs is not None:
+        from multilane.worker.outputs import with_outputs
+
+        outputs.start(loop)
+        processor = with_outputs(processor, outputs)
     hooks = _state_hooks(args, cfg)
     engine = Engine(cfg, processor, hooks)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -459,6 +487,8 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
             if metrics is not None:
                 await metrics.stop()
         finally:
+            if outputs is not None:
+                await asyncio.to_thread(outputs.close)
             if hooks is not None:
                 await asyncio.to_thread(hooks.close)
     return 0
@@ -474,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
             app = load_app(args.app)
         cfg = build_config(args)
         check_state_args(args)
+        _parse_kv(getattr(args, "output_config", []), "--output-config")
         lease = lease_settings(args)
         processor = load_decoding_processor(args, app)
         check_processor_state(processor, args)
