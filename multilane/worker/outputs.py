@@ -120,8 +120,11 @@ class OutputProducer:
     """
 
     def __init__(self, producer: Any, poll_timeout_s: float = 0.05,
-                 buffer_wait_s: float = 5.0) -> None:
+                 buffer_wait_s: float = 5.0, poll_on_loop: bool = False, loop_idle_s: float = 0.0005) -> None:
         self._producer = producer
+        self._poll_on_loop = poll_on_loop
+        self._loop_idle_s = loop_idle_s
+        self._task: asyncio.Task[None] | None = None
         self._poll_timeout_s = poll_timeout_s
         self._buffer_wait_s = buffer_wait_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -133,19 +136,24 @@ class OutputProducer:
         self.sent = 0  # outputs handed to the producer (diagnostics; processor threads, approximate)
 
     @classmethod
-    def from_config(cls, conf: Mapping[str, Any]) -> OutputProducer:
+    def from_config(cls, conf: Mapping[str, Any], **kwargs: Any) -> OutputProducer:
         from confluent_kafka import Producer
 
-        return cls(Producer(dict(conf)))
+        return cls(Producer(dict(conf)), **kwargs)
 
     # 1.
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Start the poll thread (idempotent; :meth:`send` starts it too). ``loop``: the loop of the
-        async processors (default: the first one that waits, see :meth:`settle_async`)."""
+        """Start polling (idempotent; :meth:`send` starts it too). ``loop``: the loop of the async
+        processors (default: the first one that waits, see :meth:`settle_async`). With
+        ``poll_on_loop`` and a ``loop``, a task on that loop polls (no thread: delivery reports
+        resolve waiters directly, no cross-thread wake-ups); otherwise a thread polls."""
         if loop is not None:
             self._loop = loop
         with self._start_lock:
-            if self._thread is not None or self._stop.is_set():
+            if self._thread is not None or self._task is not None or self._stop.is_set():
+                return
+            if self._poll_on_loop and loop is not None:
+                self._task = loop.create_task(self._poll_task(), name="multilane-outputs")
                 return
             self._thread = threading.Thread(target=self._poll_loop, name="multilane-outputs", daemon=True)
             self._thread.start()
@@ -160,6 +168,20 @@ class OutputProducer:
                 log.exception("output producer poll failed")
                 time.sleep(timeout)
             self._flush_settled()
+
+    async def _poll_task(self) -> None:
+        poll = self._producer.poll
+        idle = self._loop_idle_s
+        while not self._stop.is_set():
+            try:
+                n = poll(0)
+            except Exception:  # pragma: no cover
+                log.exception("output producer poll failed")
+                n = 0
+            if self._settled:
+                settled, self._settled = self._settled, []
+                _resolve_all(settled)
+            await asyncio.sleep(0 if n else idle)
 
     def _flush_settled(self) -> None:
         if not self._settled:
@@ -178,7 +200,7 @@ class OutputProducer:
              headers: list[tuple[str, bytes]]) -> None:
         """Produce one output whose report goes to ``outputs``; waits up to ``buffer_wait_s`` while
         the local queue is full, then raises BufferError (the attempt fails and is retried)."""
-        if self._thread is None:
+        if self._thread is None and self._task is None:
             self.start()
         produce = self._producer.produce
         deadline = 0.0
@@ -231,6 +253,9 @@ class OutputProducer:
     def close(self, timeout_s: float = 10.0) -> int:
         """Stop polling, flush what is queued (reports run here), close; returns outputs left unsent."""
         self._stop.set()
+        task, self._task = self._task, None
+        if task is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(task.cancel)
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None

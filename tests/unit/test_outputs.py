@@ -64,8 +64,8 @@ def _rec(offset: int = 0, key: bytes = b"k") -> tuple[Record, Context]:
     return rec, Context("in", 0, offset, key, [], 0, 1)
 
 
-async def _started(fake: FakeProducer) -> OutputProducer:
-    out = OutputProducer(fake, poll_timeout_s=0.01)
+async def _started(fake: FakeProducer, on_loop: bool = False) -> OutputProducer:
+    out = OutputProducer(fake, poll_timeout_s=0.01, poll_on_loop=on_loop)
     out.start(asyncio.get_running_loop())
     return out
 
@@ -76,11 +76,12 @@ def test_config_is_idempotent_with_security_and_overrides() -> None:
     assert conf["security.protocol"] == "SSL" and conf["linger.ms"] == "7"
 
 
-def test_async_processor_returns_only_after_every_output_is_acknowledged() -> None:
+@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
+def test_async_processor_returns_only_after_every_output_is_acknowledged(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
         fake.open.clear()  # hold the delivery reports
-        out = await _started(fake)
+        out = await _started(fake, on_loop)
 
         async def proc(record: Record, ctx: Context) -> None:
             for i in range(3):
