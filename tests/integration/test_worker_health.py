@@ -77,7 +77,8 @@ def test_readyz_and_health_metrics(broker: EmbeddedBroker, topic_name: str, tmp_
     assert code == 200 and body == {"ready": True, "reasons": []}
     m = w.metrics()
     assert ({"group": spec.group, "worker_id": w.worker_id}, 1.0) in m["multilane_worker_info"]
-    count = [v for labels, v in m["multilane_end_to_end_latency_seconds_count"] if labels == {"group": spec.group}]
+    count = [v for labels, v in m["multilane_end_to_end_latency_seconds_count"]
+             if labels == {"group": spec.group}]
     assert count and count[0] >= 200
     assert m["multilane_breaker_open"] == [({"group": spec.group}, 0.0)]
     assert m["multilane_broker_reachable"] == [({"group": spec.group}, 1.0)]

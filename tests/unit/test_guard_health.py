@@ -123,7 +123,7 @@ def test_record_timeout_async_and_sync() -> None:
         raise TimeoutError("the processor's own")
 
     async def main() -> None:
-        with pytest.raises(RecordTimeoutError, match="record-timeout-s 0.1"):
+        with pytest.raises(RecordTimeoutError, match=r"record-timeout-s 0\.1"):
             await guarded(slow, timeout_s=0.1)(*_rec())
         with pytest.raises(TimeoutError, match="the processor's own"):
             await guarded(quick, timeout_s=5)(*_rec())
