@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["BrokerProbe", "HealthCollector", "RateLimitFilter", "kafka_logger"]
+__all__ = ["AppMetricsCollector", "BrokerProbe", "HealthCollector", "RateLimitFilter", "kafka_logger"]
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +198,14 @@ class HealthCollector(Collector):
                                      "answered", labels=["group"])
             fam2.add_metric(g, 1.0 if self.probe.reachable else 0.0)
             yield fam2
+
+
+class AppMetricsCollector(Collector):
+    """The application's own metrics: everything in ``prometheus_client``'s default registry (metrics a
+    processor module defines with ``prometheus_client.Counter(...)`` etc., plus the process and Python
+    collectors), served on the worker's ``/metrics`` beside the worker's."""
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client import REGISTRY
+
+        yield from REGISTRY.collect()

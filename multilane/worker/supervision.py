@@ -28,7 +28,7 @@ from multilane.api import Processor
 from multilane.worker.breaker import CircuitBreaker
 from multilane.worker.config import EngineConfig, security_settings
 from multilane.worker.guard import EndToEndLatency, guarded
-from multilane.worker.health import BrokerProbe, HealthCollector, kafka_logger
+from multilane.worker.health import AppMetricsCollector, BrokerProbe, HealthCollector, kafka_logger
 from multilane.worker.loopwatch import LoopBlockWatch
 from multilane.worker.readiness import Readiness, ReadinessFacts, readiness
 from multilane.worker.retry import RetryPolicy
@@ -165,8 +165,10 @@ class WorkerSupervisor:
         self.probe.start()
         if self.loopwatch is not None:
             self.loopwatch.start()
-        engine.metrics.registry.register(HealthCollector(self.cfg.group, self.cfg.worker_id, self.breaker,
-                                                         self.latency, self.loopwatch, self.probe))
+        registry = engine.metrics.registry
+        registry.register(HealthCollector(self.cfg.group, self.cfg.worker_id, self.breaker, self.latency,
+                                          self.loopwatch, self.probe))
+        registry.register(AppMetricsCollector())
 
     def _give_up(self, reason: str) -> None:
         log.error("stopping: %s", reason)

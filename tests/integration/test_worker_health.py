@@ -82,5 +82,6 @@ def test_readyz_and_health_metrics(broker: EmbeddedBroker, topic_name: str, tmp_
     assert count and count[0] >= 200
     assert m["multilane_breaker_open"] == [({"group": spec.group}, 0.0)]
     assert m["multilane_broker_reachable"] == [({"group": spec.group}, 1.0)]
+    assert "python_info" in m, "prometheus_client's default registry (app metrics) is not served"
     assert w.terminate(60) == 0
     assert_all(check_delivery(produced, read_event_log(log), mode="key"))
