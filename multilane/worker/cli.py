@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import builtins
+import dataclasses
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from multilane.api import (
 )
 from multilane.codecs import CodecError, RecordDecoder, decoding_processor
 from multilane.extras import MissingExtraError, require
+from multilane.worker import supervision
 from multilane.worker.config import (
     OWNED_CLIENT_KEYS,
     ConfigError,
@@ -114,8 +116,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lease", choices=["auto", "on", "off"], default="auto",
       help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' "
            "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
+    a("--outputs", choices=("on", "off"), default="on",
+      help="ctx.produce: one idempotent producer per worker; a record completes (and may be committed) "
+           "only once every output it produced is acknowledged")
+    a("--output-linger-ms", type=float, default=1.0,
+      help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
+    a("--output-config", action="append", default=[], metavar="KEY=VALUE",
+      help="extra librdkafka setting of the output producer (repeatable; security settings come from "
+           "the consumer's)")
     a("--log-level", default=os.environ.get("MULTILANE_LOG_LEVEL", "INFO"),
       help="DEBUG, INFO, WARNING or ERROR (or $MULTILANE_LOG_LEVEL)")
+    supervision.add_arguments(parser)
 
 
 def parse_retry_on(names: list[str]) -> tuple[type[BaseException], ...]:
@@ -416,42 +427,76 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
         return await _serve_engine(args, cfg, processor, token, lease)
 
 
+def output_producer(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+    """The worker's :class:`~multilane.worker.outputs.OutputProducer` (``--outputs on``), or None."""
+    if getattr(args, "outputs", "on") != "on":
+        return None
+    from multilane.worker.health import kafka_logger
+    from multilane.worker.outputs import OutputProducer, output_producer_config
+
+    conf = output_producer_config(cfg.bootstrap_servers, f"multilane-{cfg.worker_id}-outputs",
+                                  args.output_linger_ms, security_settings(cfg.consumer_overrides),
+                                  _parse_kv(args.output_config, "--output-config"))
+    conf.setdefault("logger", kafka_logger())
+    return OutputProducer.from_config(conf)
+
+
 async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
                         lease: LeaseSettings | None = None) -> int:
     """Run until a signal (steps 1-5).
 
-    1. Build the engine (and the state hooks with --state-dir).
+    1. Build the output producer (``ctx.produce``; the processor waits for its outputs' acknowledgements,
+       :mod:`multilane.worker.outputs`), the engine (and the state hooks with --state-dir).
     2. Start the control and metrics endpoints (they answer /healthz and status while starting).
     3. Start the engine (initial assignment or subscription); then, with a Lease, the keeper that
        fences the engine when the Lease cannot be renewed (:func:`start_lease_keeper`).
     4. Print the ready line; wait for SIGTERM/SIGINT.
     5. Stop the lease keeper, the engine (drain, final commit unless fenced), then the endpoints,
-       then close the state store (checkpoints learners, closes its Kafka clients).
+       then the output producer (flush), then close the state store (checkpoints learners, closes
+       its Kafka clients).
     """
     from multilane.worker.control import ControlServer
     from multilane.worker.engine import Engine
     from multilane.worker.metrics import MetricsServer
 
     loop = asyncio.get_running_loop()
-    # 1. engine
+    # 1. outputs, guard, engine
+    supervisor = supervision.WorkerSupervisor(args, cfg)
+    outputs = output_producer(args, cfg)
+    if outputs is not None:
+        outputs.start(loop)
+    processor = supervisor.wrap(processor, outputs)
     hooks = _state_hooks(args, cfg)
     engine = Engine(cfg, processor, hooks)
+
+    def stop_requested() -> None:
+        supervisor.request_stop()
+        engine.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, engine.request_stop)
+        loop.add_signal_handler(sig, stop_requested)
     # 2. endpoints
     control = metrics = None
     keeper: LeaseKeeper | None = None
     control_port = metrics_port = 0
     if args.control_port:
         assert token is not None
-        control = ControlServer(engine, token, port=args.control_port)
+        control = ControlServer(engine, token, port=args.control_port, supervisor=supervisor)
         control_port = await control.start()
     if args.metrics_port:
         metrics = MetricsServer(engine.metrics, port=args.metrics_port)
         metrics_port = await metrics.start()
     try:
-        # 3. engine, lease
+        # 3. broker and topics, engine, lease
+        try:
+            await supervisor.preflight()
+        except supervision.StartupError as exc:
+            log.error("%s", exc)
+            print(f"multilane worker: {exc}", file=sys.stderr, flush=True)
+            supervisor.exit_code = exc.code
+            return exc.code
         await engine.start()
+        supervisor.start(engine)
         if lease is not None:
             keeper = start_lease_keeper(engine, lease)
         # 4. ready
@@ -470,9 +515,22 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
             if metrics is not None:
                 await metrics.stop()
         finally:
+            await supervisor.stop()
+            if outputs is not None:
+                await asyncio.to_thread(outputs.close)
             if hooks is not None:
                 await asyncio.to_thread(hooks.close)
-    return 0
+    return supervisor.exit_code
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """stderr logging at ``--log-level``, as text or JSON lines (``--log-format``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if getattr(args, "log_format", "text") == "json":
+        handler.setFormatter(supervision.JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
 
 
 LOOPS = ("asyncio", "uvloop")
@@ -492,15 +550,17 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(args)
     try:
         check_required(args)
         app = getattr(args, "app_object", None)
         if app is None and args.app:
             app = load_app(args.app)
         cfg = build_config(args)
+        cfg = dataclasses.replace(cfg, consumer_overrides=supervision.client_overrides(
+            args, dict(cfg.consumer_overrides)))
         check_state_args(args)
+        _parse_kv(getattr(args, "output_config", []), "--output-config")
         lease = lease_settings(args)
         processor = load_decoding_processor(args, app)
         check_processor_state(processor, args)

@@ -1,7 +1,8 @@
 """The worker's authenticated HTTP control endpoint (aiohttp, on the engine's loop). Does I/O.
 
 Routes and bodies are fixed in docs/architecture.md ("Worker control API"). Every request except
-``GET /healthz`` needs ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
+``GET /healthz`` (liveness) and ``GET /readyz`` (readiness, from ``multilane.worker.readiness``)
+needs ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
 without it the answer is 401. Bad JSON or fields -> 400 with a message; a stale assignment generation
 -> 409. Learner routes (``/v1/learn``, ``/v1/promote``, ``/v1/demote``, ``/v1/drop``) go through the
 engine's learner calls (:meth:`Engine.learn` etc.) when the worker has state hooks (else 404); a
@@ -30,6 +31,8 @@ __all__ = ["ControlServer", "TokenError", "load_token"]
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "MULTILANE_CONTROL_TOKEN"
+# Probes (the kubelet sends no token): liveness and readiness answer without one.
+UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -84,10 +87,13 @@ def _number(body: dict[str, Any], field: str, default: float) -> float:
 class ControlServer:
     """Serves the control API of one engine. Invariant: ``_token`` is non-empty."""
 
-    def __init__(self, engine: Engine, token: str, host: str = "0.0.0.0", port: int = 8471) -> None:
+    def __init__(self, engine: Engine, token: str, host: str = "0.0.0.0", port: int = 8471,
+                 supervisor: Any = None) -> None:
         if not token:
             raise TokenError("empty control token")
         self.engine = engine
+        # ``multilane.worker.supervision.WorkerSupervisor`` (readiness, circuit breaker), or None
+        self.supervisor = supervisor
         self._token = token.encode()
         self.host = host
         self.port = port
@@ -96,6 +102,8 @@ class ControlServer:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_middleware, self._error_middleware])
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_post("/breaker/reset", self._breaker_reset)
         app.router.add_get("/v1/status", self._status)
         app.router.add_post("/v1/assignment", self._assignment)
         app.router.add_post("/v1/factor", self._factor)
@@ -127,7 +135,7 @@ class ControlServer:
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in UNAUTHENTICATED:
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, supplied = header.partition(" ")
@@ -171,7 +179,22 @@ class ControlServer:
     # -- handlers ------------------------------------------------------------------------------------
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        """Liveness: the event loop answers."""
         return web.json_response({"ok": True})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Readiness (``multilane.worker.readiness.readiness``): 200 when ready, else 503 with reasons."""
+        if self.supervisor is None:
+            return web.json_response({"ready": True, "reasons": []})
+        r = self.supervisor.readiness()
+        return web.json_response(r.to_dict(), status=200 if r.ready else 503)
+
+    async def _breaker_reset(self, request: web.Request) -> web.Response:
+        """Close the circuit breaker: held records run again."""
+        if self.supervisor is None:
+            return web.json_response({"error": "this worker has no circuit breaker"}, status=404)
+        was_open = self.supervisor.breaker.reset()
+        return web.json_response({"was_open": was_open, **self.supervisor.breaker.status()})
 
     async def _status(self, request: web.Request) -> web.Response:
         await self.engine.refresh_learners()  # learner figures read off the loop, fresh

@@ -1,0 +1,184 @@
+"""Consume-transform-produce: the engine with outputs tied to commits against the same processor without
+outputs (``python -m benchmarks.outputs``). Does I/O: a broker, child processes.
+
+One row = one child process (``python -m benchmarks.outputs child ...``) running multilane's engine in
+unordered mode at 256 in flight (F=256) with the engine benchmark's 10 ms ``asyncio.sleep`` processor;
+with outputs, the processor also sends one output per record (``ctx.produce``, 100 B, keyed by the
+input key) and the record completes only once the broker acknowledged it
+(:mod:`multilane.worker.outputs`). The two variants are alternated (off, on, off, on, ...) in one run
+on one input topic, so that load from other work hits both alike; the goal is the median of the
+per-pair ratios ``rate(on) / rate(off)`` (>= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks._common import Column, Report, log, main, ratio
+
+IN_FLIGHT = 256
+BASE_MS = 10.0
+FULL_RECORDS = 60_000
+QUICK_RECORDS = 8_000
+FULL_PAIRS = 3
+QUICK_PAIRS = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pairs", type=int, default=0, help="alternated off/on pairs (default 3, quick 2)")
+    parser.add_argument("--records", type=int, default=0, help="records per row (default 60k, quick 8k)")
+    parser.add_argument("--linger-ms", type=float, default=1.0, help="the output producer's linger.ms")
+    parser.add_argument("--poll", choices=("thread", "loop"), default="thread",
+                        help="delivery reports served by a thread or by a task on the engine's loop")
+
+
+def body(args: argparse.Namespace, report: Report) -> None:
+    """1. Start a broker, produce the input topic once. 2. Alternate off/on rows. 3. Table and goal."""
+    from benchmarks._children import ChildError, run_json_child
+    from benchmarks._data import broker_session, produce_zipf
+    from benchmarks.engine_rows import N_KEYS, VALUE_BYTES, ZIPF_S
+
+    records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
+    pairs = args.pairs or (QUICK_PAIRS if args.quick else FULL_PAIRS)
+    report.params.update(records=records, pairs=pairs, in_flight=IN_FLIGHT, base_ms=BASE_MS,
+                         value_bytes=VALUE_BYTES, keys=N_KEYS, linger_ms=args.linger_ms, poll=args.poll)
+    table = report.table("outputs", f"Consume-transform-produce at {IN_FLIGHT} in flight, {BASE_MS:g} ms "
+                         "asyncio.sleep per record", [
+                             Column("run", "run"), Column("outputs"), Column("records", fmt=","),
+                             Column("rate", "rec/s", ",.0f"), Column("efficiency", fmt=".2f"),
+                             Column("cpu_us", "CPU us/rec", ",.1f"), Column("note")])
+    ideal = IN_FLIGHT / (BASE_MS / 1000)
+    with broker_session() as broker:
+        # 1.
+        topic = f"outputs-in-{int(time.time())}"
+        broker.create_topic(topic, 1)
+        produced = produce_zipf(broker.bootstrap, topic, records, VALUE_BYTES, N_KEYS, ZIPF_S, seed=1)
+        log(f"produced {produced.records:,} records to {topic}")
+        # 2.
+        ratios: list[float] = []
+        for i in range(pairs):
+            rates: dict[str, float | None] = {}
+            for variant in ("off", "on"):
+                out_topic = f"outputs-out-{i}-{variant}-{int(time.time() * 1000)}"
+                if variant == "on":
+                    broker.create_topic(out_topic, 1)
+                argv = [sys.executable, "-m", "benchmarks.outputs", "child", "--bootstrap", broker.bootstrap,
+                        "--topic", topic, "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
+                        "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
+                        "--linger-ms", str(args.linger_ms), "--poll", args.poll, "--timeout", "240"]
+                try:
+                    res = run_json_child(argv, timeout=300)
+                except ChildError as exc:
+                    table.add_unavailable(str(exc)[:200], run=i + 1, outputs=variant, records=records)
+                    rates[variant] = None
+                    continue
+                log(f"  pair {i + 1} outputs={variant}: {res['rate']:,.0f} rec/s")
+                rates[variant] = float(res["rate"])
+                sent = f"{res.get('outputs_sent', 0):,} outputs acknowledged" if variant == "on" else ""
+                table.add(run=i + 1, outputs=variant, records=records, rate=res["rate"],
+                          efficiency=res["rate"] / ideal, cpu_us=res["cpu_us_per_record"], note=sent)
+            r = ratio(rates.get("on"), rates.get("off"))
+            if r is not None:
+                ratios.append(r)
+    # 3.
+    median = statistics.median(ratios) if ratios else None
+    report.note("pair ratios (on/off): " + ", ".join(f"{r:.3f}" for r in ratios))
+    report.goal(f"consume-transform-produce rate / same processor without outputs, {IN_FLIGHT} in flight "
+                "(median of alternated pairs)", median, 0.8)
+
+
+# ------------------------------------------------------------------------------------------ child
+
+
+def child_main(argv: list[str]) -> int:
+    """One row: the engine with (or without) outputs until N records completed; JSON on the last line."""
+    import asyncio
+    import threading
+
+    from benchmarks._children import Meter, emit_child_result
+    from benchmarks.baselines.kafka import add_consumer_arguments
+    from benchmarks.engine_child import EventRecorder, RunningCounter, make_processor
+    from multilane.api import Context, OrderingMode, Record
+    from multilane.worker.config import EngineConfig
+    from multilane.worker.engine import Engine
+    from multilane.worker.outputs import OutputProducer, output_producer_config, with_outputs
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.outputs child")
+    add_consumer_arguments(parser)
+    parser.add_argument("--outputs", choices=("on", "off"), required=True)
+    parser.add_argument("--out-topic", required=True)
+    parser.add_argument("--linger-ms", type=float, default=1.0)
+    parser.add_argument("--poll", choices=("thread", "loop"), default="thread")
+    parser.add_argument("--idempotence", choices=("on", "off"), default="on")
+    args = parser.parse_args(argv)
+
+    meter = Meter()
+    lock = threading.Lock()
+    done = 0
+    finished = threading.Event()
+
+    def on_done() -> None:
+        nonlocal done
+        with lock:
+            done += 1
+            if done == 1:
+                meter.start(already=1)
+            if done == args.records:
+                meter.stop()
+                finished.set()
+
+    # The completion counter must count a record once its outputs are acknowledged: with outputs the
+    # inner processor only sleeps; the count happens after with_outputs returned (outer wrapper).
+    sleep = make_processor("async-sleep", BASE_MS, 0.0, 0.0, lambda: None, RunningCounter(), EventRecorder())
+    out: OutputProducer | None = None
+    out_topic = args.out_topic
+
+    async def transform(record: Record, ctx: Context) -> None:
+        await sleep(record, ctx)
+        ctx.produce(out_topic, record.value, key=record.key)
+
+    inner: Any = sleep
+    if args.outputs == "on":
+        conf = output_producer_config(args.bootstrap, "bench-outputs", args.linger_ms)
+        conf["enable.idempotence"] = args.idempotence == "on"
+        out = OutputProducer.from_config(conf, poll_on_loop=args.poll == "loop")
+        inner = with_outputs(transform, out)
+
+    async def processor(record: Record, ctx: Context) -> None:
+        await inner(record, ctx)
+        on_done()
+
+    config = EngineConfig(bootstrap_servers=args.bootstrap, group=args.group,
+                          assign=((args.topic, args.partition),), operator_mode=True,
+                          ordering=OrderingMode.UNORDERED, factor=IN_FLIGHT)
+    engine = Engine(config, processor)
+
+    async def go() -> None:
+        if out is not None:
+            out.start(asyncio.get_running_loop())
+        await engine.start()
+        deadline = time.monotonic() + args.timeout
+        try:
+            while not finished.is_set():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{done}/{args.records} records after {args.timeout}s")
+                await asyncio.sleep(0.005)
+        finally:
+            await engine.stop()
+            if out is not None:
+                await asyncio.to_thread(out.close)
+
+    asyncio.run(go())
+    emit_child_result(meter.result(args.records, outputs=args.outputs,
+                                   outputs_sent=out.sent if out is not None else 0))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["child"]:
+        raise SystemExit(child_main(sys.argv[2:]))
+    raise SystemExit(main("outputs", __doc__ or "", body, add_arguments, module="benchmarks.outputs"))

@@ -1,0 +1,317 @@
+"""Outputs tied to commits: ``ctx.produce`` on a worker, and the producer whose acknowledgements gate a
+record's completion. Does I/O (a confluent-kafka producer and its poll thread).
+
+How an output is tied to its input's commit (steps 1-4, in :func:`with_outputs`):
+
+1. Each attempt gets a fresh :class:`RecordOutputs` as ``ctx.outputs``; ``ctx.produce`` hands every
+   output to the worker's one :class:`OutputProducer` (idempotent, ``acks=all``) and counts it.
+2. The processor returns.
+3. The wrapper waits until the broker acknowledged (or refused) every output of the attempt. The
+   producer's poll thread serves the delivery reports; it wakes async waiters through the loop (one
+   ``call_soon_threadsafe`` per poll, not per output) and sync waiters through a ``threading.Event``.
+4. Only then does the wrapper return, so the engine counts the record complete and may commit its
+   offset. A refused output raises :class:`OutputDeliveryError` instead: the attempt failed, and the
+   record follows its retry and dead-letter policy like any other failure (outputs acknowledged before
+   the failure are sent again by the retry: duplicates, never a loss).
+
+Ordering: with ``ordering=key`` a lane runs one record of a key at a time and the next one starts only
+when the previous returned, i.e. after its outputs were acknowledged; the idempotent producer keeps the
+order of one attempt's outputs within an output partition. So the outputs of one input key reach each
+output partition in input order (a kill -9 replays from the committed offset: a new incarnation may
+repeat outputs, never reorder one incarnation's). ``partition`` mode: the same per input partition.
+``unordered``: no order.
+
+Exactly-once (transactions) is not implemented: outputs are at-least-once (see docs/outputs.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from multilane.api import Context, Processor, Record, is_async_processor, needs_state, processor_needs_state
+
+__all__ = ["OutputDeliveryError", "OutputProducer", "RecordOutputs", "output_producer_config", "with_outputs"]
+
+log = logging.getLogger(__name__)
+
+
+class OutputDeliveryError(Exception):
+    """An output of the record was not acknowledged by the broker (retried like any failure)."""
+
+
+def output_producer_config(bootstrap: str, client_id: str, linger_ms: float = 1.0,
+                           security: Mapping[str, str] | None = None,
+                           extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Settings of the output producer (pure): idempotent, ``acks=all``, a short linger (a record waits
+    for its outputs' acknowledgement, so linger adds to its latency), the worker's security settings,
+    then ``extra`` (``--output-config``) on top."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": linger_ms,
+        "message.timeout.ms": 30_000,
+    }
+    conf.update(security or {})
+    conf.update(extra or {})
+    return conf
+
+
+class RecordOutputs:
+    """The outputs of one processing attempt (an :class:`~multilane.api.OutputSink`).
+
+    Invariants: ``produced`` is written only by the processor's thread, ``finished`` and ``error`` only
+    by the producer's poll thread; ``waker`` is set before ``sealed`` becomes True, and ``sealed`` only
+    after the processor returned (``produced`` is final then). The attempt is settled when ``sealed``
+    and ``finished == produced``.
+    """
+
+    __slots__ = ("_out", "error", "finished", "produced", "sealed", "waker")
+
+    def __init__(self, out: OutputProducer) -> None:
+        self._out = out
+        self.produced = 0
+        self.finished = 0
+        self.error: Any = None
+        self.sealed = False
+        self.waker: Any = None  # asyncio.Future (async processors) or threading.Event (sync)
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None,
+                headers: list[tuple[str, bytes]]) -> None:
+        self.produced += 1
+        try:
+            self._out.send(self, topic, value, key, headers)
+        except BaseException:
+            self.produced -= 1
+            raise
+
+    def delivered(self, err: Any, _msg: Any) -> None:
+        """Delivery report (poll thread)."""
+        if err is not None and self.error is None:
+            self.error = err
+        self.finished += 1
+        if self.sealed and self.finished == self.produced:
+            self._out.wake(self)
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise OutputDeliveryError(f"an output of this attempt (of {self.produced}) was not "
+                                      f"acknowledged: {self.error}")
+
+
+class OutputProducer:
+    """The worker's one output producer (idempotent) and the thread that polls it (steps 1-3).
+
+    1. :meth:`start` on the engine's loop starts the poll thread.
+    2. :meth:`send` produces (from any thread); delivery reports run on the poll thread
+       (:meth:`RecordOutputs.delivered`), which collects settled async attempts and wakes them with one
+       ``call_soon_threadsafe`` per poll.
+    3. :meth:`close` stops the thread and flushes (after the engine stopped).
+
+    ``producer``: a confluent-kafka ``Producer`` (or a double with ``produce``/``poll``/``flush``).
+    One loop: every async processor using it runs on the same event loop (the engine's).
+    """
+
+    def __init__(self, producer: Any, poll_timeout_s: float = 0.05,
+                 buffer_wait_s: float = 5.0, poll_on_loop: bool = False, loop_idle_s: float = 0.0005) -> None:
+        self._producer = producer
+        self._poll_on_loop = poll_on_loop
+        self._loop_idle_s = loop_idle_s
+        self._task: asyncio.Task[None] | None = None
+        self._poll_timeout_s = poll_timeout_s
+        self._buffer_wait_s = buffer_wait_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._start_lock = threading.Lock()
+        # async attempts settled during the current poll (poll thread only)
+        self._settled: list[RecordOutputs] = []
+        self.sent = 0  # outputs handed to the producer (diagnostics; processor threads, approximate)
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any], **kwargs: Any) -> OutputProducer:
+        from confluent_kafka import Producer
+
+        return cls(Producer(dict(conf)), **kwargs)
+
+    # 1.
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start polling (idempotent; :meth:`send` starts it too). ``loop``: the loop of the async
+        processors (default: the first one that waits, see :meth:`settle_async`). With
+        ``poll_on_loop`` and a ``loop``, a task on that loop polls (no thread: delivery reports
+        resolve waiters directly, no cross-thread wake-ups); otherwise a thread polls."""
+        if loop is not None:
+            self._loop = loop
+        with self._start_lock:
+            if self._thread is not None or self._task is not None or self._stop.is_set():
+                return
+            if self._poll_on_loop and loop is not None:
+                self._task = loop.create_task(self._poll_task(), name="multilane-outputs")
+                return
+            self._thread = threading.Thread(target=self._poll_loop, name="multilane-outputs", daemon=True)
+            self._thread.start()
+
+    def _poll_loop(self) -> None:
+        poll = self._producer.poll
+        timeout = self._poll_timeout_s
+        while not self._stop.is_set():
+            try:
+                poll(timeout)
+            except Exception:  # pragma: no cover - a client bug must not stop deliveries silently
+                log.exception("output producer poll failed")
+                time.sleep(timeout)
+            self._flush_settled()
+
+    async def _poll_task(self) -> None:
+        poll = self._producer.poll
+        idle = self._loop_idle_s
+        while not self._stop.is_set():
+            try:
+                n = poll(0)
+            except Exception:  # pragma: no cover
+                log.exception("output producer poll failed")
+                n = 0
+            if self._settled:
+                settled, self._settled = self._settled, []
+                _resolve_all(settled)
+            await asyncio.sleep(0 if n else idle)
+
+    def _flush_settled(self) -> None:
+        if not self._settled:
+            return
+        settled, self._settled = self._settled, []
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(_resolve_all, settled)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    # 2.
+    def send(self, outputs: RecordOutputs, topic: str, value: bytes | None, key: bytes | None,
+             headers: list[tuple[str, bytes]]) -> None:
+        """Produce one output whose report goes to ``outputs``; waits up to ``buffer_wait_s`` while
+        the local queue is full, then raises BufferError (the attempt fails and is retried)."""
+        if self._thread is None and self._task is None:
+            self.start()
+        produce = self._producer.produce
+        deadline = 0.0
+        while True:
+            try:
+                produce(topic, value, key, headers=headers or None, on_delivery=outputs.delivered)
+                self.sent += 1
+                return
+            except BufferError:
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + self._buffer_wait_s
+                elif now > deadline:
+                    raise
+                time.sleep(0.005)  # the poll thread drains the queue meanwhile
+
+    def wake(self, outputs: RecordOutputs) -> None:
+        """``outputs`` is settled (poll thread): wake its waiter."""
+        waker = outputs.waker
+        if isinstance(waker, threading.Event):
+            waker.set()
+        else:
+            self._settled.append(outputs)
+
+    async def settle_async(self, outputs: RecordOutputs) -> None:
+        """Wait (on the loop) until every output of the attempt is acknowledged; raise if one failed."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop  # before any attempt is sealed: the poll thread never sees None then
+        fut = loop.create_future()
+        outputs.waker = fut
+        outputs.sealed = True
+        if outputs.finished != outputs.produced:
+            await fut
+        outputs.raise_if_failed()
+
+    def settle_sync(self, outputs: RecordOutputs) -> None:
+        """Wait (on the processor's thread) until every output is acknowledged; raise if one failed."""
+        event = threading.Event()
+        outputs.waker = event
+        outputs.sealed = True
+        if outputs.finished != outputs.produced:
+            while not event.wait(1.0):
+                if self._stop.is_set() and self._thread is None:
+                    raise OutputDeliveryError("the output producer closed before the outputs were "
+                                              "acknowledged")
+        outputs.raise_if_failed()
+
+    # 3.
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Stop polling, flush what is queued (reports run here), close; returns outputs left unsent."""
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(task.cancel)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        left = int(self._producer.flush(timeout_s))
+        self._flush_settled()
+        close = getattr(self._producer, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as exc:  # closing after a lost broker
+                log.debug("output producer close: %s", exc)
+        if left:
+            log.warning("%d output(s) not acknowledged at shutdown (their records were not committed)",
+                        left)
+        return left
+
+
+def _resolve_all(settled: list[RecordOutputs]) -> None:
+    """On the loop: wake the async waiters of settled attempts."""
+    for outputs in settled:
+        fut = outputs.waker
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+def with_outputs(processor: Processor, out: OutputProducer) -> Processor:
+    """``processor`` with ``ctx.produce`` wired to ``out``; it returns only once every output of the
+    attempt is acknowledged (steps 1-4 of the module docstring). Keeps the processor's kind (sync or
+    async) and its ``@needs_state`` mark."""
+    wrapped: Callable[..., Any]
+    if is_async_processor(processor):
+        async_proc: Any = processor
+        settle_async = out.settle_async
+
+        async def run_with_outputs_async(record: Record, ctx: Context) -> None:
+            # 1.
+            sink = ctx.outputs = RecordOutputs(out)
+            # 2.
+            await async_proc(record, ctx)
+            # 3.-4.
+            if sink.produced:
+                await settle_async(sink)
+
+        wrapped = run_with_outputs_async
+    else:
+        sync_proc: Any = processor
+        settle_sync = out.settle_sync
+
+        def run_with_outputs(record: Record, ctx: Context) -> None:
+            sink = ctx.outputs = RecordOutputs(out)
+            sync_proc(record, ctx)
+            if sink.produced:
+                settle_sync(sink)
+
+        wrapped = run_with_outputs
+    functools.update_wrapper(wrapped, processor)
+    if processor_needs_state(processor):
+        needs_state(wrapped)
+    return wrapped

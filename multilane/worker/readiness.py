@@ -1,0 +1,63 @@
+"""Readiness of a worker as a pure function of facts (``/readyz``). Pure: no I/O.
+
+One function decides, so that every caller (the control endpoint's ``/readyz``, a pod-restart check)
+agrees: :func:`readiness` takes :class:`ReadinessFacts` (gathered by the caller) and answers ready or
+not, with every reason that holds. Liveness (``/healthz``) is separate: the event loop answers at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Readiness", "ReadinessFacts", "readiness"]
+
+
+@dataclass(frozen=True)
+class ReadinessFacts:
+    """What readiness depends on (each field owned by whoever gathers the facts)."""
+
+    started: bool  # the engine started (clients created, initial assignment or subscription made)
+    stopping: bool  # a stop was requested
+    broker_reachable: bool  # the last broker probe answered (metadata request)
+    broker_unreachable_s: float  # seconds since the broker last answered (0 while reachable)
+    partitions: int  # partitions owned and active
+    expects_partitions: bool  # operator mode with a static assignment: partitions are expected at once
+    restoring: tuple[str, ...] = ()  # partitions whose state is being restored ("topic/partition")
+    breaker_open: bool = False
+    breaker_reason: str = ""
+    fenced: bool = False
+    missing_topics: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reasons: tuple[str, ...]  # why not ready (empty when ready)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ready": self.ready, "reasons": list(self.reasons)}
+
+
+def readiness(f: ReadinessFacts) -> Readiness:
+    """Ready when started, not stopping, the broker reachable, partitions assigned (group mode: once
+    the group gave some; a member with none stays not ready), no state being restored, the breaker
+    closed and not fenced. Every failing condition is named."""
+    reasons: list[str] = []
+    if not f.started:
+        reasons.append("starting")
+    if f.stopping:
+        reasons.append("stopping")
+    if not f.broker_reachable:
+        reasons.append(f"broker unreachable for {f.broker_unreachable_s:.0f}s")
+    if f.missing_topics:
+        reasons.append(f"topic(s) missing: {', '.join(f.missing_topics)}")
+    if f.started and f.partitions == 0:
+        reasons.append("no partitions assigned" + (" (waiting for the initial assignment)"
+                                                   if f.expects_partitions else ""))
+    if f.restoring:
+        reasons.append(f"restoring state of {', '.join(f.restoring)}")
+    if f.breaker_open:
+        reasons.append(f"circuit breaker open: {f.breaker_reason}")
+    if f.fenced:
+        reasons.append("fenced (lease lost)")
+    return Readiness(not reasons, tuple(reasons))
