@@ -100,7 +100,7 @@ class Engine:
                                     config.partition_max_records, config.partition_max_bytes,
                                     config.resume_fraction)
         self.partitions = PartitionSet(self._flow)
-        self._retry = RetryPolicy(config.max_retries, config.retry_backoff_ms, config.retry_backoff_max_ms)
+        self._retry = RetryPolicy.from_config(config)
         self._hist = LatencyHistogram()
         self._watchdog = StallWatchdog(config.stall_threshold_s)
         self._rate = RateMeter(self.partitions, self._hist)

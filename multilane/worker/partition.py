@@ -19,11 +19,13 @@ from multilane.worker.flow import FlowController, FlowCounters
 from multilane.worker.lanes import Lane, LaneEnv, LaneGroup, Work
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.offsets import OffsetTracker
-from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
+from multilane.worker.retry import DeadLetterPublisher, RetryLog, RetryPolicy
 
 __all__ = ["PartitionRuntime", "Phase"]
 
 log = logging.getLogger(__name__)
+# Retries of every partition of this process: each at DEBUG, one INFO summary a minute.
+RETRY_LOG = RetryLog(log)
 
 
 class Phase:
@@ -263,18 +265,19 @@ class PartitionRuntime:
         self.flush()
         self.failed += 1
         attempt = work.attempt
-        if self._retry.should_retry(attempt):
+        if self._retry.should_retry(attempt, exc):
             self.retried += 1
             delay = self._retry.delay_s(attempt)
-            log.info("retrying %s/%d@%d (attempt %d failed: %r) in %.3fs",
-                     self.topic, self.partition, work.offset, attempt, exc, delay)
+            RETRY_LOG.retrying(self.topic, self.partition, work.offset, attempt, exc, delay)
             work.attempt = attempt + 1
             lane.retry_later(work, delay)
             return
-        # Retries exhausted: dead-letter it; the key moves on now, the offset completes on delivery.
+        # Not retried (retries exhausted, NonRetryable, a decode error or a type outside --retry-on):
+        # dead-letter it with its reason; the key moves on now, the offset completes on delivery.
         self.dlq_pending[work.offset] = work
         lane.key_done(work)
-        self._dlq.publish(work, exc, attempt, lambda: self._dead_lettered(work))
+        self._dlq.publish(work, exc, attempt, lambda: self._dead_lettered(work),
+                          reason=self._retry.reason(exc))
 
     def _dead_lettered(self, work: Work) -> None:
         self.dlq_pending.pop(work.offset, None)

@@ -106,8 +106,6 @@ app = multilane.App(handle, value_format="json", max_retries=3, retry_backoff_ms
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="engine wiring pending: PartitionRuntime.on_failure must call "
-                   "RetryPolicy.should_retry(attempt, exc) (and publish(..., reason=policy.reason(exc)))")
 def test_decode_error_is_dead_lettered_without_retries(broker: EmbeddedBroker, topic_name: str,
                                                        tmp_path: Path) -> None:
     from confluent_kafka import Consumer, TopicPartition
