@@ -43,13 +43,14 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--processor", choices=PROCESSORS, required=True)
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    parser.add_argument("--max-in-flight", type=int, default=None, help="default: EngineConfig's")
     args = parser.parse_args(argv)
     use_loop(args.loop)
-    emit_child_result(asyncio.run(run_path(args.processor, args.records)))
+    emit_child_result(asyncio.run(run_path(args.processor, args.records, args.max_in_flight)))
     return 0
 
 
-async def run_path(processor: str, records: int) -> dict[str, Any]:
+async def run_path(processor: str, records: int, max_in_flight: int | None = None) -> dict[str, Any]:
     """Feed ``records`` in-memory messages through one partition runtime; CPU per record.
 
     1. Build the messages and the runtime (unordered, :data:`FACTOR` runners, the engine's bounds).
@@ -84,7 +85,7 @@ async def run_path(processor: str, records: int) -> dict[str, Any]:
 
     cfg = EngineConfig(bootstrap_servers="unused:9092", group="g", assign=(("t", 0),), operator_mode=True)
     env = LaneEnv(noop if processor == "noop" else sleep0, True, None, cfg.yield_every, cfg.sync_batch)
-    flow = FlowController(cfg.max_in_flight, cfg.max_in_flight_bytes)
+    flow = FlowController(max_in_flight or cfg.max_in_flight, cfg.max_in_flight_bytes)
     flow.set_partitions(1)
     rt = PartitionRuntime("t", 0, OrderingMode.UNORDERED, FACTOR, env, flow, RetryPolicy(), None,  # type: ignore[arg-type]
                           LatencyHistogram(), "g", "w", 0, None)  # fmt: skip
