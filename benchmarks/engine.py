@@ -255,6 +255,7 @@ def scenario_key_mode(ctx: Ctx) -> None:
             Column("mode"),
             Column("records", "records", ","),
             RATE,
+            CPU,
             Column("key_vs_unordered", "key ÷ unordered", ".2f"),
             Column("cap_top_key", "cap: top key", ",.0f"),
             Column("cap_lane", "cap: busiest lane", ",.0f"),
@@ -285,13 +286,19 @@ def scenario_key_mode(ctx: Ctx) -> None:
                 table.add_unavailable(r, processor=label, mode=mode, records=n)
                 continue
             is_key = mode == "key"
+            notes = (
+                [f"top key {top_actual:.1%}, busiest lane {share:.1%} of the records"]
+                if is_key and share
+                else []
+            )
+            if r.checked:
+                notes.append("delivery checked")
             table.add(
-                processor=label, mode=mode, records=n, rate=r.rate,
+                processor=label, mode=mode, records=n, rate=r.rate, cpu_us=r.cpu_us,
                 key_vs_unordered=r.vs(res["unordered"]) if is_key else None,
                 cap_top_key=top_cap if is_key else None, cap_lane=cap if is_key else None,
                 of_cap=ratio(r.median_rate, cap) if is_key else None,
-                note=(f"top key {top_actual:.1%}, busiest lane {share:.1%} of the records"
-                      if is_key and share else ""),
+                note="; ".join(notes),
             )  # fmt: skip
     ctx.report.note(
         f"Key-mode caps: a key's records run one at a time, so with {BASE_MS:g} ms per record the top key "
@@ -331,6 +338,7 @@ def scenario_hol(ctx: Ctx) -> None:
             RATE,
             Column("efficiency", "efficiency", ".2f"),
             Column("vs_bare", "÷ bare asyncio", ".2f"),
+            CPU,
             Column("note"),
         ],
     )
@@ -355,10 +363,12 @@ def scenario_hol(ctx: Ctx) -> None:
             table.add_unavailable(r, system=system, records=records)
             continue
         row_mean = mean if records == n else mean_naive  # each row against its own records' latencies
+        if label == "ml" and r.checked:
+            note = "delivery checked"
         table.add(
             system=system, records=records, rate=r.rate,
             efficiency=ratio(r.median_rate, HOL_IN_FLIGHT / row_mean), vs_bare=r.vs(res["bare"]),
-            note=note,
+            cpu_us=r.cpu_us, note=note,
         )  # fmt: skip
     ml = res["ml"]
     ml_rate = ml.median_rate if isinstance(ml, RowResult) else None

@@ -127,3 +127,37 @@ def test_compared_build_holds_refs_multilane_beside_this_trees_benchmarks() -> N
     assert not root.exists()  # removed afterwards
     with pytest.raises(ValueError, match="not a commit"), compared_build("no-such-ref-26"):
         pass
+
+
+def _check(tmp_path: Path, log: list[int], ordering: str, keys: list[bytes]) -> list[str]:
+    import argparse
+    import marshal
+
+    from benchmarks.engine_child import EventRecorder, check_run
+
+    path = tmp_path / "keys"
+    path.write_bytes(marshal.dumps(keys))
+    args = argparse.Namespace(
+        keys_file=str(path), first_offset=100, records=len(keys), topic="t", partition=0, ordering=ordering
+    )
+    recorder = EventRecorder()
+    recorder.log.extend(log)
+    return check_run(args, recorder)
+
+
+def test_engine_child_checkers_pass_a_clean_run_and_catch_a_lost_record(tmp_path: Path) -> None:
+    keys = [b"a", b"b", b"a"]
+    clean = [100, -101, 101, 102, -102, -103]  # start 100, end 100, start 101, start 102, end 101, end 102
+    assert _check(tmp_path, clean, "key", keys) == []
+    lost = [100, -101, 101, -102]  # offset 102 never ran
+    failures = _check(tmp_path, lost, "unordered", keys)
+    assert len(failures) == 1 and failures[0].startswith("at-least-once: FAILED")
+    assert "t/0@102" in failures[0]
+
+
+def test_engine_child_checkers_catch_two_records_of_a_key_at_once_in_key_mode(tmp_path: Path) -> None:
+    keys = [b"a", b"b", b"a"]
+    overlap = [100, 102, -101, -103, 101, -102]  # key a: 100 and 102 open together
+    assert _check(tmp_path, overlap, "unordered", keys) == []  # allowed when unordered
+    failures = _check(tmp_path, overlap, "key", keys)  # not in key mode
+    assert len(failures) == 1 and failures[0].startswith("exclusive-key: FAILED")
