@@ -22,27 +22,22 @@ Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbere
    operator mode after the answer (in the background).
 6. ``incremental_unassign`` (operator mode) and forget the partitions.
 
-Each protocol is written once, as a coroutine over an I/O driver: :class:`_LoopIo` awaits on the
-event loop; :class:`_BlockingIo` serves the rebalance callbacks, which run inside ``consume()`` and
-cannot await: its awaitables are already resolved, so the coroutine runs to its end without
-suspending (:func:`_run_now`). A blocked loop runs no record, so the blocking driver does not wait
-in step 2 of a release, and its commit is :meth:`CommitCycle.run_blocking`.
+Each protocol is written once, as a coroutine over an I/O driver of
+:mod:`multilane.worker.ownership_io`: on the event loop, or blocking inside a rebalance callback.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.formats.progress import ProgressRecord
-from multilane.worker.admin import security_config
 from multilane.worker.commits import CommitCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
 from multilane.worker.control_state import ControlState
@@ -51,6 +46,14 @@ from multilane.worker.flow import FlowController
 from multilane.worker.hooks import PartitionStateHooks
 from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram
+from multilane.worker.ownership_io import (
+    BlockingIo,
+    Committed,
+    LoopIo,
+    OwnershipIo,
+    close_state_quietly,
+    run_now,
+)
 from multilane.worker.partition import PartitionRuntime, Phase
 from multilane.worker.partition_set import PartitionSet
 from multilane.worker.progress_store import ProgressStore, choose_progress
@@ -60,8 +63,6 @@ __all__ = ["EngineError", "FencingError", "Ownership", "ReleaseResult", "Runtime
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-_Committed = tuple[int | None, str | None]  # (committed offset or None, commit metadata or None)
 
 
 class EngineError(RuntimeError):
@@ -104,156 +105,6 @@ class RuntimeFactory:
                                 progress)
 
 
-# -- I/O drivers ------------------------------------------------------------------------------------------
-
-
-class _Ready(Generic[T]):
-    """An awaitable that is already resolved: awaiting it returns (or raises) without suspending."""
-
-    __slots__ = ("_error", "_value")
-
-    def __init__(self, value: T, error: BaseException | None = None) -> None:
-        self._value = value
-        self._error = error
-
-    def __await__(self) -> Generator[Any, None, T]:
-        if self._error is not None:
-            raise self._error
-        return self._value
-        yield  # a generator, never reached
-
-
-def _ready_call(fn: Callable[..., T], *args: Any) -> _Ready[T]:
-    try:
-        return _Ready(fn(*args))
-    except Exception as exc:
-        return _Ready(None, exc)  # type: ignore[arg-type]  # never read: awaiting raises ``exc``
-
-
-def _run_now(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a protocol coroutine over :class:`_BlockingIo` to its end (it never suspends)."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
-    coro.close()
-    raise RuntimeError("an ownership step suspended under the blocking driver")
-
-
-class _Io(Protocol):
-    """How the protocol's steps wait: on the loop, or blocking the loop's thread."""
-
-    commit_errors: tuple[type[Exception], ...]  # final-commit failures that only make the close unclean
-
-    def call(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]: ...
-    def each(self, fn: Callable[..., T],
-             calls: Sequence[tuple[Any, ...]]) -> Awaitable[list[T | BaseException]]: ...
-    def committed(self, tps: list[TopicPartitionId]) -> Awaitable[dict[TopicPartitionId, _Committed]]: ...
-    def wait_closes(self, tps: Iterable[TopicPartitionId]) -> Awaitable[None]: ...
-    def wait_until(self, done: Callable[[], bool], deadline: float, poll_s: float) -> Awaitable[None]: ...
-    def wait_batches(self, futs: list[concurrent.futures.Future[Any]],
-                     timeout_s: float) -> Awaitable[int]: ...
-    def commit_final(self, parts: list[PartitionRuntime]) -> Awaitable[list[PartitionRuntime]]: ...
-    def close_state(self, tp: TopicPartitionId, clean: bool, background: bool) -> Awaitable[None]: ...
-
-
-class _LoopIo:
-    """The protocol on the event loop: blocking calls on the I/O threads, waits that yield."""
-
-    commit_errors: tuple[type[Exception], ...] = (KafkaException,)  # others propagate to the caller
-
-    def __init__(self, owner: Ownership) -> None:
-        self._o = owner
-
-    def call(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return asyncio.get_running_loop().run_in_executor(self._o.io_pool, fn, *args)
-
-    async def each(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T | BaseException]:
-        return list(await asyncio.gather(*(self.call(fn, *args) for args in calls), return_exceptions=True))
-
-    def committed(self, tps: list[TopicPartitionId]) -> Awaitable[dict[TopicPartitionId, _Committed]]:
-        # a short-lived client on a worker thread: the loop keeps processing meanwhile
-        return self.call(self._o.committed_blocking, tps)
-
-    async def wait_closes(self, tps: Iterable[TopicPartitionId]) -> None:
-        pending = self._o.partitions.take_closing(tps)
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    async def wait_until(self, done: Callable[[], bool], deadline: float, poll_s: float) -> None:
-        while not done() and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(poll_s)
-
-    async def wait_batches(self, futs: list[concurrent.futures.Future[Any]], timeout_s: float) -> int:
-        if not futs:
-            return 0
-        _done, pending = await asyncio.wait([asyncio.wrap_future(f) for f in futs], timeout=timeout_s)
-        return len(pending)
-
-    def commit_final(self, parts: list[PartitionRuntime]) -> Awaitable[list[PartitionRuntime]]:
-        return self._o.commits.run(parts, final=True)
-
-    async def close_state(self, tp: TopicPartitionId, clean: bool, background: bool) -> None:
-        hooks = self._o.hooks
-        assert hooks is not None
-        if background:
-            fut = asyncio.ensure_future(self.call(self._o.close_state_quietly, tp, clean))
-            self._o.partitions.closing_started(tp, fut)
-        else:
-            await self.call(hooks.close_partition, tp[0], tp[1], clean)
-
-
-class _BlockingIo:
-    """The protocol inside a rebalance callback: every step done before its awaitable is returned."""
-
-    commit_errors: tuple[type[Exception], ...] = (Exception,)  # a callback must not raise for a commit
-
-    def __init__(self, owner: Ownership, consumer: Any) -> None:
-        self._o = owner
-        self._consumer = consumer
-
-    def call(self, fn: Callable[..., T], *args: Any) -> _Ready[T]:
-        return _ready_call(fn, *args)
-
-    def each(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> _Ready[list[T | BaseException]]:
-        # in parallel on the I/O threads (the callback blocks the loop meanwhile)
-        futs = [self._o.io_pool.submit(fn, *args) for args in calls]
-        concurrent.futures.wait(futs)
-        out: list[T | BaseException] = []
-        for f in futs:
-            exc = f.exception()
-            out.append(exc if exc is not None else f.result())
-        return _Ready(out)
-
-    def committed(self, tps: list[TopicPartitionId]) -> _Ready[dict[TopicPartitionId, _Committed]]:
-        try:
-            return _Ready(self._o.committed_with(tps, self._consumer))
-        except KafkaException as exc:
-            # librdkafka then starts at the committed offset itself; without it no progress is used.
-            log.warning("cannot read committed offsets of %s (%s); starting without progress", tps, exc)
-            return _Ready({tp: (None, None) for tp in tps})
-
-    def wait_closes(self, tps: Iterable[TopicPartitionId]) -> _Ready[None]:
-        return _Ready(None)  # group mode closes in the callback itself: nothing runs in the background
-
-    def wait_until(self, done: Callable[[], bool], deadline: float, poll_s: float) -> _Ready[None]:
-        return _Ready(None)  # the blocked loop runs no record: waiting would only delay the rebalance
-
-    def wait_batches(self, futs: list[concurrent.futures.Future[Any]], timeout_s: float) -> _Ready[int]:
-        if not futs:
-            return _Ready(0)
-        _done, pending = concurrent.futures.wait(futs, timeout=timeout_s)
-        return _Ready(len(pending))
-
-    def commit_final(self, parts: list[PartitionRuntime]) -> _Ready[list[PartitionRuntime]]:
-        return _ready_call(self._o.commits.run_blocking, parts, self._o.producer)
-
-    def close_state(self, tp: TopicPartitionId, clean: bool, background: bool) -> _Ready[None]:
-        self._o.close_state_quietly(tp, clean)
-        return _Ready(None)
-
-
 # -- the protocol -----------------------------------------------------------------------------------------
 
 
@@ -275,7 +126,7 @@ class Ownership:
         self.fetch = fetch
         self.new_runtime = new_runtime
         self.io_pool = io_pool
-        self._loop_io = _LoopIo(self)
+        self._loop_io = LoopIo(config, io_pool, partitions, hooks, commits)
 
     async def wait_for_closes(self, tps: Iterable[TopicPartitionId]) -> None:
         """Wait until the background state closes of ``tps`` (a release's step 5) finished."""
@@ -289,9 +140,12 @@ class Ownership:
 
     def add_blocking(self, tps: list[TopicPartitionId], consumer: Any) -> None:
         """The same protocol inside group mode's ``on_assign`` (blocks the loop's thread)."""
-        _run_now(self._add(tps, _BlockingIo(self, consumer), consumer))
+        run_now(self._add(tps, self._blocking_io(consumer), consumer))
 
-    async def _add(self, tps: list[TopicPartitionId], io: _Io, consumer: Any) -> None:
+    def _blocking_io(self, consumer: Any) -> BlockingIo:
+        return BlockingIo(self.io_pool, self.hooks, self.commits, self.producer, consumer)
+
+    async def _add(self, tps: list[TopicPartitionId], io: OwnershipIo, consumer: Any) -> None:
         """Steps 1-4 of the module docstring. If a state open fails, those opened are closed uncleanly
         and the error is raised: nothing of this call is assigned. No record of a partition is
         fetched before its state is open."""
@@ -322,7 +176,7 @@ class Ownership:
         log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
 
     async def _open_states(self, items: list[tuple[TopicPartitionId, int | None, ProgressRecord | None]],
-                           io: _Io) -> None:
+                           io: OwnershipIo) -> None:
         """Step 3: ``open_partition`` for every item, in parallel on the I/O threads (the hooks are
         thread-safe across partitions). All or nothing: on any failure, the partitions that opened
         are closed uncleanly and the first error is raised. They are listed as opening meanwhile."""
@@ -340,7 +194,7 @@ class Ownership:
         if errors:
             for tp, r in zip(tps, results, strict=True):
                 if not isinstance(r, BaseException):
-                    await io.call(self.close_state_quietly, tp, False)
+                    await io.call(close_state_quietly, hooks, tp, False)
             raise errors[0]
 
     def _activate(self, rt: PartitionRuntime) -> None:
@@ -367,11 +221,11 @@ class Ownership:
         """The same protocol inside group mode's ``on_revoke`` (blocks the loop's thread; the group
         unassigns by itself). Records still running are abandoned; the progress record lets the next
         owner replay only those (and the queued ones), not what already completed."""
-        return _run_now(self._release(parts, self.config.drain_timeout_s, False, True, False,
-                                      _BlockingIo(self, consumer)))
+        return run_now(self._release(parts, self.config.drain_timeout_s, False, True, False,
+                                     self._blocking_io(consumer)))
 
     async def _release(self, parts: list[PartitionRuntime], deadline_s: float, unassign: bool, commit: bool,
-                       close_after: bool, io: _Io) -> list[ReleaseResult]:
+                       close_after: bool, io: OwnershipIo) -> list[ReleaseResult]:
         """Steps 1-6 of the module docstring."""
         if not parts:
             return []
@@ -444,39 +298,7 @@ class Ownership:
             if self.hooks is not None:
                 self.hooks.close_partition(p.topic, p.partition, False)
 
-    # -- blocking helpers (I/O threads, or the loop's thread in a callback) ---------------------------------
-
-    def close_state_quietly(self, tp: TopicPartitionId, clean: bool) -> None:
-        """``close_partition`` (blocking), logging instead of raising."""
-        if self.hooks is None:
-            return
-        try:
-            self.hooks.close_partition(tp[0], tp[1], clean)
-        except Exception:
-            log.exception("close_partition failed for %s/%d", tp[0], tp[1])
-
-    def committed_blocking(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets via a separate client of the same group (blocking; worker thread)."""
-        cfg = self.config
-        client = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group,
-                           "enable.auto.commit": False, **security_config(cfg.consumer_overrides)})
-        try:
-            return self.committed_with(tps, client)
-        finally:
-            client.close()
-
-    @staticmethod
-    def committed_with(tps: list[TopicPartitionId], client: Any) -> dict[TopicPartitionId, _Committed]:
-        """Committed offsets and metadata of ``tps`` through ``client`` (blocking)."""
-        out: dict[TopicPartitionId, _Committed] = {}
-        for tp in client.committed([TopicPartition(t, p) for t, p in tps], timeout=15):
-            out[(tp.topic, tp.partition)] = (tp.offset if tp.offset >= 0 else None,
-                                             getattr(tp, "metadata", None))  # older clients lack it
-        for tp in tps:
-            out.setdefault(tp, (None, None))
-        return out
-
-    def load_progress(self, tp: TopicPartitionId, committed: _Committed) -> ProgressRecord | None:
+    def load_progress(self, tp: TopicPartitionId, committed: Committed) -> ProgressRecord | None:
         """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
         off, meta = committed
         if off is None:
