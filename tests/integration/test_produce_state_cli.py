@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from multilane.formats.changelog import ChangelogCodec
+from multilane.formats.keyranges import key_hash
 from multilane.testing.broker import EmbeddedBroker
-from multilane.worker.keyranges import key_hash
-from multilane.worker.state.codec import ChangelogCodec
 
 pytestmark = pytest.mark.broker
 
