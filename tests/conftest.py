@@ -7,8 +7,14 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from multilane.testing.broker import EmbeddedBroker
+
+# Property tests check behaviour, not speed: no per-example deadline, so a loaded 2-core machine (CI
+# beside other work) cannot fail them by timing alone.
+settings.register_profile("multilane", deadline=None)
+settings.load_profile("multilane")
 
 _topic_ids = itertools.count()
 
