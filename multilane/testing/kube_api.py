@@ -27,7 +27,7 @@ The request log (``kmock.requests``) keeps only the requests in flight (see ``_h
 Not emulated: controllers (no pods appear for a StatefulSet; tests create them, or
 :class:`~multilane.testing.pods.StatefulSetProcessDouble` runs them), label-selector filtering on the
 server (the operator filters on its side too), watch ``resourceVersion`` bookmarks,
-RBAC/authentication, admission webhooks.
+admission webhooks; authentication and RBAC only with an ``authorizer`` (``kube_rbac``).
 
 :func:`emulated_api_server` serves it on loopback with the ParallelConsumer CRD and the builtin
 resources the operator and the workers use (the operator tests' ``api`` fixture, the burst
@@ -69,6 +69,7 @@ BUILTINS: tuple[tuple[str, str, str, bool], ...] = (
     ("rbac.authorization.k8s.io/v1", "roles", "Role", False),
     ("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", False),
     ("coordination.k8s.io/v1", "leases", "Lease", False),
+    ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", False),
 )
 
 
@@ -120,6 +121,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _inflight: list[kmock.Request] = attrs.field(factory=list, init=False)
     _scale_paths: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
     _status_subresource: set[kmock.resource] = attrs.field(factory=set, init=False)
+    # Authentication + RBAC (multilane.testing.kube_rbac.RbacAuthorizer); None: every request passes.
+    authorizer: Any = attrs.field(default=None)
 
     # ---- setup -----------------------------------------------------------------------------------
 
@@ -233,6 +236,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             self._inflight[:] = [f for f in self._inflight if not any(f is d for d in done)]
 
     async def _dispatch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if self.authorizer is not None:
+            self.authorizer.check(self, request)  # 401/403 as a Status (multilane.testing.kube_rbac)
         res = request.resource
         if res is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
             return await self._create(request)

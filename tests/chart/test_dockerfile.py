@@ -80,6 +80,15 @@ def test_two_stages_on_python_311_slim(dockerfile: tuple[dict[str, str], list[St
         assert _resolve(stage.base, global_args).startswith("python:3.11-slim")
 
 
+def test_base_image_is_pinned_by_digest(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    """Every stage's base names one image (``name:tag@sha256:<64 hex>``), not a moving tag. The form
+    only: the digest is not checked against a registry here."""
+    global_args, stages = dockerfile
+    for stage in stages:
+        base = _resolve(stage.base, global_args)
+        assert re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", base), base
+
+
 def test_builder_installs_the_worker_and_operator_extras_at_tested_versions(
     dockerfile: tuple[dict[str, str], list[Stage]],
 ) -> None:

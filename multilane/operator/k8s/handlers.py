@@ -8,14 +8,15 @@ registry:
 
   1. Paused (annotation ``multilane.dev/paused: "true"``)? Set condition Paused and change nothing.
   2. Validate the spec (pure, :func:`validate_spec`).
-  3. Check the environment: the credentials Secret exists; the topics exist (Kafka admin, short
-     timeout; an unreachable broker is a problem, not a crash).
+  3. Check the environment: the credentials Secret exists (only with ``read_kafka_credentials``);
+     the topics exist (Kafka admin, short timeout; an unreachable broker is a problem, not a crash).
   4. On any problem: condition Ready=False / Degraded=True with the reason, a Warning Event per problem,
      and return without touching a child (never a half-applied change). The timer re-checks later.
   5. Apply the children: the control-token Secret only if missing (never overwritten), then
-     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet and, with a
-     snapshot schedule, the CronJob NAME-snapshot (create, or merge-patch when they exist; the
-     StatefulSet keeps the replicas the operator decided). Without a schedule an existing
+     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet, with a snapshot
+     schedule the CronJob NAME-snapshot, and the NetworkPolicy NAME-workers unless disabled
+     (create, or merge-patch when they exist; the StatefulSet keeps the replicas the operator
+     decided). Without a schedule an existing
      NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted.
   6. Status: observedGeneration, labelSelector, conditions.
 
@@ -38,7 +39,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -62,6 +63,7 @@ from multilane.operator.rollout.protocol import Rollout
 from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSource
 from multilane.operator.spec import children as ch
 from multilane.operator.spec.conditions import condition, now_iso, set_condition
+from multilane.operator.spec.network import NetworkPolicySettings, network_policy
 from multilane.operator.spec.validation import ConsumerSpec, Problem, check_environment, validate_spec
 
 __all__ = [
@@ -91,6 +93,13 @@ class HandlerSettings:
     kafka_timeout_s: float = 5.0
     release_deadline_s: float = 30.0
     worker_timeout_s: float = 10.0
+    # Read spec.kafka.credentialsSecretRef for the operator's own Kafka admin calls (topic partitions,
+    # lag). Off by default: whoever creates a ParallelConsumer names the Secret AND the
+    # bootstrapServers, so reading it would send the Secret's credentials where the creator says (a
+    # confused deputy). Workers get the Secret by envFrom from their own namespace either way.
+    read_kafka_credentials: bool = False
+    # The NetworkPolicy child NAME-workers (multilane/operator/spec/network.py); None: not created.
+    network_policy: NetworkPolicySettings | None = field(default_factory=NetworkPolicySettings)
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -301,7 +310,7 @@ class OperatorHandlers:
         """Problems, the Kafka client config (with credentials, in memory only), partition counts."""
         secret_exists: bool | None = None
         config: dict[str, str] = {"bootstrap.servers": spec.bootstrap_servers, **spec.kafka_config}
-        if spec.credentials_secret:
+        if spec.credentials_secret and self.settings.read_kafka_credentials:
             secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, spec.credentials_secret))
             secret_exists = secret is not None
             for key, value in ((secret or {}).get("data") or {}).items():
@@ -365,7 +374,10 @@ class OperatorHandlers:
         if spec.replicas is not None and spec.replicas > replicas:
             replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
         replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
-        for manifest in ch.children(ref, raw_spec, replicas):
+        manifests = ch.children(ref, raw_spec, replicas)
+        if self.settings.network_policy is not None:
+            manifests.append(network_policy(ref, self.settings.network_policy))
+        for manifest in manifests:
             kind = manifest["kind"]
             api_version = manifest["apiVersion"]
             plural = {
@@ -376,6 +388,7 @@ class OperatorHandlers:
                 "PodDisruptionBudget": "poddisruptionbudgets",
                 "StatefulSet": "statefulsets",
                 "CronJob": "cronjobs",
+                "NetworkPolicy": "networkpolicies",
             }[kind]
             collection = api_path(api_version, plural, ref.namespace)
             try:
