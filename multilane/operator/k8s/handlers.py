@@ -168,6 +168,9 @@ class OperatorHandlers:
         # uid -> (control, config, executor): one executor per consumer while its inputs stay the same
         self._handoffs: dict[str, tuple[WorkerControl, HandoffConfig, HandoffExecutor]] = {}
         self._last_errors: dict[str, str] = {}  # uid -> last control-loop error (Events only on change)
+        # uid -> resourceVersion of the object as this operator last read (tick) or wrote it; the
+        # control loop's status writes are conditional on it (see _patch_status)
+        self._seen_rv: dict[str, str] = {}
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 
@@ -233,8 +236,22 @@ class OperatorHandlers:
     def _cr_path(self, ref: ch.ConsumerRef, subresource: str | None = None) -> str:
         return api_path(CR_API, PLURAL, ref.namespace, ref.name, subresource)
 
-    async def _patch_status(self, ref: ch.ConsumerRef, status: Mapping[str, Any]) -> None:
-        await self.kube.patch(self._cr_path(ref, "status"), {"status": dict(status)})
+    def _seen(self, ref: ch.ConsumerRef, obj: Mapping[str, Any] | None) -> None:
+        rv = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self._seen_rv[ref.uid] = str(rv)
+
+    async def _patch_status(
+        self, ref: ch.ConsumerRef, status: Mapping[str, Any], *, conditional: bool = False
+    ) -> None:
+        """Merge-patch the status. ``conditional`` (the control loop's writes: assignment, rollout,
+        scaling): the patch carries the resourceVersion this operator last read or wrote, so a write
+        based on a stale view gets 409 (:class:`KubeConflictError`; the tick fails and the next one
+        re-reads) and never overwrites another writer's status."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if conditional and ref.uid in self._seen_rv:
+            body["metadata"] = {"resourceVersion": self._seen_rv[ref.uid]}
+        self._seen(ref, await self.kube.patch(self._cr_path(ref, "status"), body))
 
     # ---- reconcile --------------------------------------------------------------------------------
 
@@ -469,6 +486,7 @@ class OperatorHandlers:
         spec, _ = validate_spec(fresh.get("spec"))
         if spec is None:
             return
+        self._seen(ref, fresh)  # the control loop's writes are conditional on this read
         async with self._lock(ref.uid):
             started = time.monotonic()
             try:
@@ -512,7 +530,9 @@ class OperatorHandlers:
 
         async def persist(state: AssignmentState, rollout: Rollout | None) -> None:
             await self._patch_status(
-                ref, {"assignment": state.to_status(), "rollout": rollout.to_dict() if rollout else None}
+                ref,
+                {"assignment": state.to_status(), "rollout": rollout.to_dict() if rollout else None},
+                conditional=True,
             )
 
         executor = HandoffExecutor(control, persist, config)
@@ -538,7 +558,7 @@ class OperatorHandlers:
             policy_state = PolicyState()
 
         async def persist(state: AssignmentState) -> None:
-            await self._patch_status(ref, {"assignment": state.to_status()})
+            await self._patch_status(ref, {"assignment": state.to_status()}, conditional=True)
 
         controller = ConsumerController(
             self.platform,
@@ -550,7 +570,7 @@ class OperatorHandlers:
             ref, spec, status, policy_state, partitions, self._source(ref, spec, config), persist
         )
         if result.policy_state is not None:
-            await self.kube.patch(
+            patched = await self.kube.patch(
                 self._cr_path(ref),
                 {
                     "metadata": {
@@ -558,7 +578,8 @@ class OperatorHandlers:
                     }
                 },
             )
-        await self._patch_status(ref, result.status)
+            self._seen(ref, patched)
+        await self._patch_status(ref, result.status, conditional=True)
         for record in result.events:
             _event(body, record)
         self.metrics.observe_tick(
