@@ -104,6 +104,7 @@ def test_default_render_has_the_expected_objects(render: Any) -> None:
             ("Deployment", FULLNAME),
             ("NetworkPolicy", f"{FULLNAME}-operator"),
             ("NetworkPolicy", f"{FULLNAME}-workers"),
+            ("PodDisruptionBudget", FULLNAME),
             ("Role", f"{FULLNAME}-leader-election"),
             ("Role", f"{FULLNAME}-secrets"),
             ("RoleBinding", f"{FULLNAME}-leader-election"),
@@ -486,6 +487,13 @@ def test_deployment_runs_the_operator_with_kopf_liveness(render: Any) -> None:
 
 def test_leader_election_and_replicas(render: Any, chart: Any) -> None:
     single = render({"replicas": 1, "leaderElection": {"enabled": False}})
+    assert not find(single, "PodDisruptionBudget")
+    pdb = one(render(), "PodDisruptionBudget", FULLNAME)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert (
+        pdb["spec"]["selector"]["matchLabels"]
+        == one(render(), "Deployment")["spec"]["selector"]["matchLabels"]
+    )
     deployment = one(single, "Deployment")
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert "--leader-election" not in _container(single)["args"]
