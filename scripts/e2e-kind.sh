@@ -492,6 +492,7 @@ helm upgrade --install multilane charts/multilane \
   --set fullnameOverride=multilane \
   --set image.repository="${IMAGE%%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
   --set "networkPolicy.namespaces={$NS}" \
+  --set "rbac.secretNamespaces={$NS}" \
   --wait --timeout 5m
 kubectl get crd parallelconsumers.multilane.dev >/dev/null
 kubectl rollout status -n "$OPERATOR_NS" deployment/multilane --timeout=180s

@@ -25,8 +25,11 @@ class OperatorRunner:
     emulator, in a thread with its own event loop: when kopf stops it cancels every task created
     after it started in its loop, which must not include the test's servers and doubles."""
 
-    def __init__(self, url: str, make_handlers: Callable[[KubeClient], OperatorHandlers]) -> None:
+    def __init__(
+        self, url: str, make_handlers: Callable[[KubeClient], OperatorHandlers], token: str = ""
+    ) -> None:
         self.url = url
+        self.token = token  # bearer token of the operator's service account ("" : none)
         self.make_handlers = make_handlers
         self.handlers: OperatorHandlers | None = None
         self.starts = 0
@@ -43,13 +46,13 @@ class OperatorRunner:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
-        kube = KubeClient(KubeSettings(host=self.url))
+        kube = KubeClient(KubeSettings(host=self.url, token=self.token))
         self.handlers = handlers = self.make_handlers(kube)
         registry = kopf.OperatorRegistry()
 
         @kopf.on.login(registry=registry)
         def _login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=self.url, insecure=True)
+            return kopf.ConnectionInfo(server=self.url, insecure=True, token=self.token or None)
 
         handlers.register(registry)
         settings = kopf.OperatorSettings()

@@ -5,8 +5,8 @@ Emulated here (kmock 0.8 lacks them; see FACTS.md in the shared reference folder
 as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.causes``; built by
 :mod:`multilane.testing.kube_rules`):
 
-- request handling starts with :attr:`ApiServerEmulator.authorizer` (None: everything allowed), an
-  optional async callable that raises :class:`~multilane.testing.kube_rules.RefusalError` (403 Forbidden);
+- request dispatch starts with :attr:`ApiServerEmulator.authorizer` (None: everything allowed):
+  :class:`~multilane.testing.kube_rbac.RbacAuthorizer` answers 401/403 by the chart's rendered RBAC;
 - on create: ``apiVersion``/``kind`` from the URL when absent, ``metadata.namespace`` stamped from the
   URL (kmock's watch drops objects without it), ``uid``, ``resourceVersion`` (one global counter),
   ``generation: 1``, ``creationTimestamp``, ``generateName`` filled in; 409 ``AlreadyExists``; answer
@@ -41,8 +41,8 @@ The request log (``kmock.requests``) keeps only the requests in flight (see ``_h
 
 Not emulated: controllers (no pods appear for a StatefulSet; tests create them, or
 :class:`~multilane.testing.pods.StatefulSetProcessDouble` runs them), label-selector filtering on the
-server (the operator filters on its side too), watch bookmarks, authentication, admission webhooks,
-Go-side validation beyond names, labels, immutability and the schema.
+server (the operator filters on its side too), watch ``resourceVersion`` bookmarks,
+admission webhooks; authentication and RBAC only with an ``authorizer`` (``kube_rbac``).
 
 :func:`emulated_api_server` serves it on loopback with the ParallelConsumer CRD and the builtin
 resources the operator and the workers use (the operator tests' ``api`` fixture, the burst
@@ -59,7 +59,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +121,9 @@ BUILTINS: tuple[tuple[str, str, str, bool], ...] = (
     ("v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
     ("batch/v1", "cronjobs", "CronJob", True),
     ("batch/v1", "jobs", "Job", True),
+    ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", False),
 )
 
-#: An authorizer: called first for every request; raises a ``RefusalError`` (403) to refuse it.
-Authorizer = Callable[[kmock.Request], Awaitable[None]]
 
 
 @attrs.define(kw_only=True)
@@ -141,8 +140,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     #: False: the CRDs' CEL rules are not evaluated (a cluster whose CRD predates a rule; tests of the
     #: operator's own validation, which must hold without them).
     cel_rules: bool = attrs.field(default=True)
-    #: The request-handling hook (RBAC in tests: multilane/testing/kube_rbac.py); None allows everything.
-    authorizer: Authorizer | None = attrs.field(default=None)
+    #: Authentication + RBAC, called first in request dispatch: ``check(emulator, request)`` raises a
+    #: 401/403 (multilane.testing.kube_rbac.RbacAuthorizer); None: every request passes.
+    authorizer: Any = attrs.field(default=None)
 
     # ---- setup -----------------------------------------------------------------------------------
 
@@ -286,8 +286,6 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._inflight.append(request)
         self._requests[:] = [r for r in self._requests if any(r is f for f in self._inflight)]
         try:
-            if self.authorizer is not None:
-                await self.authorizer(request)  # first: a refused request changes nothing
             return await self._dispatch(request)
         except RefusalError as refusal:
             log.info("refused %s %s: %s", request.method, request.url.path, refusal)
@@ -297,6 +295,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             self._inflight[:] = [f for f in self._inflight if not any(f is d for d in done)]
 
     async def _dispatch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if self.authorizer is not None:
+            self.authorizer.check(self, request)  # 401/403 as a Status (multilane.testing.kube_rbac)
         res = request.resource
         if res is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
             return await self._create(request)

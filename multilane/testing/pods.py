@@ -405,7 +405,8 @@ class StatefulSetProcessDouble:
             ref = item.get("valueFrom") or {}
             if "fieldRef" in ref:
                 path = ref["fieldRef"]["fieldPath"]
-                env[item["name"]] = {"metadata.name": pod.name, "metadata.namespace": self.namespace}[path]
+                env[item["name"]] = {"metadata.name": pod.name, "metadata.namespace": self.namespace,
+                                      "status.podIP": "127.0.0.1"}[path]  # fmt: skip
             elif "secretKeyRef" in ref:
                 key = ref["secretKeyRef"]
                 env[item["name"]] = (await secret(key["name"]))[key["key"]]

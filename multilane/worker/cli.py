@@ -41,6 +41,7 @@ from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
 if TYPE_CHECKING:
     from multilane.app import App
+    from multilane.worker.control_tls import ControlTlsServer
     from multilane.worker.state.manager import StateManager
 
 __all__ = ["add_arguments", "build_config", "check_processor_state", "check_state_args", "client_settings",
@@ -48,6 +49,27 @@ __all__ = ["add_arguments", "build_config", "check_processor_state", "check_stat
            "run_app", "start_lease_keeper"]
 
 log = logging.getLogger("multilane.worker")
+
+
+POD_IP_ENV = "MULTILANE_POD_IP"
+
+
+def control_tls(args: argparse.Namespace) -> ControlTlsServer | None:
+    """The control port's TLS from ``--control-tls-*`` (all three, or none: ValueError otherwise)."""
+    from multilane.worker.control_tls import ControlTlsFiles, ControlTlsServer
+
+    given = [args.control_tls_cert, args.control_tls_key, args.control_tls_client_ca]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError("--control-tls-cert, --control-tls-key and --control-tls-client-ca go together")
+    return ControlTlsServer(ControlTlsFiles(*given))
+
+
+def bind_host(explicit: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """Where the endpoints listen: ``--bind-host``, else the pod IP (``$MULTILANE_POD_IP``, from
+    ``status.podIP`` in the operator's StatefulSet), else loopback. Never every interface by default."""
+    return explicit or environ.get(POD_IP_ENV) or "127.0.0.1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--metrics-port", type=int, default=0, help="Prometheus port (0 = off)")
     a("--control-port", type=int, default=0, help="control API port (0 = off)")
     a("--control-token-file", default=None, help="file with the control token (or $MULTILANE_CONTROL_TOKEN)")
+    a("--control-tls-cert", default=None, help="PEM serving certificate of the control port (enables TLS)")
+    a("--control-tls-key", default=None, help="PEM key of --control-tls-cert")
+    a("--control-tls-client-ca", default=None,
+      help="PEM CA of the client certificates the control port accepts (mutual TLS; needed with TLS)")
+    a("--bind-host", default=None,
+      help=f"address of the control and metrics endpoints (default: ${POD_IP_ENV}, which the operator sets"
+           " from the pod's IP, else 127.0.0.1)")
     a("--worker-id", default=None, help="this worker's id (None: worker-<random>)")
     a("--state-dir", default=None, help="directory of the per-partition state stores (enables state)")
     a("--snapshot-uri", default=None,
@@ -478,13 +507,22 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
     # 2. endpoints
     control = metrics = None
     keeper: LeaseKeeper | None = None
+    background: list[asyncio.Task[None]] = []
     control_port = metrics_port = 0
     if args.control_port:
         assert token is not None
-        control = ControlServer(engine, token, port=args.control_port, supervisor=supervisor)
+        tls = control_tls(args)
+        control = ControlServer(
+            engine, token, host=bind_host(args.bind_host), port=args.control_port,
+            ssl_context=tls.context if tls else None, supervisor=supervisor,
+        )  # fmt: skip
+        if tls is not None:
+            reloader = asyncio.create_task(tls.run_reloader(), name="control-tls-reloader")
+            reloader.add_done_callback(lambda _: None)  # lives until the loop ends (rotation)
+            background.append(reloader)
         control_port = await control.start()
     if args.metrics_port:
-        metrics = MetricsServer(engine.metrics, port=args.metrics_port)
+        metrics = MetricsServer(engine.metrics, host=bind_host(args.bind_host), port=args.metrics_port)
         metrics_port = await metrics.start()
     try:
         # 3. broker and topics, engine, lease
@@ -512,6 +550,8 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
             await engine.stop()
             if control is not None:
                 await control.stop()
+            for task in background:
+                task.cancel()
             if metrics is not None:
                 await metrics.stop()
         finally:
@@ -572,6 +612,7 @@ def run(args: argparse.Namespace) -> int:
                 token = load_token(args.control_token_file)
             except TokenError as exc:
                 raise ConfigError(str(exc)) from exc
+            control_tls(args)  # the TLS files load (ValueError: one line here, not a traceback later)
         factory = loop_factory(args.loop)
     except (ConfigError, ProcessorLoadError, ValueError, MissingExtraError) as exc:
         print(f"multilane worker: {exc}", file=sys.stderr)

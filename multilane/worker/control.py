@@ -8,6 +8,9 @@ without it the answer is 401. Bad JSON or fields -> 400 with a message; a stale 
 engine's learner calls (:meth:`Engine.learn` etc.) when the worker has state hooks (else 404); a
 partition in the wrong phase for the call (the hooks' ``StatePhaseError``, e.g. ``/v1/promote`` of a
 learner that has not caught up) -> 409, other state errors -> 500, both with a message.
+
+With an ``ssl_context`` (``multilane worker --control-tls-*``, :mod:`multilane.worker.control_tls`)
+the port speaks only TLS and requires a client certificate, on top of the token.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hmac
 import json
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -87,8 +91,15 @@ def _number(body: dict[str, Any], field: str, default: float) -> float:
 class ControlServer:
     """Serves the control API of one engine. Invariant: ``_token`` is non-empty."""
 
-    def __init__(self, engine: Engine, token: str, host: str = "0.0.0.0", port: int = 8471,
-                 supervisor: Any = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 8471,
+        ssl_context: ssl.SSLContext | None = None,
+        supervisor: Any = None,
+    ) -> None:
         if not token:
             raise TokenError("empty control token")
         self.engine = engine
@@ -97,6 +108,9 @@ class ControlServer:
         self._token = token.encode()
         self.host = host
         self.port = port
+        # TLS (multilane/worker/control_tls.py): with it the port speaks only TLS, client certificates
+        # required; None: plain HTTP (loopback, the local control plane)
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
@@ -118,7 +132,7 @@ class ControlServer:
         """Bind and serve; returns the bound port (useful with port 0)."""
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
         await site.start()
         sockets = getattr(site._server, "sockets", None)
         if sockets:

@@ -18,6 +18,17 @@ worker must stop processing *before* that point if it cannot renew. Protocol of 
    since its partitions may have moved.
 
 The keeper needs RBAC get/update on its own Lease only (the chart's Role for ``NAME-worker``).
+
+Token: with ``token_file`` (the projected service-account token of the pod) the bearer token is
+re-read from the file every ``token_refresh_s`` (60 s) and at the next renewal after a 401, so the
+kubelet's rotation (and an expired token) is picked up without a restart.
+
+Lease duration (``MULTILANE_LEASE_DURATION_SECONDS``, set from the ParallelConsumer's
+``spec.workload.leaseDurationSeconds``): the trade-off. A worker cut off from the API server keeps
+processing until ``lease_duration - stop_margin`` (2/3 of the duration) and the operator moves its
+partitions only after the full duration: a longer lease rides out longer API-server hiccups without
+stopping work, but a partitioned or hung worker holds its partitions (no progress on them) that much
+longer. The fencing (generation, the operator's wait for expiry) keeps ownership single either way.
 """
 
 from __future__ import annotations
@@ -60,6 +71,8 @@ class LeaseSettings:
     token: str = ""
     ca_file: str | None = None
     request_timeout_s: float = 2.0
+    token_file: str | None = None  # re-read (module docstring); wins over ``token`` when set
+    token_refresh_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 < self.stop_margin_s < self.lease_duration_s:
@@ -85,6 +98,7 @@ class LeaseSettings:
             renew_interval_s=duration / 5,
             token=(sa_dir / "token").read_text().strip(),
             ca_file=str(sa_dir / "ca.crt"),
+            token_file=str(sa_dir / "token"),
         )
 
 
@@ -111,6 +125,23 @@ class LeaseKeeper:
         self.renewals = 0
         self._started = clock()
         self._task: asyncio.Task[None] | None = None
+        self._token = settings.token
+        self._token_read_at: float | None = None  # monotonic time token_file was last read
+        self.token_reads = 0
+
+    def _headers(self) -> dict[str, str]:
+        """The Authorization header, with the token re-read from ``token_file`` when due."""
+        s = self.settings
+        if s.token_file:
+            now = time.monotonic()
+            if self._token_read_at is None or now - self._token_read_at >= s.token_refresh_s:
+                try:
+                    self._token = Path(s.token_file).read_text().strip()
+                    self.token_reads += 1
+                except OSError as exc:
+                    log.warning("lease %s: cannot read the token file: %s", s.name, exc)
+                self._token_read_at = now
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     @property
     def _path(self) -> str:
@@ -122,10 +153,8 @@ class LeaseKeeper:
         ssl_ctx: ssl.SSLContext | bool = False
         if s.api_url.startswith("https"):
             ssl_ctx = ssl.create_default_context(cafile=s.ca_file)
-        headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
         return aiohttp.ClientSession(
             base_url=s.api_url.rstrip("/") + "/",
-            headers=headers,
             timeout=aiohttp.ClientTimeout(total=s.request_timeout_s),
             connector=aiohttp.TCPConnector(ssl=ssl_ctx),
         )
@@ -134,7 +163,9 @@ class LeaseKeeper:
         """Steps 1-2 once. Returns True when the Lease was renewed."""
         # 1. GET, stamp, PUT with the resourceVersion just read.
         try:
-            async with session.get(self._path.lstrip("/")) as resp:
+            async with session.get(self._path.lstrip("/"), headers=self._headers()) as resp:
+                if resp.status == 401:
+                    self._token_read_at = None  # re-read the token file before the next call
                 if resp.status != 200:
                     log.warning("lease %s: GET answered %d", self.settings.name, resp.status)
                     return False
@@ -148,7 +179,9 @@ class LeaseKeeper:
             # The holder states its own duration (as Kubernetes leader election does): the operator
             # judges expiry with the duration written here.
             spec["leaseDurationSeconds"] = max(1, int(self.settings.lease_duration_s))
-            async with session.put(self._path.lstrip("/"), json=lease) as resp:
+            async with session.put(self._path.lstrip("/"), json=lease, headers=self._headers()) as resp:
+                if resp.status == 401:
+                    self._token_read_at = None
                 if resp.status != 200:
                     log.warning("lease %s: PUT answered %d", self.settings.name, resp.status)
                     return False

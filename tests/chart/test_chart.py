@@ -104,6 +104,11 @@ def test_default_render_has_the_expected_objects(render: Any) -> None:
             ("Deployment", FULLNAME),
             ("NetworkPolicy", f"{FULLNAME}-operator"),
             ("NetworkPolicy", f"{FULLNAME}-workers"),
+            ("PodDisruptionBudget", FULLNAME),
+            ("Role", f"{FULLNAME}-leader-election"),
+            ("Role", f"{FULLNAME}-secrets"),
+            ("RoleBinding", f"{FULLNAME}-leader-election"),
+            ("RoleBinding", f"{FULLNAME}-secrets"),
             ("Service", f"{FULLNAME}-metrics"),
             ("ServiceAccount", FULLNAME),
         ]
@@ -139,6 +144,31 @@ SCHEMA_REJECTS: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["additional properties 'worker' not allowed"],
     ),
     "secret list verb": ({"rbac": {"secretVerbs": ["get", "list"]}}, ["/rbac/secretVerbs/1"]),
+    "added capability": (
+        {"securityContext": {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}},
+        ["/securityContext/capabilities/add/0"],
+    ),
+    "capabilities kept": (
+        {"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}},
+        ["/securityContext/capabilities/drop"],
+    ),
+    "privileged": ({"securityContext": {"privileged": True}}, ["/securityContext/privileged"]),
+    "run as uid 0": ({"securityContext": {"runAsUser": 0}}, ["/securityContext/runAsUser"]),
+    "pod runs as root": (
+        {"podSecurityContext": {"runAsNonRoot": False}},
+        ["/podSecurityContext/runAsNonRoot"],
+    ),
+    "pod uid 0": ({"podSecurityContext": {"runAsUser": 0}}, ["/podSecurityContext/runAsUser"]),
+    "seccomp unconfined": (
+        {"securityContext": {"seccompProfile": {"type": "Unconfined"}}},
+        ["/securityContext/seccompProfile/type"],
+    ),
+    "pod seccomp unconfined": (
+        {"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}},
+        ["/podSecurityContext/seccompProfile/type"],
+    ),
+    "image digest not sha256": ({"image": {"digest": "latest"}}, ["/image/digest"]),
+    "bad secret namespace": ({"rbac": {"secretNamespaces": ["Team_A"]}}, ["/rbac/secretNamespaces/0"]),
     "bad namespace name": ({"operator": {"watchNamespaces": ["Team_A"]}}, ["/operator/watchNamespaces/0"]),
 }
 
@@ -159,6 +189,15 @@ def test_values_schema_rejects(chart: Any, case: str) -> None:
 def test_values_schema_accepts_every_value_set(chart: Any) -> None:
     for values in VALUE_SETS.values():
         chart.validate_schema(values)
+
+
+def test_values_schema_accepts_net_bind_service_only(chart: Any) -> None:
+    chart.validate_schema(
+        {"securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}}
+    )
+    chart.validate_schema(
+        {"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "p"}}}
+    )
 
 
 def test_notes_explain_next_steps(render_notes: Any) -> None:
@@ -242,6 +281,29 @@ def test_secrets_verbs_are_limited(render: Any) -> None:
         assert not _grants(rules, "", "secrets", verb), verb
     widened = _operator_rules(render({"rbac": {"secretVerbs": ["get", "create", "patch"]}}))
     assert [set(r["verbs"]) for r in widened if "secrets" in r["resources"]] == [{"get", "create", "patch"}]
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_no_cluster_wide_secret_rule(render: Any, value_set: str) -> None:
+    """Secrets only through namespaced Roles, in the namespaces granted (no confused deputy across
+    namespaces; docs/security.md)."""
+    docs = render(VALUE_SETS[value_set])
+    for role in find(docs, "ClusterRole"):
+        assert not any("secrets" in r["resources"] for r in role["rules"]), role["metadata"]["name"]
+    secret_roles = [r for r in find(docs, "Role") if any("secrets" in x["resources"] for x in r["rules"])]
+    watched = VALUE_SETS[value_set].get("operator", {}).get("watchNamespaces") or [NAMESPACE]
+    if VALUE_SETS[value_set].get("rbac", {}).get("create", True):
+        assert sorted(r["metadata"]["namespace"] for r in secret_roles) == sorted(watched)
+
+
+def test_secret_namespaces_are_granted_explicitly(render: Any) -> None:
+    docs = render({"rbac": {"secretNamespaces": ["apps", "billing"]}})
+    roles = [r for r in find(docs, "Role") if r["metadata"]["name"] == f"{FULLNAME}-secrets"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["apps", "billing"]
+    bindings = [b for b in find(docs, "RoleBinding") if b["metadata"]["name"] == f"{FULLNAME}-secrets"]
+    for b in bindings:
+        assert b["roleRef"]["kind"] == "Role"
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
 
 def test_operator_has_what_kopf_and_the_controller_need(render: Any) -> None:
@@ -348,8 +410,17 @@ def test_cluster_role_is_bound_to_the_operator_service_account(render: Any) -> N
 def test_namespaced_mode_grants_only_inside_watched_namespaces(render: Any) -> None:
     docs = render(VALUE_SETS["namespaced"])
     roles = find(docs, "Role")
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert sorted(b["metadata"]["namespace"] for b in find(docs, "RoleBinding")) == ["team-a", "team-b"]
+    assert sorted((r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles) == [
+        (NAMESPACE, f"{FULLNAME}-leader-election"),
+        *((ns, name) for ns in ("team-a", "team-b") for name in (FULLNAME, f"{FULLNAME}-secrets")),
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in find(docs, "RoleBinding")) == [
+        NAMESPACE,
+        "team-a",
+        "team-a",
+        "team-b",
+        "team-b",
+    ]
     # the only cluster-wide grant is read-only discovery
     discovery = one(docs, "ClusterRole", f"{FULLNAME}-discovery")
     assert {v for r in discovery["rules"] for v in r["verbs"]} <= {"get", "list", "watch"}
@@ -409,8 +480,11 @@ def test_deployment_security_context(render: Any, value_set: str) -> None:
 def test_deployment_runs_the_operator_with_kopf_liveness(render: Any) -> None:
     docs = render()
     deployment = one(docs, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     container = _container(docs)
     assert container["image"] == "ghcr.io/multilane/multilane:0.1.0"
     args = container["args"]
@@ -419,6 +493,10 @@ def test_deployment_runs_the_operator_with_kopf_liveness(render: Any) -> None:
     # cluster-wide (no --namespace) and standalone (no --peering): the CLI's defaults
     assert not any(a.startswith(("--namespace", "--peering", "--priority")) for a in args)
     assert "--metrics-port=9465" in args and "--log-format=json" in args
+    assert "--leader-election" in args and f"--leader-election-name={FULLNAME}" in args
+    assert "--lease-duration=15" in args and "--renew-deadline=10" in args and "--retry-period=2" in args
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_ID"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"  # identity
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
@@ -427,6 +505,29 @@ def test_deployment_runs_the_operator_with_kopf_liveness(render: Any) -> None:
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= labels.items()
     assert selector["app.kubernetes.io/component"] == "operator"
+
+
+def test_leader_election_and_replicas(render: Any, chart: Any) -> None:
+    single = render({"replicas": 1, "leaderElection": {"enabled": False}})
+    assert not find(single, "PodDisruptionBudget")
+    pdb = one(render(), "PodDisruptionBudget", FULLNAME)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert (
+        pdb["spec"]["selector"]["matchLabels"]
+        == one(render(), "Deployment")["spec"]["selector"]["matchLabels"]
+    )
+    deployment = one(single, "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-election" not in _container(single)["args"]
+    assert not find(single, "Role", f"{FULLNAME}-leader-election")
+    role = one(render(), "Role", f"{FULLNAME}-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert {"get", "update"} == {
+        v for r in role["rules"] if r.get("resourceNames") == [FULLNAME] for v in r["verbs"]
+    }
+    # two operators without any election: refused
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"replicas": 2, "leaderElection": {"enabled": False}})
 
 
 def test_image_digest_wins_over_tag(render: Any) -> None:
@@ -473,7 +574,7 @@ def test_peering_namespaced(render: Any) -> None:
     docs = render(VALUE_SETS["peering-namespaced"])
     assert one(docs, "KopfPeering")["metadata"]["namespace"] == "team-a"
     assert find(docs, "ClusterKopfPeering") == []
-    assert _grants(one(docs, "Role")["rules"], "kopf.dev", "kopfpeerings", "patch")
+    assert _grants(one(docs, "Role", FULLNAME)["rules"], "kopf.dev", "kopfpeerings", "patch")
     without_crds = render({"peering": {"enabled": True, "installCRDs": False}})
     assert [d["metadata"]["name"] for d in find(without_crds, "CustomResourceDefinition")] == [
         "parallelconsumers.multilane.dev"

@@ -35,6 +35,7 @@ CONTRACT_SPEC_FIELDS = {
         "maxInFlightRecords",
         "maxInFlightBytes",
         "maxRetries",
+        "leaseDurationSeconds",
         "deadLetterTopic",
         "env",
         "resources",

@@ -104,6 +104,15 @@ def test_pipeline_target_has_a_jre_and_the_pipeline_extra(
     assert pipeline.all("USER") == dockerfile[1][-1].all("USER")  # the chart's uid, as the runtime
 
 
+def test_base_image_is_pinned_by_digest(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    """Every stage's base names one image (``name:tag@sha256:<64 hex>``), not a moving tag. The form
+    only: the digest is not checked against a registry here."""
+    global_args, stages = dockerfile
+    for stage in stages:
+        base = _resolve(stage.base, global_args)
+        assert re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", base), base
+
+
 def test_builder_installs_the_worker_and_operator_extras_at_tested_versions(
     dockerfile: tuple[dict[str, str], list[Stage]],
 ) -> None:

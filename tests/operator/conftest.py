@@ -1,5 +1,13 @@
 """Fixtures for the operator tests: the emulated API server (with the real CRD), worker doubles, and a
-runner for the real kopf operator (:class:`multilane.testing.kopf_runner.OperatorRunner`)."""
+runner for the real kopf operator (:class:`multilane.testing.kopf_runner.OperatorRunner`).
+
+Least privilege: every emulated API server of this directory authenticates and authorizes against
+the chart's rendered RBAC (:mod:`multilane.testing.kube_rbac`; the ``rbac`` session fixture renders
+the chart once). The operator calls with the token of the chart's service account
+(:data:`OPERATOR_TOKEN`), the worker pods with their bound tokens (resolved to their StatefulSet's
+service account, whose Role the operator creates), the tests themselves without a token (the
+cluster administrator). ``tests/operator/test_zz_least_privilege.py`` then fails on any granted rule
+no scenario used."""
 
 from __future__ import annotations
 
@@ -18,11 +26,55 @@ from multilane.operator.metrics import OperatorMetrics
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import ApiServerEmulator, emulated_api_server
+from multilane.testing.kube_rbac import RbacAuthorizer, RuleUsage, pod_token_resolver, service_account_user
 from tests.operator.doubles import StatefulSetControllerDouble, StaticSource, WorkerFleet
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "parallelconsumers.multilane.dev.yaml"
 NS = "team-a"
 TOKEN = "t" * 40
+OPERATOR_TOKEN = "operator-service-account-token"
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "multilane"
+RELEASE_NS = "multilane-system"
+# The chart's RBAC, rendered as the scenarios need it: the defaults, with the consumers' namespace
+# granted the control Secrets explicitly (what a user installing the chart does, docs/security.md).
+RBAC_VALUES: dict[str, Any] = {"rbac": {"secretNamespaces": [NS]}}
+
+
+class RbacSession:
+    """The rendered chart and the rule usage of every scenario of the session."""
+
+    def __init__(self, manifests: list[dict[str, Any]]) -> None:
+        self.manifests = manifests
+        self.usage = RuleUsage()
+        sa = next(d for d in manifests if d.get("kind") == "ServiceAccount")
+        self.operator_user = service_account_user(RELEASE_NS, sa["metadata"]["name"])
+        self.scenarios: set[str] = set()  # test node ids that ran under it
+
+    def authorizer(self, emu: ApiServerEmulator) -> RbacAuthorizer:
+        authz = RbacAuthorizer(self.manifests, self.usage, anonymous_user="system:admin")
+        authz.add_token(OPERATOR_TOKEN, self.operator_user)
+        authz.resolvers.append(pod_token_resolver(emu, NS))
+        return authz
+
+
+def render_chart(values: dict[str, Any], namespace: str = RELEASE_NS) -> list[dict[str, Any]]:
+    import yaml
+
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
+    out = helm.Chart.load(str(CHART_DIR)).render(values, name="ml", namespace=namespace, is_install=True)
+    return [
+        doc
+        for path, text in sorted(out.items())
+        if path.endswith((".yaml", ".yml"))
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+@pytest.fixture(scope="session")
+def rbac() -> RbacSession:
+    """The chart's RBAC for every emulated API server of the session, and what the scenarios used."""
+    return RbacSession(render_chart(RBAC_VALUES))
 
 
 # Access logs of the in-test HTTP servers cost CPU on a loaded machine and say nothing new.
@@ -30,9 +82,14 @@ logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 @pytest_asyncio.fixture
-async def api() -> AsyncIterator[tuple[ApiServerEmulator, str]]:
-    """The emulated API server with the real CRD and the builtin resources used."""
+async def api(
+    rbac: RbacSession, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[ApiServerEmulator, str]]:
+    """The emulated API server with the real CRD and the builtin resources used, under the chart's
+    RBAC."""
     async with emulated_api_server(CRD_PATH) as served:
+        served[0].authorizer = rbac.authorizer(served[0])
+        rbac.scenarios.add(request.node.nodeid)
         yield served
 
 
@@ -85,7 +142,7 @@ async def operator_factory(
             options.update(kwargs)
             return OperatorHandlers(kube, **options)
 
-        runner = OperatorRunner(api[1], handlers)
+        runner = OperatorRunner(api[1], handlers, token=OPERATOR_TOKEN)
         runners.append(runner)
         return runner
 

@@ -19,7 +19,7 @@ import pytest
 
 from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.testing.broker import EmbeddedBroker, free_port
-from tests.operator.conftest import CR_COLLECTION, NS, consumer_body
+from tests.operator.conftest import CR_COLLECTION, NS, OPERATOR_TOKEN, consumer_body
 from tests.operator.doubles import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
@@ -43,7 +43,7 @@ async def test_operator_command_runs_kopf_with_probes_metrics_and_json_logs(
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [{"name": "emu", "cluster": {"server": api[1]}}],
-                "users": [{"name": "emu", "user": {"token": "test"}}],
+                "users": [{"name": "emu", "user": {"token": OPERATOR_TOKEN}}],
                 "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
                 "current-context": "emu",
             }

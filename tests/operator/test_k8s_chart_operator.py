@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from multilane.testing.broker import free_port
+from tests.operator.conftest import OPERATOR_TOKEN
 from tests.operator.k8s_harness import K8sHarness, k8s, wait_until
 
 __all__ = ["k8s"]
@@ -90,7 +91,7 @@ async def test_chart_rendered_operator_drives_a_stateful_scale_up(k8s: K8sHarnes
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [{"name": "emu", "cluster": {"server": h.api_url}}],
-                "users": [{"name": "emu", "user": {"token": "test"}}],
+                "users": [{"name": "emu", "user": {"token": OPERATOR_TOKEN}}],
                 "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
                 "current-context": "emu",
             }

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from multilane.operator.k8s.handlers import HandlerSettings
 from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, consumer_body, cr_path
@@ -92,8 +93,11 @@ async def test_create_builds_children_assigns_partitions_and_reports_status(
 
     # Workers (pods from the StatefulSet double) get every partition exactly once, with a generation.
     def assigned() -> bool:
+        # Balanced once both workers' Leases are live (a first pass may see one live worker only and
+        # give it everything; the next pass rebalances).
         a = fleet.assignment()
-        return len(a) == 2 and partitions_of(a) == sorted(f"{topic}/{i}" for i in range(4))
+        balanced = sorted(len(ps) for ps in a.values()) == [2, 2]
+        return len(a) == 2 and partitions_of(a) == sorted(f"{topic}/{i}" for i in range(4)) and balanced
 
     await wait_for(assigned, timeout=60, what="all partitions assigned")
     assert sorted(len(ps) for ps in fleet.assignment().values()) == [2, 2]
@@ -165,7 +169,11 @@ async def test_bad_spec_degrades_with_event_and_touches_no_child(
 async def test_missing_credentials_and_unreachable_broker_are_conditions(
     kube: KubeClient, broker: EmbeddedBroker, topic: str, operator_factory: Any
 ) -> None:
-    runner = operator_factory()
+    # The explicit grant (docs/security.md): this operator reads the credentials Secret itself.
+    settings = HandlerSettings(
+        tick_s=0.5, kafka_timeout_s=3.0, release_deadline_s=2.0, read_kafka_credentials=True
+    )
+    runner = operator_factory(settings=settings)
     await runner.start()
     body = consumer_body("creds", broker.bootstrap, topic)
     body["spec"]["kafka"]["credentialsSecretRef"] = {"name": "kafka-creds"}

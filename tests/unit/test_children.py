@@ -265,3 +265,18 @@ def test_statefulset_update_sends_only_mutable_fields() -> None:
     patch = ch.statefulset_update(ch.stateful_set(REF, _stateful(), 3))
     assert set(patch["spec"]) == {"replicas", "template", "persistentVolumeClaimRetentionPolicy"}
     assert set(patch["metadata"]) == {"labels", "ownerReferences"}
+
+
+def test_worker_lease_duration_follows_the_spec() -> None:
+    def env(spec: dict[str, Any]) -> str:
+        container = ch.stateful_set(REF, spec, 1)["spec"]["template"]["spec"]["containers"][0]
+        return next(e["value"] for e in container["env"] if e["name"] == "MULTILANE_LEASE_DURATION_SECONDS")
+
+    assert env(SPEC) == str(ch.LEASE_DURATION_S)
+    assert env({**SPEC, "workload": {**SPEC["workload"], "leaseDurationSeconds": 40}}) == "40"
+
+
+def test_workers_listen_on_the_pod_ip() -> None:
+    container = ch.stateful_set(REF, SPEC, 1)["spec"]["template"]["spec"]["containers"][0]
+    refs = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert refs["MULTILANE_POD_IP"] == "status.podIP"

@@ -49,6 +49,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* A label map as K=V,K=V (sorted), for the operator's --*-labels flags. */}}
+{{- define "multilane.labelList" -}}
+{{- $pairs := list }}
+{{- range $k, $v := . }}{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
 {{- define "multilane.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "multilane.fullname" .) .Values.serviceAccount.name }}
@@ -63,6 +70,17 @@ app.kubernetes.io/component: operator
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces where the operator may create and read back control Secrets (a Role in each). */}}
+{{- define "multilane.secretNamespaces" -}}
+{{- if .Values.rbac.secretNamespaces }}
+{{- toYaml .Values.rbac.secretNamespaces }}
+{{- else if .Values.operator.watchNamespaces }}
+{{- toYaml .Values.operator.watchNamespaces }}
+{{- else }}
+{{- toYaml (list .Release.Namespace) }}
 {{- end }}
 {{- end }}
 
@@ -82,23 +100,26 @@ Rules the operator needs on namespaced resources, wherever it watches ParallelCo
 Every rule names its resources and verbs; there is no wildcard, no bind/escalate/impersonate.
 */}}
 {{- define "multilane.operatorNamespacedRules" -}}
-# The watched resource: kopf lists/watches it and patches finalizers, annotations and status.
+# Each rule names the code that needs it (docs/security.md); tests/operator/test_zz_least_privilege.py
+# fails when a scenario needs none of a rule's verbs.
+# The watched resource: kopf lists/watches it and patches finalizers and annotations; the handlers
+# read it (get) and patch its status.
 - apiGroups: [multilane.dev]
   resources: [parallelconsumers]
   verbs: [get, list, watch, patch]
 - apiGroups: [multilane.dev]
   resources: [parallelconsumers/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # Children carry ownerReferences with blockOwnerDeletion: true, which needs update on the owner's
 # finalizers subresource where the OwnerReferencesPermissionEnforcement admission plugin runs
 # (OpenShift, hardened clusters); without it every child create is forbidden there.
 - apiGroups: [multilane.dev]
   resources: [parallelconsumers/finalizers]
   verbs: [update]
-# kopf reports handler progress and errors as Events of the ParallelConsumer.
+# kopf and the handlers post Events of the ParallelConsumer.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 # Children of every ParallelConsumer, created (or merge-patched when they exist) with owner
 # references; the garbage collector deletes them with their owner, so no delete verb (but for the
 # StatefulSet's opt-in recreate).
@@ -106,36 +127,35 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 # (annotation multilane.dev/recreate-on-immutable-change; propagationPolicy Orphan keeps the pods).
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
-  verbs: [get, create, patch]
+  verbs: [create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, create, patch]
-# CronJob NAME-snapshot (scheduled state snapshots). Removing the schedule suspends it (patch), so
-# no delete here either.
+  verbs: [create, patch]
+# CronJob NAME-snapshot (scheduled state snapshots). Removing the schedule suspends it (get, patch).
 - apiGroups: [batch]
   resources: [cronjobs]
   verbs: [get, create, patch]
-# Secrets: the operator creates NAME-control-token once and reads it back (bearer token of the
-# workers' control port); it reads spec.kafka.credentialsSecretRef to reach the Kafka admin API.
-# No list/watch: it can only read Secrets whose names it is given.
-- apiGroups: [""]
-  resources: [secrets]
-  verbs: {{ toJson .Values.rbac.secretVerbs }}
-# Worker pods: observed for readiness and partition handoff; deleted during rollouts.
+# Worker pods: listed (by the consumer label) for readiness.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, delete]
-# Worker leases NAME-<ordinal>: the operator creates them and reads the workers' renewals. It holds
-# get/update itself, which is what lets it grant them (RBAC escalation check) without bind/escalate.
+  verbs: [list]
+# Worker leases NAME-<ordinal>: the operator creates them and lists the workers' renewals. get/update:
+# what the workers' Role grants (Kubernetes lets a subject grant only permissions it holds); also the
+# operator replicas' leader Lease (get, create, update; also granted by NAME-leader-election).
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, list, watch, create, update, patch, delete]
-# Role + RoleBinding NAME-worker (see worker.rules in values.yaml): namespaced, and only with
-# permissions the operator holds itself.
+  verbs: [get, list, create, update]
+{{- if .Values.networkPolicy.enabled }}
+# NetworkPolicy NAME-workers (multilane/operator/spec/network.py): created, or patched when it exists.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch]
+{{- end }}
+# Role + RoleBinding NAME-worker: created, or patched when they exist.
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, create, patch]
+  verbs: [create, patch]
 {{- end }}

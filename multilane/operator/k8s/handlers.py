@@ -8,18 +8,18 @@ registry:
 
   1. Paused (annotation ``multilane.dev/paused: "true"``)? Set condition Paused and change nothing.
   2. Validate the spec (pure, :func:`validate_spec`).
-  3. Check the environment: the credentials Secret exists; the topics exist (Kafka admin, short
-     timeout; an unreachable broker is a problem, not a crash).
+  3. Check the environment: the credentials Secret exists (only with ``read_kafka_credentials``);
+     the topics exist (Kafka admin, short timeout; an unreachable broker is a problem, not a crash).
   4. On any problem: condition Ready=False / Degraded=True with the reason, a Warning Event per problem,
      and return without touching a child (never a half-applied change). The timer re-checks later.
   5. Apply the children: the control-token Secret only if missing (never overwritten), then
-     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet and, with a
-     snapshot schedule, the CronJob NAME-snapshot (create, or merge-patch when they exist; the
-     StatefulSet keeps the replicas the operator decided). Without a schedule an existing
-     NAME-snapshot CronJob is suspended (spec.suspend=true), not deleted. A spec change that would
-     change an immutable StatefulSet field (``state.enabled``, the storage size or class) holds the
-     StatefulSet as it is (:mod:`multilane.operator.k8s.statefulset`) unless the annotation
-     ``multilane.dev/recreate-on-immutable-change: "true"`` opts in to recreating it.
+     ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet, with a snapshot
+     schedule the CronJob NAME-snapshot, and the NetworkPolicy NAME-workers unless disabled
+     (create, or merge-patch when they exist; the StatefulSet keeps the replicas the operator
+     decided). Without a schedule an existing NAME-snapshot CronJob is suspended (spec.suspend=true),
+     not deleted. A spec change that would change an immutable StatefulSet field (``state.enabled``,
+     the storage size or class) holds the StatefulSet as it is (:mod:`multilane.operator.k8s.statefulset`)
+     unless the annotation ``multilane.dev/recreate-on-immutable-change: "true"`` opts in to recreating it.
   6. Status: observedGeneration, labelSelector, conditions (Degraded=ImmutableFieldChange naming the
      fields while a StatefulSet change is held; the control loop keeps running).
 
@@ -44,7 +44,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -69,6 +69,7 @@ from multilane.operator.rollout.protocol import Rollout
 from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSource
 from multilane.operator.spec import children as ch
 from multilane.operator.spec.conditions import condition, now_iso, set_condition
+from multilane.operator.spec.network import NetworkPolicySettings, network_policy
 from multilane.operator.spec.validation import ConsumerSpec, Problem, check_environment, validate_spec
 
 __all__ = [
@@ -99,6 +100,13 @@ class HandlerSettings:
     kafka_timeout_s: float = 5.0
     release_deadline_s: float = 30.0
     worker_timeout_s: float = 10.0
+    # Read spec.kafka.credentialsSecretRef for the operator's own Kafka admin calls (topic partitions,
+    # lag). Off by default: whoever creates a ParallelConsumer names the Secret AND the
+    # bootstrapServers, so reading it would send the Secret's credentials where the creator says (a
+    # confused deputy). Workers get the Secret by envFrom from their own namespace either way.
+    read_kafka_credentials: bool = False
+    # The NetworkPolicy child NAME-workers (multilane/operator/spec/network.py); None: not created.
+    network_policy: NetworkPolicySettings | None = field(default_factory=NetworkPolicySettings)
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -170,6 +178,9 @@ class OperatorHandlers:
         # uid -> message naming the immutable StatefulSet fields a spec change would change: set by
         # reconcile while that change is held, removed when a reconcile applies the StatefulSet.
         self._immutable: dict[str, str] = {}
+        # uid -> resourceVersion of the object as this operator last read (tick) or wrote it; the
+        # control loop's status writes are conditional on it (see _patch_status)
+        self._seen_rv: dict[str, str] = {}
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 
@@ -236,8 +247,22 @@ class OperatorHandlers:
     def _cr_path(self, ref: ch.ConsumerRef, subresource: str | None = None) -> str:
         return api_path(CR_API, PLURAL, ref.namespace, ref.name, subresource)
 
-    async def _patch_status(self, ref: ch.ConsumerRef, status: Mapping[str, Any]) -> None:
-        await self.kube.patch(self._cr_path(ref, "status"), {"status": dict(status)})
+    def _seen(self, ref: ch.ConsumerRef, obj: Mapping[str, Any] | None) -> None:
+        rv = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self._seen_rv[ref.uid] = str(rv)
+
+    async def _patch_status(
+        self, ref: ch.ConsumerRef, status: Mapping[str, Any], *, conditional: bool = False
+    ) -> None:
+        """Merge-patch the status. ``conditional`` (the control loop's writes: assignment, rollout,
+        scaling): the patch carries the resourceVersion this operator last read or wrote, so a write
+        based on a stale view gets 409 (:class:`KubeConflictError`; the tick fails and the next one
+        re-reads) and never overwrites another writer's status."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if conditional and ref.uid in self._seen_rv:
+            body["metadata"] = {"resourceVersion": self._seen_rv[ref.uid]}
+        self._seen(ref, await self.kube.patch(self._cr_path(ref, "status"), body))
 
     # ---- reconcile --------------------------------------------------------------------------------
 
@@ -321,7 +346,7 @@ class OperatorHandlers:
         """Problems, the Kafka client config (with credentials, in memory only), partition counts."""
         secret_exists: bool | None = None
         config: dict[str, str] = {"bootstrap.servers": spec.bootstrap_servers, **spec.kafka_config}
-        if spec.credentials_secret:
+        if spec.credentials_secret and self.settings.read_kafka_credentials:
             secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, spec.credentials_secret))
             secret_exists = secret is not None
             for key, value in ((secret or {}).get("data") or {}).items():
@@ -387,7 +412,10 @@ class OperatorHandlers:
         if spec.replicas is not None and spec.replicas > replicas:
             replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
         replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
-        for manifest in ch.children(ref, raw_spec, replicas):
+        manifests = ch.children(ref, raw_spec, replicas)
+        if self.settings.network_policy is not None:
+            manifests.append(network_policy(ref, self.settings.network_policy))
+        for manifest in manifests:
             kind = manifest["kind"]
             if kind == "StatefulSet":
                 held = await apply_stateful_set(
@@ -403,6 +431,7 @@ class OperatorHandlers:
                 "PodDisruptionBudget": "poddisruptionbudgets",
                 "StatefulSet": "statefulsets",
                 "CronJob": "cronjobs",
+                "NetworkPolicy": "networkpolicies",
             }[kind]
             collection = api_path(api_version, plural, ref.namespace)
             try:
@@ -485,6 +514,7 @@ class OperatorHandlers:
         spec, _ = validate_spec(fresh.get("spec"))
         if spec is None:
             return
+        self._seen(ref, fresh)  # the control loop's writes are conditional on this read
         async with self._lock(ref.uid):
             started = time.monotonic()
             try:
@@ -528,7 +558,9 @@ class OperatorHandlers:
 
         async def persist(state: AssignmentState, rollout: Rollout | None) -> None:
             await self._patch_status(
-                ref, {"assignment": state.to_status(), "rollout": rollout.to_dict() if rollout else None}
+                ref,
+                {"assignment": state.to_status(), "rollout": rollout.to_dict() if rollout else None},
+                conditional=True,
             )
 
         executor = HandoffExecutor(control, persist, config)
@@ -554,7 +586,7 @@ class OperatorHandlers:
             policy_state = PolicyState()
 
         async def persist(state: AssignmentState) -> None:
-            await self._patch_status(ref, {"assignment": state.to_status()})
+            await self._patch_status(ref, {"assignment": state.to_status()}, conditional=True)
 
         controller = ConsumerController(
             self.platform,
@@ -566,7 +598,7 @@ class OperatorHandlers:
             ref, spec, status, policy_state, partitions, self._source(ref, spec, config), persist
         )
         if result.policy_state is not None:
-            await self.kube.patch(
+            patched = await self.kube.patch(
                 self._cr_path(ref),
                 {
                     "metadata": {
@@ -574,13 +606,14 @@ class OperatorHandlers:
                     }
                 },
             )
+            self._seen(ref, patched)
         held = self._immutable.get(ref.uid)
         degraded_now = condition(result.status.get("conditions"), "Degraded") or {}
         if held and degraded_now.get("status") != "True":  # the control loop knows nothing of it
             result.status["conditions"] = set_condition(
                 result.status.get("conditions"), "Degraded", True, "ImmutableFieldChange", held
             )
-        await self._patch_status(ref, result.status)
+        await self._patch_status(ref, result.status, conditional=True)
         for record in result.events:
             _event(body, record)
         self.metrics.observe_tick(

@@ -1,20 +1,29 @@
 """``KubeClient``: a small asyncio client for the Kubernetes REST API. Does I/O (HTTP).
 
 Only what the operator needs: get, list (with a label selector, re-checked on the client side), create,
-merge-patch (also of ``/status``), delete (with DeleteOptions). Connection settings come from the
-``kubernetes`` package's config loaders (in-cluster service account, else kubeconfig) or are given
-explicitly (tests).
+merge-patch (also of ``/status``), update (PUT, with the ``resourceVersion`` of the body: 409 on a
+conflict), delete (with DeleteOptions). Connection settings come from the ``kubernetes`` package's
+config loaders (in-cluster service account, else kubeconfig) or are given explicitly (tests).
+
+Tokens: with ``token_file`` (the projected service-account token in a pod) the bearer token is
+re-read from the file every ``token_refresh_s`` (60 s, as client-go does: the kubelet rotates the
+file well before the token expires) and at once after a 401, which is then retried once. So a rotated
+or expired token is replaced without a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+SA_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 __all__ = ["KubeClient", "KubeConflictError", "KubeError", "KubeNotFoundError", "KubeSettings", "api_path"]
 
@@ -45,6 +54,8 @@ class KubeSettings:
     cert_file: str | None = None
     key_file: str | None = None
     verify_ssl: bool = True
+    token_file: str | None = None  # re-read (see the module docstring); wins over ``token`` when set
+    token_refresh_s: float = 60.0
 
     @classmethod
     def load(cls) -> KubeSettings:
@@ -58,7 +69,9 @@ class KubeSettings:
             config.load_kube_config(client_configuration=cfg)
         auth = (cfg.api_key or {}).get("authorization", "") or (cfg.api_key or {}).get("BearerToken", "")
         token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth
+        in_cluster = Path(SA_TOKEN_FILE)
         return cls(
+            token_file=str(in_cluster) if token and in_cluster.exists() else None,
             host=cfg.host,
             token=token,
             ca_file=cfg.ssl_ca_cert,
@@ -97,6 +110,23 @@ class KubeClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
+        self._token = settings.token
+        self._token_read_at: float | None = None  # monotonic time token_file was last read
+        self.token_reads = 0  # how often token_file was read (tests)
+
+    def _bearer(self, force: bool = False) -> str:
+        """The current token: re-read from ``token_file`` when due (or ``force``)."""
+        s = self.settings
+        if s.token_file:
+            now = time.monotonic()
+            if force or self._token_read_at is None or now - self._token_read_at >= s.token_refresh_s:
+                try:
+                    self._token = Path(s.token_file).read_text().strip()
+                    self.token_reads += 1
+                except OSError:
+                    pass  # keep the last token; the next call tries again
+                self._token_read_at = now
+        return self._token
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -124,8 +154,6 @@ class KubeClient:
                         ctx.load_cert_chain(self.settings.cert_file, self.settings.key_file)
                     ssl_ctx = ctx
                 headers = {"Accept": "application/json"}
-                if self.settings.token:
-                    headers["Authorization"] = f"Bearer {self.settings.token}"
                 self._session = aiohttp.ClientSession(
                     base_url=self.settings.host.rstrip("/") + "/",
                     headers=headers,
@@ -144,18 +172,31 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
     ) -> Any:
         session = await self._get_session()
-        kwargs: dict[str, Any] = {"params": dict(params or {})}
-        if body is not None:
-            kwargs["json"] = body
-            kwargs["headers"] = {"Content-Type": content_type}
-        async with session.request(method, path.lstrip("/"), **kwargs) as resp:
-            if resp.status >= 400:
-                text = await resp.text()
-                err = {404: KubeNotFoundError, 409: KubeConflictError}.get(resp.status, KubeError)
-                raise err(resp.status, text[:500])
-            if resp.content_type == "application/json":
-                return await resp.json()
-            return None
+        for attempt in (0, 1):
+            headers: dict[str, str] = {}
+            kwargs: dict[str, Any] = {"params": dict(params or {})}
+            if body is not None:
+                kwargs["json"] = body
+                headers["Content-Type"] = content_type
+            token = self._bearer(force=attempt == 1)
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            kwargs["headers"] = headers
+            async with session.request(method, path.lstrip("/"), **kwargs) as resp:
+                if resp.status == 401 and attempt == 0 and self.settings.token_file:
+                    continue  # the token may have been rotated: re-read it and retry once
+                return await self._answer(resp)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _answer(resp: aiohttp.ClientResponse) -> Any:
+        if resp.status >= 400:
+            text = await resp.text()
+            err = {404: KubeNotFoundError, 409: KubeConflictError}.get(resp.status, KubeError)
+            raise err(resp.status, text[:500])
+        if resp.content_type == "application/json":
+            return await resp.json()
+        return None
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -182,6 +223,12 @@ class KubeClient:
         """JSON merge-patch (``application/merge-patch+json``)."""
         merge = "application/merge-patch+json"
         result = await self._request("PATCH", path, body=dict(body), content_type=merge)
+        return result if isinstance(result, dict) else {}
+
+    async def update(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace (PUT); the body's ``metadata.resourceVersion`` makes it conditional (409 when the
+        object changed since it was read: re-read, never overwrite)."""
+        result = await self._request("PUT", path, body=dict(body))
         return result if isinstance(result, dict) else {}
 
     async def delete(self, path: str, options: Mapping[str, Any] | None = None) -> bool:

@@ -7,6 +7,7 @@ worker has seen a higher generation) and :class:`WorkerUnreachableError` (anythi
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,9 +70,14 @@ def _released(items: Any) -> list[ReleasedPartition]:
 class WorkerControlClient:
     """One client for all workers of the operator; ``token`` is the consumer's control token."""
 
-    def __init__(self, token: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, token: str, timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self._token = token
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # TLS to the workers (multilane.worker.control_tls.client_context): the consumer's CA and the
+        # operator's client certificate; None: plain HTTP
+        self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -82,7 +88,9 @@ class WorkerControlClient:
     async def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, headers={"Authorization": f"Bearer {self._token}"}
+                timeout=self._timeout,
+                headers={"Authorization": f"Bearer {self._token}"},
+                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True),
             )
         try:
             async with self._session.request(method, url, json=body) as resp:

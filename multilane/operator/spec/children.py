@@ -202,7 +202,9 @@ def _container(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
         {"name": "MULTILANE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "MULTILANE_POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "MULTILANE_LEASE_DURATION_SECONDS", "value": str(LEASE_DURATION_S)},
+        # the control and metrics endpoints listen on the pod IP only (multilane worker --bind-host)
+        {"name": "MULTILANE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "MULTILANE_LEASE_DURATION_SECONDS", "value": str(lease_duration_s(spec))},
         *copy.deepcopy(list(workload.get("env") or [])),
     ]
     if (spec.get("state") or {}).get("enabled"):
@@ -243,6 +245,12 @@ def _container(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any]:
     if (spec.get("state") or {}).get("enabled"):
         container["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR})
     return container
+
+
+def lease_duration_s(spec: Mapping[str, Any]) -> int:
+    """The workers' Lease duration: ``spec.workload.leaseDurationSeconds`` (trade-off in
+    ``multilane/worker/lease.py``), :data:`LEASE_DURATION_S` by default."""
+    return int((spec.get("workload") or {}).get("leaseDurationSeconds") or LEASE_DURATION_S)
 
 
 def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> dict[str, Any]:
