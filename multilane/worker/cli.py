@@ -117,8 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
     a("--output-idempotence", choices=("on", "off"), default="on",
       help="the output producer is idempotent (on), or sends one request at a time per broker (off: "
-           "order kept, a client retry may duplicate; on the embedded test broker idempotent "
-           "acknowledgements stall, see docs/outputs.md)")
+           "order kept, a client retry may duplicate; the embedded test broker's benchmark runs faster "
+           "with off: docs/outputs.md)")
     a("--output-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting of the output producer (repeatable; security settings come from "
            "the consumer's)")
