@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--linger-ms", type=float, default=1.0, help="the output producer's linger.ms")
     parser.add_argument("--poll", choices=("thread", "loop"), default="thread",
                         help="delivery reports served by a thread or by a task on the engine's loop")
+    parser.add_argument("--idempotence", choices=("on", "off"), default="on",
+                        help="the output producer's idempotence (the worker's --output-idempotence)")
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
@@ -45,7 +47,8 @@ def body(args: argparse.Namespace, report: Report) -> None:
     records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
     pairs = args.pairs or (QUICK_PAIRS if args.quick else FULL_PAIRS)
     report.params.update(records=records, pairs=pairs, in_flight=IN_FLIGHT, base_ms=BASE_MS,
-                         value_bytes=VALUE_BYTES, keys=N_KEYS, linger_ms=args.linger_ms, poll=args.poll)
+                         value_bytes=VALUE_BYTES, keys=N_KEYS, linger_ms=args.linger_ms, poll=args.poll,
+                         idempotence=args.idempotence)
     table = report.table("outputs", f"Consume-transform-produce at {IN_FLIGHT} in flight, {BASE_MS:g} ms "
                          "asyncio.sleep per record", [
                              Column("run", "run"), Column("outputs"), Column("records", fmt=","),
@@ -69,7 +72,8 @@ def body(args: argparse.Namespace, report: Report) -> None:
                 argv = [sys.executable, "-m", "benchmarks.outputs", "child", "--bootstrap", broker.bootstrap,
                         "--topic", topic, "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
                         "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
-                        "--linger-ms", str(args.linger_ms), "--poll", args.poll, "--timeout", "240"]
+                        "--linger-ms", str(args.linger_ms), "--poll", args.poll,
+                        "--idempotence", args.idempotence, "--timeout", "240"]
                 try:
                     res = run_json_child(argv, timeout=300)
                 except ChildError as exc:
@@ -114,6 +118,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--linger-ms", type=float, default=1.0)
     parser.add_argument("--poll", choices=("thread", "loop"), default="thread")
     parser.add_argument("--idempotence", choices=("on", "off"), default="on")
+    parser.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
     meter = Meter()
@@ -143,8 +148,9 @@ def child_main(argv: list[str]) -> int:
 
     inner: Any = sleep
     if args.outputs == "on":
-        conf = output_producer_config(args.bootstrap, "bench-outputs", args.linger_ms)
-        conf["enable.idempotence"] = args.idempotence == "on"
+        conf = output_producer_config(args.bootstrap, "bench-outputs", args.linger_ms,
+                                      idempotent=args.idempotence == "on")
+        conf.update(item.split("=", 1) for item in args.producer_config)
         out = OutputProducer.from_config(conf, poll_on_loop=args.poll == "loop")
         inner = with_outputs(transform, out)
 

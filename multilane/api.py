@@ -152,7 +152,8 @@ class Context:
         if sink is None:
             raise OutputsNotAvailableError(
                 f"ctx.produce({topic!r}, ...): this worker has no output producer "
-                "(outputs tied to commits are not wired into this engine yet)")
+                "(multilane worker --outputs off, or an Engine whose processor is not wrapped by "
+                "multilane.worker.outputs.with_outputs)")
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"ctx.produce: topic must be a non-empty str, got {topic!r}")
         sink.produce(topic, _as_bytes(value, "value"), _as_bytes(key, "key"), list(headers or ()))

@@ -150,6 +150,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "only once every output it produced is acknowledged")
     a("--output-linger-ms", type=float, default=1.0,
       help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
+    a("--output-idempotence", choices=("on", "off"), default="on",
+      help="the output producer is idempotent (on), or sends one request at a time per broker (off: "
+           "order kept, a client retry may duplicate; the embedded test broker's benchmark runs faster "
+           "with off: docs/outputs.md)")
     a("--output-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting of the output producer (repeatable; security settings come from "
            "the consumer's)")
@@ -465,7 +469,8 @@ def output_producer(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
 
     conf = output_producer_config(cfg.bootstrap_servers, f"multilane-{cfg.worker_id}-outputs",
                                   args.output_linger_ms, security_settings(cfg.consumer_overrides),
-                                  _parse_kv(args.output_config, "--output-config"))
+                                  _parse_kv(args.output_config, "--output-config"),
+                                  idempotent=getattr(args, "output_idempotence", "on") == "on")
     conf.setdefault("logger", kafka_logger())
     return OutputProducer.from_config(conf)
 

@@ -215,4 +215,6 @@ class EngineConfig:
             "message.timeout.ms": 30_000,
         }
         conf.update(security_settings(self.consumer_overrides))
+        if "logger" in self.consumer_overrides:  # the client log through Python logging (the worker CLI)
+            conf["logger"] = self.consumer_overrides["logger"]
         return conf

@@ -104,11 +104,15 @@ class BrokerProbe:
         # 1.
         if self._admin is None:
             self._admin = self._admin_factory()
+        poll = getattr(self._admin, "poll", None)
         try:
             md = self._admin.list_topics(timeout=self._request_timeout_s)
         except Exception as exc:
             log.debug("broker probe: %s", exc)
             return False, ()
+        finally:
+            if poll is not None:
+                poll(0)  # serves the client's queued log lines (config ``logger``)
         present = {name for name, t in md.topics.items() if t.error is None}
         return True, tuple(t for t in self.topics if t not in present)
 

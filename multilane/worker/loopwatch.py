@@ -31,8 +31,9 @@ _SKIP = ("/asyncio/", "/multilane/worker/", "/selectors.py", "/threading.py")
 
 
 def describe_blocker(frame: FrameType | None, record_code: Any = None) -> str:
-    """The innermost frame outside asyncio and the engine, and the record in flight (pure)."""
-    where = "unknown code"
+    """The innermost frame outside asyncio and the engine, and the record in flight; "" when the stack
+    holds no such frame (pure)."""
+    where = ""
     record = None
     f = frame
     found_user = False
@@ -45,6 +46,8 @@ def describe_blocker(frame: FrameType | None, record_code: Any = None) -> str:
             record = f.f_locals.get("record")
             break
         f = f.f_back
+    if not where:
+        return ""
     if record is not None:
         where += f" on record {record.topic}/{record.partition}@{record.offset}"
     return where
@@ -88,7 +91,7 @@ class LoopBlockWatch:
         while not self._stop.wait(self.interval_s):
             lag = time.monotonic() - self._beat - self.interval_s
             if lag < self.threshold_s:
-                if blocked:
+                if blocked and self.last_warning != "no processor code":
                     log.warning("event loop was blocked for %.2fs in all (%s)", time.monotonic() - started,
                                 self.last_warning)
                 blocked = False
@@ -101,6 +104,11 @@ class LoopBlockWatch:
             frame = sys._current_frames().get(self._loop_thread or 0)
             self.last_warning = describe_blocker(frame, self.record_code)
             self.blocked_total += 1
+            if not self.last_warning:  # no processor code on the stack: CPU starvation, engine work
+                self.last_warning = "no processor code"
+                log.info("event loop late by %.2fs with no processor code running (an overloaded "
+                         "machine, or engine work)", lag)
+                continue
             log.warning("event loop blocked for more than %.2fs by %s: an 'async def' processor must not "
                         "block (use 'await asyncio.sleep', an async client, or asyncio.to_thread for "
                         "blocking calls); every lane waits meanwhile", lag, self.last_warning)

@@ -47,18 +47,26 @@ class OutputDeliveryError(Exception):
 
 def output_producer_config(bootstrap: str, client_id: str, linger_ms: float = 1.0,
                            security: Mapping[str, str] | None = None,
-                           extra: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Settings of the output producer (pure): idempotent, ``acks=all``, a short linger (a record waits
-    for its outputs' acknowledgement, so linger adds to its latency), the worker's security settings,
-    then ``extra`` (``--output-config``) on top."""
+                           extra: Mapping[str, str] | None = None, idempotent: bool = True) -> dict[str, Any]:
+    """Settings of the output producer (pure): ``acks=all``, a short linger (a record waits for its
+    outputs' acknowledgement, so linger adds to its latency), the worker's security settings, then
+    ``extra`` (``--output-config``) on top.
+
+    ``idempotent`` (``--output-idempotence``): the client's retries neither duplicate nor reorder.
+    Without it, one request in flight per broker keeps an attempt's outputs in order within a partition
+    across retries (a retry may duplicate one: outputs are at-least-once anyway). The order of
+    different records' outputs comes from waiting for acknowledgements, either way.
+    """
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "client.id": client_id,
-        "enable.idempotence": True,
+        "enable.idempotence": idempotent,
         "acks": "all",
         "linger.ms": linger_ms,
         "message.timeout.ms": 30_000,
     }
+    if not idempotent:
+        conf["max.in.flight.requests.per.connection"] = 1
     conf.update(security or {})
     conf.update(extra or {})
     return conf

@@ -21,7 +21,10 @@ class ReadinessFacts:
     broker_reachable: bool  # the last broker probe answered (metadata request)
     broker_unreachable_s: float  # seconds since the broker last answered (0 while reachable)
     partitions: int  # partitions owned and active
-    expects_partitions: bool  # operator mode with a static assignment: partitions are expected at once
+    # True when partitions are expected at once (a static ``--assign``); in group mode and in operator
+    # mode without one, a member waiting for partitions is ready to receive them (a group may have more
+    # members than partitions; the operator assigns only to workers that answer)
+    expects_partitions: bool
     restoring: tuple[str, ...] = ()  # partitions whose state is being restored ("topic/partition")
     breaker_open: bool = False
     breaker_reason: str = ""
@@ -39,9 +42,9 @@ class Readiness:
 
 
 def readiness(f: ReadinessFacts) -> Readiness:
-    """Ready when started, not stopping, the broker reachable, partitions assigned (group mode: once
-    the group gave some; a member with none stays not ready), no state being restored, the breaker
-    closed and not fenced. Every failing condition is named."""
+    """Ready when started, not stopping, the broker reachable, the input topics present, the expected
+    partitions assigned, no state being restored, the breaker closed and not fenced. Every failing
+    condition is named."""
     reasons: list[str] = []
     if not f.started:
         reasons.append("starting")
@@ -51,9 +54,8 @@ def readiness(f: ReadinessFacts) -> Readiness:
         reasons.append(f"broker unreachable for {f.broker_unreachable_s:.0f}s")
     if f.missing_topics:
         reasons.append(f"topic(s) missing: {', '.join(f.missing_topics)}")
-    if f.started and f.partitions == 0:
-        reasons.append("no partitions assigned" + (" (waiting for the initial assignment)"
-                                                   if f.expects_partitions else ""))
+    if f.started and f.expects_partitions and f.partitions == 0:
+        reasons.append("no partitions assigned yet (--assign)")
     if f.restoring:
         reasons.append(f"restoring state of {', '.join(f.restoring)}")
     if f.breaker_open:

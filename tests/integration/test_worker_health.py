@@ -85,3 +85,24 @@ def test_readyz_and_health_metrics(broker: EmbeddedBroker, topic_name: str, tmp_
     assert "python_info" in m, "prometheus_client's default registry (app metrics) is not served"
     assert w.terminate(60) == 0
     assert_all(check_delivery(produced, read_event_log(log), mode="key"))
+
+
+def test_a_processor_blocking_the_loop_is_named(broker: EmbeddedBroker, topic_name: str, tmp_path: Path,
+                                                workers: list[WorkerProcess]) -> None:
+    """``time.sleep`` inside ``async def``: one WARNING names the function, its file and the record."""
+    broker.create_topic(topic_name, 1)
+    log = str(tmp_path / "events.log")
+    spec = WorkerSpec(broker.bootstrap, group=f"g-{topic_name}", assign=f"{topic_name}:0",
+                      processor="multilane.testing.faulty:blocks_the_loop", event_log=log,
+                      env={"MULTILANE_TEST_SLEEP_MS": "800"})
+    w = WorkerProcess(spec, tmp_path)
+    workers.append(w)
+    w.start().wait_ready(90)
+    produced = produce_records(broker.bootstrap, topic_name, 3, keys=3).records
+    follower = EventLogFollower(log)
+    wait_until(lambda: follower.ended_count() >= 3, 60, 0.1, "3 records processed")
+    wait_until(lambda: w.metric_sum("multilane_loop_blocked_total") >= 1, 10, 0.2, "the blocking counted")
+    tail = w.stderr_tail(300)
+    assert "event loop blocked" in tail and "blocks_the_loop" in tail and f"{topic_name}/0@" in tail, tail
+    assert w.terminate(60) == 0
+    assert_all(check_delivery(produced, read_event_log(log), mode="key"))

@@ -212,3 +212,18 @@ def test_json_log_lines() -> None:
     doc = json.loads(JsonLogFormatter().format(rec))
     assert doc["level"] == "ERROR" and doc["message"] == "circuit breaker open: x"
     assert doc["logger"] == "multilane.worker" and doc["time"].endswith("Z")
+
+
+def test_broker_probe_gives_up_once_after_the_timeout() -> None:
+    from multilane.worker.health import BrokerProbe
+
+    reasons: list[str] = []
+    probe = BrokerProbe(lambda: None, ("t",), timeout_s=0.05, on_give_up=reasons.append)
+    probe.record(False, ())
+    assert not probe.reachable and not reasons
+    time.sleep(0.06)
+    probe.record(False, ())
+    probe.record(False, ())
+    assert len(reasons) == 1 and "--broker-timeout-s" in reasons[0]
+    probe.record(True, ("t",))
+    assert probe.reachable and probe.missing == ("t",)

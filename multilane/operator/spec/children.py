@@ -221,7 +221,8 @@ def _container(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any]:
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": copy.deepcopy(dict(workload.get("resources") or {})),
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "control"}, "periodSeconds": 5},
+        # readiness: broker reachable, state restored, circuit breaker closed (docs/worker-health.md)
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "control"}, "periodSeconds": 5},
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "control"},
             "periodSeconds": 10,

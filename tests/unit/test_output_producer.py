@@ -74,6 +74,8 @@ def test_config_is_idempotent_with_security_and_overrides() -> None:
     conf = output_producer_config("b:9092", "c", 2.0, {"security.protocol": "SSL"}, {"linger.ms": "7"})
     assert conf["enable.idempotence"] is True and conf["acks"] == "all"
     assert conf["security.protocol"] == "SSL" and conf["linger.ms"] == "7"
+    plain = output_producer_config("b:9092", "c", idempotent=False)
+    assert plain["enable.idempotence"] is False and plain["max.in.flight.requests.per.connection"] == 1
 
 
 @pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
