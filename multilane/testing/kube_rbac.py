@@ -323,11 +323,16 @@ class RbacAuthorizer:
         """The OwnerReferencesPermissionEnforcement admission plugin: setting ``blockOwnerDeletion:
         true`` on a reference needs ``update`` on the owner's ``finalizers`` subresource
         (https://kubernetes.io/docs/reference/access-authn-authz/admission-controllers/
-        #ownerreferencespermissionenforcement). It runs on OpenShift and hardened clusters; enforced here
-        so the chart's rule for it is exercised."""
+        #ownerreferencespermissionenforcement), checked when a write sets or changes such a reference.
+        It runs on OpenShift and hardened clusters; enforced here so the chart's rule for it is
+        exercised."""
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        # Only a change is checked: references the stored object already carries pass (a worker that
+        # PUTs its Lease back unchanged needs no right on the owner).
+        stored = emulator._stored(request) if request.name else None
+        before = ((stored or {}).get("metadata") or {}).get("ownerReferences") or []
         for ref in (meta or {}).get("ownerReferences") or []:
-            if not isinstance(ref, Mapping) or not ref.get("blockOwnerDeletion"):
+            if not isinstance(ref, Mapping) or not ref.get("blockOwnerDeletion") or ref in before:
                 continue
             api_version = str(ref.get("apiVersion") or "")
             owner_group = api_version.split("/")[0] if "/" in api_version else ""

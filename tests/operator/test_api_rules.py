@@ -418,13 +418,15 @@ async def test_authorizer_hook_runs_first(api: Api) -> None:
     (https://kubernetes.io/docs/reference/access-authn-authz/authorization/ : 403 Forbidden)."""
     emu = api[0]
 
-    async def deny_secrets(request: Any) -> None:
-        if request.resource is not None and request.resource.plural == "secrets":
-            raise RefusalError(
-                403, "Forbidden", 'secrets is forbidden: User "test" cannot create resource "secrets"'
-            )
+    class DenySecrets:
+        def check(self, emulator: Any, request: Any) -> str:
+            if request.resource is not None and request.resource.plural == "secrets":
+                raise RefusalError(
+                    403, "Forbidden", 'secrets is forbidden: User "test" cannot create resource "secrets"'
+                )
+            return "test"
 
-    emu.authorizer = deny_secrets
+    emu.authorizer = DenySecrets()
     status, answer = await call(api, "POST", api_path("v1", "secrets", NS), {"metadata": {"name": "s"}})
     assert status == 403 and assert_status(answer, 403, "Forbidden") == {}
     emu.authorizer = None
