@@ -56,7 +56,7 @@ def process_of(deployment: dict[str, Any], tmp: Path) -> tuple[list[str], dict[s
     entrypoint = [
         line for line in DOCKERFILE.read_text().splitlines() if line.startswith("ENTRYPOINT")
     ]
-    assert entrypoint == ['ENTRYPOINT ["multilane"]'], entrypoint
+    assert set(entrypoint) == {'ENTRYPOINT ["multilane"]'}, entrypoint  # every target's (runtime, pipeline)
     assert "command" not in container, "the chart overrides the image's entrypoint"
     mounts = {m["mountPath"]: str(tmp / m["name"]) for m in container.get("volumeMounts") or []}
     for host in mounts.values():
