@@ -29,7 +29,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,34 +44,6 @@ log = logging.getLogger(__name__)
 FULL_RANGE = KeyRange(0, HASH_SPACE)
 
 
-class _Continue:
-    """Awaits the rest of a coroutine whose first step the runner already ran (``first`` is what that
-    step yielded): the same protocol as ``await`` / ``yield from``, cancellation included."""
-
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro: Any, first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro = self.coro
-        value = self.first
-        while True:
-            try:
-                sent = yield value
-            except BaseException as exc:  # thrown in by the Task (e.g. cancellation): pass it on
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-
-
 @dataclass(slots=True, eq=False)
 class Work(Record):
     """One record on its way through a lane: the :class:`Record` the processor receives, with the
@@ -80,7 +52,9 @@ class Work(Record):
     Compared by identity (``eq=False``): the engine keys dicts by work items.
     """
 
-    key_hash: int = 0  # routing hash: key_hash(key), or of the offset for null keys
+    # routing hash: key_hash(key), or of the offset for null keys; 0 where nothing reads it (unordered
+    # and partition modes without a state view: see PartitionRuntime._hash_keys)
+    key_hash: int = 0
     nbytes: int = 0  # what it counts against the byte bound
     attempt: int = 1  # 1-based number of the next attempt
 
@@ -240,8 +214,23 @@ class Lane:
         before that, one per ``yield_every`` records -- a processor that never waits runs that many
         records in a row, and waking hundreds of runners per batch for it is pure overhead."""
         if self._waiters and not self.holding:
+            if self.running and not self.suspends and self.env.is_async:
+                self.suspends = True  # a record is running between two steps of the loop: it waits
             n = len(self.queue)
             self._wake_n(n if self.suspends else -(-n // self.env.yield_every))
+
+    def _check_wait(self) -> None:
+        """Between two steps of the loop: a record of this lane running now has waited (a record whose
+        processor never waits runs from start to end inside its runner's step). Once one has, wake one
+        runner per queued record from now on (``suspends``, never undone).
+
+        Async runners schedule this once per resumption of their own while ``suspends`` is unset (after
+        idling, after yielding; not per record); :meth:`wake` makes the same test when records arrive.
+        The runner itself awaits the processor directly: no step by hand, no wrapper frame.
+        """
+        if self.running and not self.suspends:
+            self.suspends = True
+            self.wake()
 
     def _wake_n(self, n: int) -> None:
         for _ in range(min(n, len(self._waiters))):
@@ -333,7 +322,9 @@ class Lane:
         return self.closed or slot.index >= self.concurrency
 
     async def _run_async(self, slot: RunSlot) -> None:
-        # The hot loop: locals for everything touched per record; no Task per record.
+        # The hot loop: locals for everything touched per record; no Task per record. The processor's
+        # coroutine is awaited directly (no wrapper frame, no StopIteration to catch when it returns
+        # at once); whether processors wait is seen between steps of the loop (see _check_wait()).
         q = self.queue
         popleft = q.popleft
         proc = self.env.processor
@@ -345,43 +336,41 @@ class Lane:
         yield_every = self.env.yield_every
         blocked = self.blocked
         lane_no = self.index if self.concurrency == 1 else slot.index
+        # The clock read when the last record ended; 0.0 once the runner waited for anything else. A
+        # record that starts right after the previous one ended starts at that reading (one clock read
+        # per record instead of two; the gap is the runner's own few instructions).
+        now = 0.0
         n = 0
+        call_soon = asyncio.get_running_loop().call_soon
+        check_wait = self._check_wait
+        if not self.suspends:
+            call_soon(check_wait)
         while True:
             if not q or self.holding or slot.index >= self.concurrency:
                 if self._exit_now(slot):
                     return
                 await self._idle()
+                now = 0.0
+                if not self.suspends:
+                    call_soon(check_wait)
                 continue
             work = popleft()
             if blocked and self._parks(work):
                 continue
-            rec = work
-            ctx = Context(rec.topic, rec.partition, rec.offset, rec.key, rec.headers, lane_no, work.attempt)
+            ctx = Context(work.topic, work.partition, work.offset, work.key, work.headers, lane_no,
+                          work.attempt)
             if view is not None:
-                ctx.state = view(rec.topic, rec.partition, rec.key, self.key_range, rec.offset,
+                ctx.state = view(work.topic, work.partition, work.key, self.key_range, work.offset,
                                  work.key_hash)
             slot.work = work
-            t0 = slot.started = monotonic()
+            t0 = slot.started = now or monotonic()
             self.running += 1
             try:
-                if self.suspends:
-                    await proc(rec, ctx)
-                else:
-                    # Until a processor is seen to wait, drive each coroutine's first step by hand:
-                    # one that finishes at once needed no other runner; the first one that waits marks
-                    # the lane as ``suspends`` (see wake()) and is awaited to the end like ``await``.
-                    coro = proc(rec, ctx)
-                    try:
-                        step = coro.send(None)
-                    except StopIteration:
-                        pass
-                    else:
-                        self.suspends = True
-                        self.wake()
-                        await _Continue(coro, step)
+                await proc(work, ctx)
             except asyncio.CancelledError as exc:
                 self.running -= 1
                 slot.work = None
+                now = 0.0
                 if self.closed:
                     raise  # the lane is being stopped
                 # the processor's own cancellation (not ours): a failed attempt like any other
@@ -389,18 +378,23 @@ class Lane:
             except Exception as exc:
                 self.running -= 1
                 slot.work = None
+                now = 0.0
                 host.on_failure(work, exc, self)
             else:
                 self.running -= 1
                 slot.work = None
                 done_append(work)
-                dur_append(monotonic() - t0)
+                now = monotonic()
+                dur_append(now - t0)
                 if blocked:
                     self.key_done(work)
             n += 1
             if n >= yield_every:
                 n = 0
                 await asyncio.sleep(0)
+                now = 0.0
+                if not self.suspends:
+                    call_soon(check_wait)
 
     async def _run_sync(self, slot: RunSlot) -> None:
         q = self.queue

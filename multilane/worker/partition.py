@@ -88,6 +88,10 @@ class PartitionRuntime:
         self.lanes = LaneGroup(mode, factor, self, env)
         self.inflight: dict[int, int] = {}
         self._track_inflight = mode is OrderingMode.KEY
+        # Key mode routes and parks by the key hash, and a state view is keyed by it; the other modes
+        # never read it (partition mode parks everything as one unit, restored unordered progress is
+        # by offset), so their work items carry 0 and the fetch path skips hashing.
+        self._hash_keys = mode is OrderingMode.KEY or env.view is not None
         self.restore = restore  # progress read on assignment: records it says are done are skipped
         self.restore_until = restore.high if restore is not None else 0
         self.committed = committed  # last offset the broker confirmed as committed
@@ -120,8 +124,8 @@ class PartitionRuntime:
         (the consumer reads one topic only) skips comparing topic names.
 
         1. Take the flow budget once for the run (records and bytes this partition may still take).
-        2. Per message: skip re-deliveries, hash the key (cached), skip what restored progress says is
-           done, check the budget, build the work item and push it to its lane.
+        2. Per message: skip re-deliveries, hash the key (cached; key mode or a state view only), skip
+           what restored progress says is done, check the budget, build the work item and push it to its lane.
         3. Add the taken offsets to the tracker in one call.
         4. Charge the flow controller once.
         """
@@ -148,6 +152,7 @@ class PartitionRuntime:
         j = i
         refused = False
         restoring = self.restore is not None
+        hash_keys = self._hash_keys
         # 2. per message
         while j < n:
             m = msgs[j]
@@ -158,13 +163,16 @@ class PartitionRuntime:
                 j += 1
                 continue  # already seen (re-delivery after a seek)
             key: bytes | None = m.key()
-            if key is not None:
-                kh = cache.get(key)
-                if kh is None:
-                    kh = key_hash(key)
-                    if len(cache) >= _KEY_CACHE_MAX:
+            if not hash_keys:
+                kh = 0
+            elif key is not None:
+                cached = cache.get(key)
+                if cached is None:
+                    kh = cache[key] = key_hash(key)
+                    if len(cache) > _KEY_CACHE_MAX:
                         cache.clear()
-                    cache[key] = kh
+                else:
+                    kh = cached
             else:
                 kh = key_hash(offset.to_bytes(8, "big", signed=True))
             if restoring:

@@ -1,0 +1,123 @@
+"""Lane runners: a processor that waits is seen without stepping it by hand; one that never waits
+keeps the lane's cheap wake policy; every record completes once, with one duration each."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from confluent_kafka import Message
+
+from multilane.api import OrderingMode
+from multilane.worker.flow import FlowController
+from multilane.worker.lanes import LaneEnv
+from multilane.worker.metrics import LatencyHistogram
+from multilane.worker.partition import PartitionRuntime, Phase
+from multilane.worker.retry import RetryPolicy
+
+
+def _runtime(processor: Any, mode: OrderingMode, factor: int) -> PartitionRuntime:
+    env = LaneEnv(processor, True, None, yield_every=64)
+    flow = FlowController(10_000, 1 << 30)
+    flow.set_partitions(1)
+    rt = PartitionRuntime("t", 0, mode, factor, env, flow, RetryPolicy(), None,  # type: ignore[arg-type]
+                          LatencyHistogram(), "g", "w", 0, None)
+    rt.phase = Phase.ACTIVE
+    return rt
+
+
+def _msgs(n: int) -> list[Message]:
+    return [Message(topic="t", partition=0, offset=i, key=b"k%d" % i, value=b"v", timestamp=(1, i))
+            for i in range(n)]
+
+
+async def _until(cond: Any, what: str) -> None:
+    for _ in range(2000):
+        if cond():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_records_behind_a_waiting_record_start_at_once() -> None:
+    """Five records fit in one runner's share of the wake (yield_every=64), so one runner is woken;
+    the first record waits (an event that is set only once all five started). The lane must see the
+    wait and wake runners for the other four; stepping runners serially would never set the event."""
+
+    async def main() -> tuple[int, bool, int]:
+        started: list[int] = []
+        release = asyncio.Event()
+
+        async def proc(rec: Any, ctx: Any) -> None:
+            started.append(rec.offset)
+            if len(started) == 5:
+                release.set()
+            await release.wait()
+
+        rt = _runtime(proc, OrderingMode.UNORDERED, 8)
+        rt.lanes.start()
+        await asyncio.sleep(0)
+        j, refused = rt.accept_run(_msgs(5), 0, False)
+        assert (j, refused) == (5, False)
+        await _until(lambda: len(started) == 5 and not rt.lanes.running, "five records to finish")
+        rt.flush()
+        lane = rt.lanes.lanes[0]
+        rt.lanes.close()
+        return rt.processed, lane.suspends, rt.tracker.committable() or 0
+
+    processed, suspends, committable = asyncio.run(main())
+    assert processed == 5
+    assert suspends
+    assert committable == 5
+
+
+def test_a_processor_that_never_waits_keeps_the_lane_unsuspended() -> None:
+    async def main() -> tuple[int, bool, int, int, set[int]]:
+        seen: list[int] = []
+        hashes: set[int] = set()
+
+        async def proc(rec: Any, ctx: Any) -> None:
+            assert ctx.offset == rec.offset and ctx.attempt == 1
+            seen.append(rec.offset)
+            hashes.add(rec.key_hash)
+
+        rt = _runtime(proc, OrderingMode.UNORDERED, 16)
+        rt.lanes.start()
+        await asyncio.sleep(0)
+        msgs = _msgs(1000)
+        i = 0
+        while i < len(msgs):
+            i, _ = rt.accept_run(msgs, i, False)
+            await asyncio.sleep(0)
+        await _until(lambda: len(seen) == 1000 and not rt.lanes.running, "1000 records")
+        rt.flush()
+        lane = rt.lanes.lanes[0]
+        rt.lanes.close()
+        hist = rt._hist
+        return rt.processed, lane.suspends, hist.total, len(set(seen)), hashes
+
+    processed, suspends, observed, distinct, hashes = asyncio.run(main())
+    assert processed == observed == distinct == 1000
+    assert not suspends
+    assert hashes == {0}  # unordered mode without a state view: no key hash computed
+
+
+def test_key_mode_still_hashes_and_routes_by_key() -> None:
+    async def main() -> set[tuple[bytes, int]]:
+        got: set[tuple[bytes, int]] = set()
+
+        async def proc(rec: Any, ctx: Any) -> None:
+            got.add((rec.key, rec.key_hash))
+
+        rt = _runtime(proc, OrderingMode.KEY, 4)
+        rt.lanes.start()
+        await asyncio.sleep(0)
+        rt.accept_run(_msgs(50), 0, False)
+        await _until(lambda: len(got) == 50 and not rt.lanes.running, "50 records")
+        rt.lanes.close()
+        return got
+
+    from multilane.formats.keyranges import key_hash
+
+    got = asyncio.run(main())
+    assert got == {(b"k%d" % i, key_hash(b"k%d" % i)) for i in range(50)}
