@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from multilane.worker.loadgen import produce_records
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ExclusiveKeyChecker, assert_all
+from multilane.testing.loadgen import produce_records
 from multilane.testing.processors import read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from multilane.worker.loadgen import LoadResult, RateProfile, produce_paced
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
+from multilane.testing.loadgen import LoadResult, RateProfile, produce_paced
 from multilane.testing.outputs import check_outputs, read_outputs
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until

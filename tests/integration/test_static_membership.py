@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from multilane.worker.loadgen import produce_records
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
+from multilane.testing.loadgen import produce_records
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 
