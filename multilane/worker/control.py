@@ -1,7 +1,8 @@
 """The worker's authenticated HTTP control endpoint (aiohttp, on the engine's loop). Does I/O.
 
 Routes and bodies are fixed in docs/architecture.md ("Worker control API"). Every request except
-``GET /healthz`` needs ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
+``GET /healthz`` (liveness: the process answers) and ``GET /readyz`` (readiness: see
+:func:`readiness`) needs ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
 without it the answer is 401. Bad JSON or fields -> 400 with a message; a stale assignment generation
 -> 409. Learner routes (``/v1/learn``, ``/v1/promote``, ``/v1/demote``, ``/v1/drop``) go through the
 engine's learner calls (:meth:`Engine.learn` etc.) when the worker has state hooks (else 404); a
@@ -25,7 +26,7 @@ from confluent_kafka import KafkaException
 from multilane.worker.engine import Engine, EngineError, FencingError
 from multilane.worker.state.errors import StateError, StatePhaseError
 
-__all__ = ["ControlServer", "TokenError", "load_token"]
+__all__ = ["ControlServer", "TokenError", "load_token", "readiness"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,23 @@ def load_token(token_file: str | None) -> str:
     if not token:
         raise TokenError(f"the control port needs a token: --control-token-file or ${TOKEN_ENV}")
     return token
+
+
+def readiness(engine: Engine) -> tuple[bool, str]:
+    """Ready (the pod's readiness probe, ``GET /readyz``): the engine started (its initial assignment
+    taken, its loops running), is not stopping or fenced, and every partition assigned to it is
+    restored (none in phase ``promoting``: state still being opened). Read through the engine's
+    status accessors only. Returns ``(ready, reason)``."""
+    if not engine.ready.is_set():
+        return False, "engine starting"
+    status = engine.status()
+    if status.get("fenced"):
+        return False, "fenced (lease lost)"
+    opening = [f"{p['topic']}/{p['partition']}" for p in status.get("partitions") or []
+               if p.get("phase") == "promoting"]
+    if opening:
+        return False, f"restoring {', '.join(opening[:5])}"
+    return True, ""
 
 
 class _BadRequestError(Exception):
@@ -96,6 +114,7 @@ class ControlServer:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_middleware, self._error_middleware])
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/v1/status", self._status)
         app.router.add_post("/v1/assignment", self._assignment)
         app.router.add_post("/v1/factor", self._factor)
@@ -127,7 +146,7 @@ class ControlServer:
 
     @web.middleware
     async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in ("/healthz", "/readyz"):
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, supplied = header.partition(" ")
@@ -172,6 +191,10 @@ class ControlServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready, reason = readiness(self.engine)
+        return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
 
     async def _status(self, request: web.Request) -> web.Response:
         await self.engine.refresh_learners()  # learner figures read off the loop, fresh
