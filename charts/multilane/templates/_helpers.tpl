@@ -78,10 +78,11 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 - apiGroups: [multilane.dev]
   resources: [parallelconsumers/status]
   verbs: [get, patch]
-# kopf reports handler progress and errors as Events of the ParallelConsumer.
+# kopf reports handler progress and errors as Events of the ParallelConsumer; the operator lists
+# Events only while a StatefulSet has fewer pods than replicas (a FailedCreate says why: Degraded).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [list, create, patch]
 # Children of every ParallelConsumer, created (or merge-patched when they exist) with owner
 # references; the garbage collector deletes them with their owner, so no delete verb.
 - apiGroups: [apps]

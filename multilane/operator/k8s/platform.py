@@ -11,13 +11,15 @@ process renewed once.
 Reads: from the :class:`~multilane.operator.k8s.cache.WatchCache` (kopf's watches) once it is bound,
 so a control pass costs no API request; without it (no kopf), one LIST of pods and of Leases and one
 GET of the StatefulSet per pass. :meth:`KubernetesPlatform.workload_problems` reads the pods of the
-last :meth:`~KubernetesPlatform.list_workers` and lists Events only while pods are missing.
+last :meth:`~KubernetesPlatform.list_workers` and lists the StatefulSet's FailedCreate Events only
+while pods stay missing (from the second pass, at most every 5 s).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -70,6 +72,10 @@ class KubernetesPlatform:
         self.clock_skew_s = clock_skew_s
         self.cache = cache or WatchCache()
         self._pods: dict[str, list[Mapping[str, Any]]] = {}  # uid -> pods of the last list_workers
+        self.events_every_s = 5.0  # FailedCreate Events are listed at most this often per consumer
+        # uid -> (monotonic time pods were first seen missing, time Events were last listed)
+        self._missing: dict[str, tuple[float, float]] = {}
+        self._failed: dict[str, list[tuple[str, str]]] = {}  # uid -> the last FailedCreate problems
 
     def _sts_path(self, ref: ConsumerRef) -> str:
         return api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
@@ -152,13 +158,25 @@ class KubernetesPlatform:
         pods = [p for p in self._pods.get(ref.uid, []) if _is_worker_pod(ref, p)]
         problems = pod_problems(pods)
         sts = await self._statefulset(ref)
-        if int(((sts or {}).get("spec") or {}).get("replicas") or 0) > len(pods):
-            events = await self.kube.list(api_path("v1", "events", ref.namespace))
-            problems += statefulset_problems(sts, len(pods), events)
-        return problems
+        if int(((sts or {}).get("spec") or {}).get("replicas") or 0) <= len(pods):
+            self._missing.pop(ref.uid, None)
+            self._failed.pop(ref.uid, None)
+            return problems
+        # Pods missing: on the second pass that sees it (a pod being created is no problem), then at
+        # most every events_every_s, list this StatefulSet's FailedCreate Events.
+        now = time.monotonic()
+        first, read = self._missing.setdefault(ref.uid, (now, float("-inf")))
+        if now > first and now - read >= self.events_every_s:
+            self._missing[ref.uid] = (first, now)
+            fields = {"involvedObject.name": ref.name, "reason": "FailedCreate"}
+            events = await self.kube.list(api_path("v1", "events", ref.namespace), fields=fields)
+            self._failed[ref.uid] = statefulset_problems(sts, len(pods), events)
+        return problems + self._failed.get(ref.uid, [])
 
     def forget(self, ref: ConsumerRef) -> None:
         self._pods.pop(ref.uid, None)
+        self._missing.pop(ref.uid, None)
+        self._failed.pop(ref.uid, None)
 
     def _liveness(self, lease: Mapping[str, Any] | None, now: dt.datetime) -> tuple[bool, str]:
         if lease is None:
