@@ -16,9 +16,9 @@ Per size (1, 10 and 100 consumers):
    harness sends none then), the Events created, and the CPU time of the operator's thread.
 
 Reported: API requests per consumer per minute, Events per hour (whole operator), the operator's CPU
-per tick interval (every consumer's pass: the "whole pass"), and the requests by verb and resource.
-Goals: at most 2 requests per consumer per minute and no Events at steady state; the whole pass under
-100 ms at 100 consumers.
+per tick interval (all consumers), one consumer's whole pass (median and longest, wall time), and the
+requests by verb and resource. Goals: at most 2 requests per consumer per minute and no Events at
+steady state; a consumer's whole pass under 100 ms at 100 consumers.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import asyncio
 import collections
 import datetime as dt
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -191,7 +192,21 @@ async def _measure(consumers: int, window_s: float) -> dict[str, Any]:
                     raise RuntimeError(f"only {await _all_ready(kube)} of {consumers} consumers Ready")
                 await asyncio.sleep(1.0)
             await asyncio.sleep(10.0)
-            # 3. the window
+            # 3. the window (every pass timed while counting)
+            ops = runner.handlers
+            assert ops is not None
+            passes: list[float] = []
+            inner = ops._pass
+
+            async def timed(ref: Any, fresh: Any) -> None:
+                started = time.monotonic()
+                try:
+                    await inner(ref, fresh)
+                finally:
+                    if emu.counting:
+                        passes.append(time.monotonic() - started)
+
+            ops._pass = timed  # type: ignore[method-assign]
             thread = runner._thread
             native = thread.native_id if isinstance(thread, threading.Thread) else None
             cpu0, started = _thread_cpu_s(native), time.monotonic()
@@ -210,6 +225,9 @@ async def _measure(consumers: int, window_s: float) -> dict[str, Any]:
         "per_consumer_min": total / consumers / (elapsed / 60.0),
         "events_per_hour": events * 3600.0 / elapsed,
         "pass_cpu_ms": cpu * 1000.0 / (elapsed / 5.0),
+        "passes": len(passes),
+        "pass_p50_ms": statistics.median(passes) * 1000.0 if passes else float("nan"),
+        "pass_max_ms": max(passes) * 1000.0 if passes else float("nan"),
         "by_kind": ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none",
     }
 
@@ -226,6 +244,9 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("per_consumer_min", "requests per consumer per minute", fmt=".2f"),
             Column("events_per_hour", "Events per hour", fmt=".0f"),
             Column("pass_cpu_ms", "operator CPU per tick interval (ms)", fmt=".1f"),
+            Column("passes", "passes in the window"),
+            Column("pass_p50_ms", "pass median (ms)", fmt=".1f"),
+            Column("pass_max_ms", "longest pass (ms)", fmt=".1f"),
             Column("by_kind", "requests by verb and resource"),
         ],
     )
@@ -244,15 +265,16 @@ def body(args: argparse.Namespace, report: Report) -> None:
     report.goal("Events per hour at steady state (worst size)", value=events, target=0.0, op="<=")
     largest = rows.get(max(sizes)) if rows else None
     report.goal(
-        f"operator CPU per tick interval at {max(sizes)} consumers (ms)",
-        value=largest["pass_cpu_ms"] if largest else None,
+        f"longest pass of one consumer at {max(sizes)} consumers (ms)",
+        value=largest["pass_max_ms"] if largest else None,
         target=100.0,
         op="<=",
     )
     report.note(
         "Requests counted at the emulated API server; the harness sends none in the window. Watches "
         "count when they (re)connect. The operator CPU is its kopf thread's (every consumer's pass, "
-        "the watches and the indexes) per 5 s tick interval."
+        "kopf's timers, the watches and the indexes) per 5 s tick interval; a pass is one consumer's "
+        "timer handler, wall time (the passes of all consumers share one event loop)."
     )
 
 
