@@ -256,7 +256,10 @@ class OperatorHandlers:
         return api_path(CR_API, PLURAL, ref.namespace, ref.name, subresource)
 
     async def _patch_status(self, ref: ch.ConsumerRef, status: Mapping[str, Any]) -> None:
-        await self.kube.patch(self._cr_path(ref, "status"), {"status": dict(status)})
+        """Every status write; the answer is what the next pass reads until the watch delivers it."""
+        answer = await self.kube.patch(self._cr_path(ref, "status"), {"status": dict(status)})
+        if answer:
+            self.status_memory.written(ref.uid, answer)
 
     # ---- reconcile --------------------------------------------------------------------------------
 
@@ -498,7 +501,6 @@ class OperatorHandlers:
             if not await self.reconcile(fresh):
                 return
             fresh = await self.kube.get(self._cr_path(ref)) or fresh
-            self.status_memory.forget(ref.uid)  # reconcile wrote the status itself
             status = dict(fresh.get("status") or {})
         elif (condition(status.get("conditions"), "Paused") or {}).get("status") == "True":
             stamp = now_iso()
@@ -639,8 +641,7 @@ class OperatorHandlers:
         await self._workload_degraded(ref, status, result.status, result.events)
         patch = self.status_memory.to_write(ref.uid, body, result.status)
         if patch is not None:
-            answer = await self.kube.patch(self._cr_path(ref, "status"), {"status": patch})
-            self.status_memory.written(ref.uid, answer)
+            await self._patch_status(ref, patch)
         for record in result.events:
             _event(body, record)
         self.metrics.observe_tick(
