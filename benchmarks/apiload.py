@@ -11,9 +11,10 @@ Per size (1, 10 and 100 consumers):
 1. Create the ParallelConsumers; act as the StatefulSet controller and the workers once, before the
    operator starts (one pod per consumer with a Ready condition and the annotations of the template
    the operator renders; its Lease renewed with a long duration, so no renewal falls in the window).
-2. Wait until every consumer is Ready, then a settling time (two ticks).
-3. Window (``--window`` seconds; ``--quick``: 15): count the requests the API server serves (the
-   harness sends none then), the Events created, and the CPU time of the operator's thread.
+2. Wait until every consumer is Ready, then a settling time (10 s; ``--quick``: 6 s).
+3. Window (``--window`` seconds; default 60, ``--quick``: 6): count the requests the API server
+   serves (the harness sends none then), the Events created, and the CPU time of the operator's
+   thread.
 
 Reported: API requests per consumer per minute, Events per hour (whole operator), the operator's CPU
 per tick interval (all consumers), one consumer's whole pass (median and longest, wall time), and the
@@ -159,7 +160,7 @@ async def _all_ready(kube: KubeClient) -> int:
     return ready
 
 
-async def _measure(consumers: int, window_s: float) -> dict[str, Any]:
+async def _measure(consumers: int, window_s: float, settle_s: float = 10.0) -> dict[str, Any]:
     names = [f"c{i:03d}" for i in range(consumers)]
     fleet = WorkerFleetDouble([f"{n}-0" for n in names] + [f"{n}-1" for n in names])
     async with CountingApiServer() as emu, kmock.Server(emu):
@@ -194,7 +195,7 @@ async def _measure(consumers: int, window_s: float) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"only {await _all_ready(kube)} of {consumers} consumers Ready")
                 await asyncio.sleep(1.0)
-            await asyncio.sleep(10.0)
+            await asyncio.sleep(settle_s)
             # 3. the window (every pass timed while counting)
             ops = runner.handlers
             assert ops is not None
@@ -236,7 +237,7 @@ async def _measure(consumers: int, window_s: float) -> dict[str, Any]:
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
-    window = args.window or (15.0 if args.quick else 60.0)
+    window = args.window or (6.0 if args.quick else 60.0)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s) or SIZES
     table = report.table(
         "steady",
@@ -258,7 +259,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
     for n in sizes:
         log(f"apiload: {n} consumers")
         try:
-            rows[n] = asyncio.run(_measure(n, window))
+            rows[n] = asyncio.run(_measure(n, window, settle_s=6.0 if args.quick else 10.0))
         except Exception as exc:
             log(f"apiload: {n} consumers: {type(exc).__name__}: {exc}")
             table.add_unavailable(f"{type(exc).__name__}: {exc}", consumers=n)
