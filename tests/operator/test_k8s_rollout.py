@@ -146,6 +146,7 @@ async def test_image_change_rolls_every_pod_through_restore_before_handoff(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 8 worker processes, two rounds of handoffs, under 120 s of load
 async def test_image_change_rolls_8_workers_on_32_partitions(make_harness: Callable[[int], Any]) -> None:
     """image-change (the goal): 8 pods on 32 partitions, nothing lost, every pause under 0.5 s."""
     h = await make_harness(32)
