@@ -132,9 +132,11 @@ async def roll_image(
         f"image-change: {workers} pods rolled in {took:.1f}s, {len(moves)} moves, "
         f"longest pause {longest:.3f}s"
     )
-    assert longest < pause_bound_s, sorted(m.pause_s for m in moves)[-5:]
-    v = await finish(h, runner, limit_s=limit_s)
+    v = await finish(h, runner, limit_s=limit_s)  # nothing lost: every checker, the restored state
     print(f"image-change: produced {v.produced}, processed {v.processed}, replayed {v.replayed}")
+    pauses = sorted(m.pause_s for m in moves)
+    print(f"image-change: pauses median {pauses[len(pauses) // 2]:.3f}s, longest {pauses[-5:]}")
+    assert longest < pause_bound_s, pauses[-5:]
 
 
 async def test_image_change_rolls_every_pod_through_restore_before_handoff(
