@@ -44,6 +44,10 @@
 #                   multilane.dev/recreate-on-immutable-change=true recreates it (orphan delete): the
 #                   pod keeps running (same uid), the condition clears, nothing is lost (checkers).
 #                   Emulated: tests/operator/test_day2.py.
+#   image-change    2 pods under load; spec.workload.image changes to a second tag of the same image:
+#                   the operator replaces the pods one at a time (StatefulSet updateStrategy OnDelete),
+#                   each pod's partitions handed to a warm owner first; every pod ends on the new
+#                   template hash with a new UID, and the checkers pass.
 # Not here: lease-lost (needs a network partition between one pod and the API server) and
 # chart-operator (every scenario here runs the chart's operator).
 #
@@ -66,7 +70,7 @@ SLEEP_MS=${SLEEP_MS:-5}
 TIMEOUT_UP=${TIMEOUT_UP:-600}     # seconds to observe the burst's scale-up
 TIMEOUT_DOWN=${TIMEOUT_DOWN:-1200} # seconds to observe the burst's lag 0 and scale-down
 TIMEOUT_STEP=${TIMEOUT_STEP:-300} # seconds for a scale step, a kill or a drain in the other scenarios
-SCENARIOS=${SCENARIOS:-burst scale-up-down kill-learning kill-releasing kill-promoting operator-restart immutable-change}
+SCENARIOS=${SCENARIOS:-burst scale-up-down kill-learning kill-releasing kill-promoting operator-restart immutable-change image-change}
 OUT=${OUT:-e2e-out}
 KEEP=${KEEP:-0}
 BOOTSTRAP="kafka.kafka.svc.cluster.local:9092"
@@ -370,6 +374,44 @@ scenario_scale_up_down() {
   check_logs "$name"
 }
 
+# the pods of $1 whose multilane.dev/template-hash is not the StatefulSet's (0 when rolled)
+outdated_pods() {
+  local want
+  want=$(kubectl get statefulset "$1" -n "$NS" \
+    -o "jsonpath={.spec.template.metadata.annotations['multilane\\.dev/template-hash']}")
+  kubectl get pods -n "$NS" -l "multilane.dev/consumer=$1" \
+    -o "jsonpath={range .items[*]}{.metadata.annotations['multilane\\.dev/template-hash']}{'\\n'}{end}" \
+    | grep -cv "^$want\$" || true
+}
+
+scenario_image_change() {
+  local name=image-change before after deadline
+  apply_consumer "$name" pinned
+  kubectl scale pc "$name" -n "$NS" --replicas=2
+  wait_owners "$name" 2
+  docker tag "$IMAGE" "${IMAGE%%:*}:e2e-v2"
+  kind load docker-image "${IMAGE%%:*}:e2e-v2" --name "$CLUSTER"
+  before=$(kubectl get pods -n "$NS" -l "multilane.dev/consumer=$name" -o jsonpath='{.items[*].metadata.uid}')
+  start_load "$name" --rate "$RATE" --duration "$LOAD_S"
+  sleep 10
+  kubectl patch pc "$name" -n "$NS" --type merge \
+    -p "{\"spec\":{\"workload\":{\"image\":\"${IMAGE%%:*}:e2e-v2\"}}}"
+  deadline=$(( $(date +%s) + TIMEOUT_STEP ))
+  until [ "$(outdated_pods "$name")" = 0 ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "$name: pods not replaced within ${TIMEOUT_STEP}s"
+    snapshot "$name"; sleep 3
+  done
+  wait_owners "$name" 2
+  after=$(kubectl get pods -n "$NS" -l "multilane.dev/consumer=$name" -o jsonpath='{.items[*].metadata.uid}')
+  for uid in $before; do
+    case " $after " in *" $uid "*) die "$name: pod $uid was not replaced" ;; esac
+  done
+  kubectl get events -n "$NS" --field-selector reason=WorkerReplaced -o name | grep -q . \
+    || die "$name: no WorkerReplaced Event"
+  wait_drained "$name"
+  check_logs "$name"
+}
+
 # kill-learning | kill-releasing | kill-promoting
 scenario_kill() {
   local name=$1 phase=${1#kill-} move="" victim at deadline ordinal restarts
@@ -509,6 +551,7 @@ for scenario in $SCENARIOS; do
     kill-learning|kill-releasing|kill-promoting) scenario_kill "$scenario" ;;
     operator-restart) scenario_operator_restart ;;
     immutable-change) scenario_immutable_change ;;
+    image-change) scenario_image_change ;;
     *) die "unknown scenario $scenario" ;;
   esac
   finish_scenario "$scenario"

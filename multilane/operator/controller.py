@@ -7,9 +7,13 @@ A pass (:meth:`ConsumerController.tick`), numbered as in the code:
 1. Scaling, when due (``interval_s`` since the last decision): sample the metric source. A source
    that is unreachable or answers nonsense holds the last decision (condition Degraded with reason
    ``MetricsUnavailable``/``MetricsInvalid``); otherwise feed :class:`AutoscalePolicy` and record the
-   decision (``status.lastDecision``, an Event, the new PolicyState).
+   decision (``status.lastDecision``, the new PolicyState, and an Event when it changes replicas or
+   factor: a hold posts none).
 2. Replicas: scale up at once (``ensure_workers``); scale down only after the assignment no longer
-   gives partitions to the workers that go away (release before removal).
+   gives partitions to the workers that go away (release before removal). Day-2 replacement (a
+   platform that is a :class:`WorkerReplacer`): one worker on an outdated pod template is kept out
+   of the eligible workers, so step 3 moves its partitions to warm owners; it is deleted once it owns
+   nothing and no change runs (:mod:`multilane.operator.rollout.replacement`).
 3. Assignment: one step of the :class:`AssignmentCoordinator` protocol over the workers that stay
    (or, when a :class:`~multilane.operator.handoff.HandoffExecutor` is given -- state enabled -- one
    step of its restore-before-handoff rollout, persisted in ``status.rollout``); when no change is
@@ -36,7 +40,7 @@ from multilane.operator.decision.policy import (
     PolicyConfig,
     PolicyState,
 )
-from multilane.operator.platform import Platform, WorkerInfo, parse_time
+from multilane.operator.platform import Platform, WorkerInfo, WorkerReplacer, parse_time
 from multilane.operator.rollout.assignment import (
     AssignmentCoordinator,
     AssignmentState,
@@ -46,6 +50,7 @@ from multilane.operator.rollout.assignment import (
 )
 from multilane.operator.rollout.handoff import HandoffExecutor, HandoffRecord
 from multilane.operator.rollout.protocol import Rollout
+from multilane.operator.rollout.replacement import ReplacementChoice, choose_replacement, ready_to_delete
 from multilane.operator.rollout.workers import WorkerUnreachableError
 from multilane.operator.sources import (
     MetricSample,
@@ -202,7 +207,8 @@ class ConsumerController:
                         rebalancing=_rebalancing(status, workers, target_replicas),
                     )
                     result.status["lastDecision"] = decision_status
-                    result.events.append(event)
+                    if result.decision.changed:  # Events only for changes, never for a hold
+                        result.events.append(event)
                     result.policy_state = state
                     result.decided = True
                     # the size decided before (bounds and a pinned count may have moved it since)
@@ -229,6 +235,9 @@ class ConsumerController:
             await self.platform.ensure_workers(ref, target_replicas)
             result.events.append(EventRecord("Normal", "ScaledUp", f"workers {current} -> {target_replicas}"))
         stays = {w.name for w in workers if w.ordinal < target_replicas}
+        replacement = await self._replacement(ref, workers, target_replicas)
+        if replacement.drain:
+            stays.discard(replacement.drain)  # its partitions move to warm owners first
 
         # 3. Assignment.
         coordinator = AssignmentCoordinator(
@@ -274,6 +283,7 @@ class ConsumerController:
                     f"({step.moves} partition(s) moved)",
                 )
             )
+        await self._replace(ref, replacement, assignment, rollout_running, result)
         leaving_own = any(assignment.members.get(w.name) for w in workers if w.name not in stays)
         if target_replicas < current and assignment.pending is None and not leaving_own:
             await self.platform.ensure_workers(ref, target_replicas)
@@ -330,6 +340,40 @@ class ConsumerController:
             }
         )
         return result
+
+    async def _replacement(
+        self, ref: ConsumerRef, workers: Sequence[WorkerInfo], replicas: int
+    ) -> ReplacementChoice:
+        """Step 2's replacement choice (nothing on a platform without pod templates)."""
+        if not isinstance(self.platform, WorkerReplacer):
+            return ReplacementChoice()
+        return choose_replacement(workers, await self.platform.desired_revision(ref), replicas)
+
+    async def _replace(
+        self,
+        ref: ConsumerRef,
+        replacement: ReplacementChoice,
+        assignment: AssignmentState,
+        rollout_running: bool,
+        result: TickResult,
+    ) -> None:
+        """Delete the replacement's worker once it owns nothing (or at once: dead, or alone)."""
+        running = assignment.pending is not None or rollout_running
+        victim = ready_to_delete(replacement, assignment.members, running)
+        if victim is None or not isinstance(self.platform, WorkerReplacer):
+            return
+        await self.platform.replace_worker(ref, victim)
+        left = len(replacement.outdated) - 1
+        how = (
+            "deleted at once (not alive, or no other worker to hand its partitions to)"
+            if replacement.delete_now
+            else "deleted after handing its partitions to warm owners"
+        )
+        result.events.append(
+            EventRecord(
+                "Normal", "WorkerReplaced", f"{victim} ran an outdated pod template: {how} ({left} more)"
+            )
+        )
 
     async def _busy_lanes(self, alive: Sequence[WorkerInfo], sample: MetricSample) -> float | None:
         """Lanes busy on average, for the policy's per-lane rate (steps 1-3); None when unknown.

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from multilane.operator.spec.children import ConsumerRef
 
-__all__ = ["Platform", "WorkerInfo", "parse_time"]
+__all__ = ["Platform", "WorkerInfo", "WorkerReplacer", "parse_time"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,10 @@ class WorkerInfo:
     control_url: str
     terminating: bool = False  # alive but going away: may release partitions, gets no new ones
     reason: str = ""  # why not alive
+    # The pod template this worker runs (children.TEMPLATE_HASH_ANNOTATION); "" when unknown or the
+    # platform has no templates (local). Compared with the desired one by the replacement planner.
+    revision: str = ""
+    ready: bool | None = None  # the pod's Ready condition (readiness probe); None: not reported
 
     @property
     def eligible(self) -> bool:
@@ -43,6 +47,18 @@ class Platform(Protocol):
 
     async def list_workers(self, ref: ConsumerRef) -> list[WorkerInfo]:
         """Every worker that exists, alive or not, in ordinal order."""
+
+
+@runtime_checkable
+class WorkerReplacer(Protocol):
+    """A platform whose workers run a versioned template (Kubernetes: the StatefulSet's pod template,
+    ``updateStrategy: OnDelete``), replaced by the operator (``operator.rollout.replacement``)."""
+
+    async def desired_revision(self, ref: ConsumerRef) -> str | None:
+        """The template hash new workers get (None: unknown, nothing is replaced)."""
+
+    async def replace_worker(self, ref: ConsumerRef, name: str) -> None:
+        """Delete the worker; the platform starts it again on the desired template."""
 
 
 def parse_time(value: str | None) -> dt.datetime | None:

@@ -5,11 +5,19 @@ double, not a cluster. Does I/O (processes, files, HTTP, TLS).
 What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
 
 1. **StatefulSet controller.** Pods ``NAME-0 .. NAME-(replicas-1)`` are created from
-   ``spec.template`` (labels, spec; owner reference to the StatefulSet, so the emulator's garbage
-   collector removes them with it). Pods at or above ``replicas`` are deleted, the highest ordinal
-   first: ``metadata.deletionTimestamp`` is set, the process gets SIGTERM, then SIGKILL after the
-   template's ``terminationGracePeriodSeconds``, then the pod object is removed. A pod deleted
-   through the API (``kubectl delete pod``) loses its process the same way and is created again.
+   ``spec.template`` (labels, annotations, spec; the label ``controller-revision-hash`` names the
+   template's revision; owner reference to the StatefulSet, so the emulator's garbage collector
+   removes them with it). ``updateStrategy``: ``OnDelete`` replaces nothing (a pod keeps the
+   template it was created from, also across container restarts, until it is deleted);
+   ``RollingUpdate`` (the default) deletes one pod of an outdated revision at a time, the highest
+   ordinal first, once every pod exists and is ready. ``status``: ``replicas``, ``readyReplicas``,
+   ``updatedReplicas``, ``currentRevision``, ``updateRevision``, ``observedGeneration``. A pod that
+   would exceed :attr:`StatefulSetProcessDouble.pod_quota` is not created: a ``FailedCreate`` Event on
+   the StatefulSet says so, as the controller's does. Pods at or above ``replicas`` are deleted, the
+   highest ordinal first: ``metadata.deletionTimestamp`` is set, the process gets SIGTERM, then
+   SIGKILL after the template's ``terminationGracePeriodSeconds``, then the pod object is removed. A
+   pod deleted through the API (``kubectl delete pod``) loses its process the same way and is created
+   again.
 2. **kubelet: the container.** ``command``/``args`` of the first container, with ``$(VAR)`` expanded
    from the container's env; the command ``multilane`` runs as ``sys.executable -m multilane`` (the
    "image" is this interpreter and its environment, minus ``KUBERNETES_*``). Env: ``value``,
@@ -36,13 +44,19 @@ What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
    own ``LeaseKeeper`` and fences itself when it cannot.
 6. **Restarts and readiness.** A container that exits while its pod is not terminating is
    started again after ``restart_delay_s`` (``restartPolicy: Always``; ``restartCount`` counted).
-   The ``readinessProbe`` (``httpGet`` on a named port) is polled; ``status.phase``, ``podIP``,
-   the ``Ready`` condition and ``containerStatuses`` are written to the pod's status.
+   The ``readinessProbe`` (``httpGet`` path on a named port, on the real worker process) is polled;
+   ``status.phase``, ``podIP``, the ``Ready`` condition and ``containerStatuses`` are written to the
+   pod's status when they change.
+7. **Failures a cluster shows.** An image in :attr:`StatefulSetProcessDouble.unpullable_images` is
+   never started: the container waits with ``ErrImagePull``, then ``ImagePullBackOff``. A pod whose
+   ``nodeSelector`` the one node's labels (:attr:`StatefulSetProcessDouble.node_labels`) do not
+   match stays ``Pending`` with ``PodScheduled=False``, reason ``Unschedulable``.
 
-Not emulated: images (every pod runs this checkout), resource limits, securityContext (no UID
-change, writable root filesystem), the liveness probe (no restarts on a failing probe), init and
-sidecar containers, scheduling, ``OrderedReady`` pod management, CrashLoopBackOff's growing delay,
-NetworkPolicy, and a pod's own IP (all pods are 127.0.0.1).
+Not emulated: images (every pod runs this checkout; the image name only decides a pull failure),
+resource limits, securityContext (no UID change, writable root filesystem), the liveness probe (no
+restarts on a failing probe), init and sidecar containers, scheduling beyond ``nodeSelector``
+(affinity, taints), ``OrderedReady`` pod management, ``rollingUpdate.partition``,
+CrashLoopBackOff's growing delay, NetworkPolicy, and a pod's own IP (all pods are 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -50,7 +64,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import datetime as dt
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -72,6 +89,17 @@ from multilane.testing.tls_front import TlsFront, self_signed_cert
 __all__ = ["PodProcess", "StatefulSetProcessDouble"]
 
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)\)")
+REVISION_LABEL = "controller-revision-hash"
+
+
+def _stamp() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def template_revision(sts_name: str, template: dict[str, Any]) -> str:
+    """``NAME-HASH``: the revision of a pod template, as the StatefulSet controller names it."""
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{sts_name}-{digest}"
 
 
 def _secret_data(secret: dict[str, Any] | None) -> dict[str, bytes]:
@@ -100,6 +128,10 @@ class PodProcess:
     exited_at: float | None = None
     ready: bool | None = None
     started_at: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)  # the pod's own spec (the template it was made from)
+    revision: str = ""  # its controller-revision-hash
+    blocked: str = ""  # why no process is started: "ErrImagePull" or "Unschedulable" ("" = none)
+    reported: dict[str, Any] | None = None  # the status last written
 
     @property
     def pid(self) -> int:
@@ -136,6 +168,10 @@ class StatefulSetProcessDouble:
         self.grace_cap_s = grace_cap_s  # bound on terminationGracePeriodSeconds (tests stay short)
         self.pods: dict[str, PodProcess] = {}
         self.removed: list[str] = []  # pods deleted, in order
+        self.unpullable_images: set[str] = set()  # images whose pull fails (ErrImagePull)
+        self.node_labels: dict[str, str] = {"kubernetes.io/os": "linux", "kubernetes.io/hostname": "node-0"}
+        self.pod_quota: int | None = None  # pods the namespace may hold (a ResourceQuota); None: no limit
+        self._failed_create: set[str] = set()  # pods whose FailedCreate Event was posted
         self.router_port = free_port()
         self._cert, self._key = self_signed_cert(root)
         self._task: asyncio.Task[None] | None = None
@@ -224,27 +260,7 @@ class StatefulSetProcessDouble:
                 del self.pods[name]
                 self.removed.append(name)
         for sts in await self.kube.list(api_path("apps/v1", "statefulsets", self.namespace)):
-            name = sts["metadata"]["name"]
-            replicas = int((sts.get("spec") or {}).get("replicas") or 0)
-            template = sts["spec"]["template"]
-            for i in range(replicas):
-                pod_name = f"{name}-{i}"
-                if pod_name in self._deleting:
-                    continue
-                if pod_name not in objects:
-                    objects[pod_name] = await self._create_pod(sts, pod_name)
-                if pod_name not in self.pods:
-                    await self._start_pod(sts, objects[pod_name], i)
-            surplus = sorted(
-                (int(n.rpartition("-")[2]), n)
-                for n in objects
-                if n.rpartition("-")[0] == name and n.rpartition("-")[2].isdigit()
-                and int(n.rpartition("-")[2]) >= replicas
-            )
-            grace = float(template["spec"].get("terminationGracePeriodSeconds", 30))
-            for _, pod_name in reversed(surplus):  # the highest ordinal first
-                if pod_name not in self._deleting:
-                    self._deleting[pod_name] = asyncio.create_task(self._delete_pod(pod_name, grace))
+            await self._sync_statefulset(sts, objects)
         # Containers: restart the exited ones, report readiness.
         for pod in list(self.pods.values()):
             if pod.terminating:
@@ -253,24 +269,93 @@ class StatefulSetProcessDouble:
                 now = time.monotonic()
                 if pod.exited_at is None:
                     pod.exited_at = now
-                elif now - pod.exited_at >= self.restart_delay_s:
+                elif now - pod.exited_at >= self.restart_delay_s and not pod.blocked:
                     pod.restarts += 1
-                    sts_path = api_path("apps/v1", "statefulsets", self.namespace, pod.sts)
-                    sts_obj = await self.kube.get(sts_path)
-                    if sts_obj is not None:
-                        await self._launch(pod, sts_obj["spec"]["template"])
+                    await self._launch(pod, {"spec": pod.spec})  # the pod's own spec, not the StatefulSet's
             await self._report(pod, objects.get(pod.name))
+
+    async def _sync_statefulset(self, sts: dict[str, Any], objects: dict[str, dict[str, Any]]) -> None:
+        """Step 1 of the module docstring for one StatefulSet."""
+        name = sts["metadata"]["name"]
+        replicas = int((sts.get("spec") or {}).get("replicas") or 0)
+        template = sts["spec"]["template"]
+        revision = template_revision(name, template)
+        for i in range(replicas):
+            pod_name = f"{name}-{i}"
+            if pod_name in self._deleting:
+                continue
+            if pod_name not in objects:
+                created = await self._create_pod(sts, pod_name, revision, len(objects))
+                if created is None:
+                    continue
+                objects[pod_name] = created
+            if pod_name not in self.pods:
+                await self._start_pod(sts, objects[pod_name], i)
+        mine = {
+            int(n.rpartition("-")[2]): n
+            for n in objects
+            if n.rpartition("-")[0] == name and n.rpartition("-")[2].isdigit()
+        }
+        grace = float(template["spec"].get("terminationGracePeriodSeconds", 30))
+        for _, pod_name in sorted(((i, n) for i, n in mine.items() if i >= replicas), reverse=True):
+            if pod_name not in self._deleting:  # the highest ordinal first
+                self._deleting[pod_name] = asyncio.create_task(self._delete_pod(pod_name, grace))
+        current = [objects[mine[i]] for i in sorted(mine) if i < replicas]
+        revisions = {
+            o["metadata"]["name"]: (o["metadata"].get("labels") or {}).get(REVISION_LABEL) for o in current
+        }
+        strategy = ((sts["spec"].get("updateStrategy") or {}).get("type")) or "RollingUpdate"
+        if strategy == "RollingUpdate" and len(current) == replicas and not self._deleting:
+            ready = all(self.pods.get(n) is not None and self.pods[n].ready for n in revisions)
+            outdated = [n for n in revisions if revisions[n] != revision]
+            if ready and outdated:  # one pod at a time, the highest ordinal first
+                victim = max(outdated, key=lambda n: int(n.rpartition("-")[2]))
+                self._deleting[victim] = asyncio.create_task(self._delete_pod(victim, grace))
+        status = {
+            "observedGeneration": int(sts["metadata"].get("generation") or 1),
+            "replicas": len(current),
+            "readyReplicas": sum(1 for n in revisions if self.pods.get(n) is not None and self.pods[n].ready),
+            "updatedReplicas": sum(1 for r in revisions.values() if r == revision),
+            "currentReplicas": sum(1 for r in revisions.values() if r == revision),
+            "updateRevision": revision,
+            "currentRevision": revision
+            if all(r == revision for r in revisions.values())
+            else ((sts.get("status") or {}).get("currentRevision") or revision),
+        }
+        if any((sts.get("status") or {}).get(k) != v for k, v in status.items()):
+            with contextlib.suppress(Exception):
+                path = api_path("apps/v1", "statefulsets", self.namespace, name, "status")
+                await self.kube.patch(path, {"status": status})
 
     # ---- pods ------------------------------------------------------------------------------------
 
-    async def _create_pod(self, sts: dict[str, Any], name: str) -> dict[str, Any]:
+    async def _create_pod(
+        self, sts: dict[str, Any], name: str, revision: str, existing: int
+    ) -> dict[str, Any] | None:
+        """The pod object (None: refused by the quota, a FailedCreate Event posted once)."""
         template = sts["spec"]["template"]
+        if self.pod_quota is not None and existing >= self.pod_quota:
+            if name not in self._failed_create:
+                self._failed_create.add(name)
+                await self._event(
+                    sts,
+                    "FailedCreate",
+                    f"create Pod {name} in StatefulSet {sts['metadata']['name']} failed error: pods "
+                    f'"{name}" is forbidden: exceeded quota: pods, requested: pods=1, used: '
+                    f"pods={existing}, limited: pods={self.pod_quota}",
+                )
+            return None
+        self._failed_create.discard(name)
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": name,
-                "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+                "labels": {
+                    **((template.get("metadata") or {}).get("labels") or {}),
+                    REVISION_LABEL: revision,
+                },
+                "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                 "ownerReferences": [
                     {
                         "apiVersion": "apps/v1",
@@ -286,9 +371,40 @@ class StatefulSetProcessDouble:
         }
         return await self.kube.create(api_path("v1", "pods", self.namespace), body) or body
 
+    async def _event(self, sts: dict[str, Any], reason: str, message: str) -> None:
+        meta = sts["metadata"]
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": "apps/v1", "kind": "StatefulSet", "name": meta["name"],
+                "namespace": self.namespace, "uid": meta.get("uid", ""),
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "statefulset-controller"},
+            "firstTimestamp": _stamp(),
+            "lastTimestamp": _stamp(),
+            "count": 1,
+        }  # fmt: skip
+        with contextlib.suppress(Exception):
+            await self.kube.create(api_path("v1", "events", self.namespace), event)
+
+    def _blocked(self, spec: dict[str, Any]) -> str:
+        """Step 7: why this pod's container cannot start ("" when it can)."""
+        selector = spec.get("nodeSelector") or {}
+        if any(self.node_labels.get(k) != v for k, v in selector.items()):
+            return "Unschedulable"
+        if (spec.get("containers") or [{}])[0].get("image") in self.unpullable_images:
+            return "ErrImagePull"
+        return ""
+
     async def _start_pod(self, sts: dict[str, Any], obj: dict[str, Any], ordinal: int) -> None:
         name = obj["metadata"]["name"]
-        container = sts["spec"]["template"]["spec"]["containers"][0]
+        pod_spec = dict(obj.get("spec") or sts["spec"]["template"]["spec"])
+        container = pod_spec["containers"][0]
         named = {str(p.get("name")): int(p["containerPort"]) for p in container.get("ports") or []}
         front = TlsFront(self._api_port(), self._cert, self._key)
         await front.start()
@@ -305,9 +421,13 @@ class StatefulSetProcessDouble:
             ports={port: free_port() for port in named.values()},
             named_ports=named,
             front=front,
+            spec=pod_spec,
+            revision=str((obj["metadata"].get("labels") or {}).get(REVISION_LABEL) or ""),
+            blocked=self._blocked(pod_spec),
         )
         self.pods[name] = pod
-        await self._launch(pod, sts["spec"]["template"])
+        if not pod.blocked:
+            await self._launch(pod, {"spec": pod_spec})
 
     def _api_port(self) -> int:
         return int(self.api_url.rsplit(":", 1)[1].split("/")[0])
@@ -321,7 +441,7 @@ class StatefulSetProcessDouble:
         def rewrite(value: str) -> str:
             for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
                 if value == mount or value.startswith(mount.rstrip("/") + "/"):
-                    return host + value[len(mount):]
+                    return host + value[len(mount) :]
             return value
 
         env = {k: mounts.get(v, v) for k, v in env.items()}  # only a value that names a mount itself
@@ -413,7 +533,7 @@ class StatefulSetProcessDouble:
         return env
 
     async def _report(self, pod: PodProcess, obj: dict[str, Any] | None) -> None:
-        """Readiness probe (GET /healthz on the probe's port) -> the pod's status."""
+        """Readiness probe (GET of the probe's path on its port) -> the pod's status, when it changed."""
         if obj is None:
             return
         ready = False
@@ -431,29 +551,56 @@ class StatefulSetProcessDouble:
                     ready = resp.status == 200
             except (aiohttp.ClientError, TimeoutError, KeyError):
                 ready = False
-        if ready == pod.ready:
-            return
         pod.ready = ready
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        status = {
-            "phase": "Running" if pod.running() else "Pending",
-            "podIP": "127.0.0.1",
-            "conditions": [
-                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": stamp}
-            ],
-            "containerStatuses": [
-                {"name": "worker", "ready": ready, "restartCount": pod.restarts, "started": pod.running()}
-            ],
-        }
+        status = self._pod_status(pod, ready)
+        if status == pod.reported:
+            return
+        pod.reported = status
+        stamp = _stamp()
+        status = copy.deepcopy(status)
+        for cond in status["conditions"]:
+            cond["lastTransitionTime"] = stamp
         with contextlib.suppress(Exception):
             path = api_path("v1", "pods", self.namespace, pod.name, "status")
             await self.kube.patch(path, {"status": status})
+
+    @staticmethod
+    def _pod_status(pod: PodProcess, ready: bool) -> dict[str, Any]:
+        """The pod's status as a kubelet (and, for Unschedulable, the scheduler) reports it."""
+        container: dict[str, Any] = {"name": "worker", "ready": ready, "restartCount": pod.restarts}
+        conditions: list[dict[str, Any]] = []
+        if pod.blocked == "Unschedulable":
+            message = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+            conditions.append(
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            )
+            return {"phase": "Pending", "conditions": conditions}
+        conditions.append({"type": "PodScheduled", "status": "True"})
+        if pod.blocked:  # a pull failure: ErrImagePull first, then the back-off
+            reason = "ErrImagePull" if pod.reported is None else "ImagePullBackOff"
+            image = (pod.spec.get("containers") or [{}])[0].get("image")
+            container["state"] = {
+                "waiting": {"reason": reason, "message": f'Back-off pulling image "{image}"'}
+            }
+            container["started"] = False
+        else:
+            container["started"] = pod.running()
+            container["state"] = (
+                {"running": {}} if pod.running() else {"waiting": {"reason": "ContainerCreating"}}
+            )
+        conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+        return {
+            "phase": "Running" if pod.running() else "Pending",
+            "podIP": "127.0.0.1",
+            "conditions": conditions,
+            "containerStatuses": [container],
+        }
 
     async def _delete_pod(self, name: str, grace_s: float) -> None:
         """Graceful deletion: deletionTimestamp, SIGTERM, SIGKILL after the grace period, object gone."""
         path = api_path("v1", "pods", self.namespace, name)
         try:
-            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            stamp = _stamp()
             with contextlib.suppress(Exception):
                 meta = {"deletionTimestamp": stamp, "deletionGracePeriodSeconds": int(grace_s)}
                 await self.kube.patch(path, {"metadata": meta})

@@ -65,6 +65,18 @@ CONTRACT_SPEC_FIELDS = {
         "pvcRetention",
         "snapshot",
     },
+    "podTemplate": {
+        "labels",
+        "annotations",
+        "imagePullSecrets",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "topologySpreadConstraints",
+        "priorityClassName",
+        "volumes",
+        "volumeMounts",
+    },
 }
 CONTRACT_STATUS_FIELDS = {
     "observedGeneration",
@@ -78,6 +90,7 @@ CONTRACT_STATUS_FIELDS = {
     "lastDecision",
     "assignment",
     "rollout",
+    "policy",
 }
 
 
@@ -455,6 +468,27 @@ BAD_BY_CEL: dict[str, tuple[Any, str]] = {
             env=[{"name": "A", "value": "1"}, {"name": "MULTILANE_POD_NAME", "value": "x"}]
         ),
         "are set by the operator",
+    ),
+    "podTemplate label of the operator": (
+        lambda cr: cr["spec"].update(podTemplate={"labels": {"multilane.dev/consumer": "other"}}),
+        "labels are set by the operator",
+    ),
+    "podTemplate volume named like the operator's": (
+        lambda cr: cr["spec"].update(podTemplate={"volumes": [{"name": "tmp", "emptyDir": {}}]}),
+        "are used by the operator",
+    ),
+    "podTemplate mount over the token": (
+        lambda cr: cr["spec"].update(
+            podTemplate={
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/var/run/multilane"}],
+            }
+        ),
+        "are mounted by the operator",
+    ),
+    "podTemplate mount of no volume": (
+        lambda cr: cr["spec"].update(podTemplate={"volumeMounts": [{"name": "x", "mountPath": "/data"}]}),
+        "must name a volume of podTemplate.volumes",
     ),
     "snapshot schedule without uri": (
         lambda cr: cr["spec"].update(state={"snapshot": {"schedule": "0 * * * *"}}),

@@ -225,6 +225,8 @@ class StatefulSetControllerDouble:
             replicas = int(sts["spec"].get("replicas") or 0)
             # As the StatefulSet controller: the pods carry controller-revision-hash: NAME-<hash>.
             labels = {**sts["spec"]["template"]["metadata"]["labels"], **revision_hash_label(sts)}
+            # a pod carries its template's annotations (the operator's template hash among them)
+            annotations = sts["spec"]["template"]["metadata"].get("annotations") or {}
             pods_path = api_path("v1", "pods", self.namespace)
             existing = {p["metadata"]["name"] for p in await self.kube.list(pods_path)}
             for i in range(replicas):
@@ -234,7 +236,11 @@ class StatefulSetControllerDouble:
                 if pod not in existing:
                     await self.kube.create(
                         pods_path,
-                        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "labels": labels}},
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "metadata": {"name": pod, "labels": labels, "annotations": annotations},
+                        },
                     )
                 if pod not in self.fleet.workers:
                     await self.fleet.add(pod, self.api_url, self.namespace)

@@ -99,6 +99,7 @@ class K8sHarness:
     calls: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)  # (kind, pod, partitions)
     load_started_at: float | None = None
     load_result: Any = None
+    partition_count: int = PARTITIONS
 
     @property
     def events(self) -> Path:
@@ -106,7 +107,7 @@ class K8sHarness:
 
     @property
     def partitions(self) -> list[str]:
-        return [f"{self.topic}/{i}" for i in range(PARTITIONS)]
+        return [f"{self.topic}/{i}" for i in range(self.partition_count)]
 
     def body(self, replicas: int | None = 1, **scaling: Any) -> dict[str, Any]:
         pinned = {"replicas": replicas} if replicas is not None else {}
@@ -179,8 +180,8 @@ class K8sHarness:
         owners = {p: m["worker"] for m in assignment.get("members") or [] for p in m["partitions"]}
         counts = [sum(1 for w in owners.values() if w == f"{NAME}-{i}") for i in range(workers)]
         return (
-            len(owners) == PARTITIONS
-            and min(counts) >= PARTITIONS // workers
+            len(owners) == self.partition_count
+            and min(counts) >= self.partition_count // workers
             and status.get("rollout") is None
             and assignment.get("pending") is None
             and all(w in self.double.pods and self.double.pods[w].running() for w in set(owners.values()))
@@ -261,7 +262,7 @@ class K8sHarness:
         return hook
 
     def verdict(self) -> Verdict:
-        counts, _ = read_counts(self.broker.bootstrap, self.group, self.topic, range(PARTITIONS))
+        counts, _ = read_counts(self.broker.bootstrap, self.group, self.topic, range(self.partition_count))
         return judge(self.produced, read_event_log(self.events), counts)
 
     def assert_ok(self) -> Verdict:

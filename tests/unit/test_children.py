@@ -263,7 +263,9 @@ def test_statefulset_immutable_changes(
 
 def test_statefulset_update_sends_only_mutable_fields() -> None:
     patch = ch.statefulset_update(ch.stateful_set(REF, _stateful(), 3))
-    assert set(patch["spec"]) == {"replicas", "template", "persistentVolumeClaimRetentionPolicy"}
+    assert set(patch["spec"]) == {
+        "replicas", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy"
+    }
     assert set(patch["metadata"]) == {"labels", "ownerReferences"}
 
 
@@ -280,3 +282,72 @@ def test_workers_listen_on_the_pod_ip() -> None:
     container = ch.stateful_set(REF, SPEC, 1)["spec"]["template"]["spec"]["containers"][0]
     refs = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
     assert refs["MULTILANE_POD_IP"] == "status.podIP"
+
+
+def test_statefulset_is_on_delete_with_a_template_hash_that_follows_the_template() -> None:
+    sts = ch.stateful_set(REF, SPEC, 2)
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    probe = sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/readyz"  # engine started and assigned partitions restored
+    digest = sts["spec"]["template"]["metadata"]["annotations"][ch.TEMPLATE_HASH_ANNOTATION]
+    assert digest == ch.template_hash(sts["spec"]["template"])
+    # the same spec renders the same hash (an operator restart replaces nothing); replicas are no
+    # part of the template; an image change is
+    assert ch.stateful_set(REF, SPEC, 5)["spec"]["template"] == sts["spec"]["template"]
+    changed = {**SPEC, "workload": {**SPEC["workload"], "image": "ghcr.io/example/app:1.1"}}
+    other = ch.stateful_set(REF, changed, 2)["spec"]["template"]["metadata"]["annotations"]
+    assert other[ch.TEMPLATE_HASH_ANNOTATION] != digest
+
+
+def test_patch_removes_the_default_rolling_update_block() -> None:
+    body = ch.patch_body(ch.stateful_set(REF, SPEC, 2))
+    assert body["spec"]["updateStrategy"] == {"type": "OnDelete", "rollingUpdate": None}
+    service = ch.service(REF)
+    assert ch.patch_body(service) == service
+
+
+def test_pod_template_fits_the_pods_to_a_cluster() -> None:
+    fit = {
+        "labels": {"team": "payments", ch.CONSUMER_LABEL: "hijack"},
+        "annotations": {"prometheus.io/scrape": "true"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "nodeSelector": {"pool": "workers"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "kafka", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+            }
+        ],
+        "priorityClassName": "high",
+        "volumes": [{"name": "certs", "secret": {"secretName": "ca"}}],
+        "volumeMounts": [{"name": "certs", "mountPath": "/etc/certs", "readOnly": True}],
+    }
+    template = ch.stateful_set(REF, {**SPEC, "podTemplate": fit}, 2)["spec"]["template"]
+    labels, pod = template["metadata"]["labels"], template["spec"]
+    assert labels["team"] == "payments" and labels[ch.CONSUMER_LABEL] == "orders"  # the operator's wins
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert ch.TEMPLATE_HASH_ANNOTATION in template["metadata"]["annotations"]
+    for key in ("imagePullSecrets", "nodeSelector", "tolerations", "affinity", "priorityClassName"):
+        assert pod[key] == fit[key]
+    spread = pod["topologySpreadConstraints"][0]
+    assert spread["labelSelector"] == {"matchLabels": {ch.CONSUMER_LABEL: "orders"}}  # this consumer's pods
+    assert [v["name"] for v in pod["volumes"]] == ["control-token", "tmp", "certs"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert mounts[-1] == {"name": "certs", "mountPath": "/etc/certs", "readOnly": True}
+    # a podTemplate change is a template change: the pods are replaced
+    plain = ch.stateful_set(REF, SPEC, 2)["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        plain[ch.TEMPLATE_HASH_ANNOTATION] != template["metadata"]["annotations"][ch.TEMPLATE_HASH_ANNOTATION]
+    )
+
+
+def test_default_requests_when_the_workload_names_none() -> None:
+    bare = {**SPEC, "workload": {k: v for k, v in SPEC["workload"].items() if k != "resources"}}
+    container = ch.stateful_set(REF, bare, 1)["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == ch.DEFAULT_RESOURCES
+    limits_only = {**SPEC, "workload": {**SPEC["workload"], "resources": {"limits": {"cpu": "1"}}}}
+    container = ch.stateful_set(REF, limits_only, 1)["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {"cpu": "1"}}  # Kubernetes takes requests from limits

@@ -116,10 +116,11 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 - apiGroups: [multilane.dev]
   resources: [parallelconsumers/finalizers]
   verbs: [update]
-# kopf and the handlers post Events of the ParallelConsumer.
+# kopf and the handlers post Events of the ParallelConsumer; the operator lists Events only while a
+# StatefulSet has fewer pods than replicas (a FailedCreate says why: Degraded).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [list, create]
 # Children of every ParallelConsumer, created (or merge-patched when they exist) with owner
 # references; the garbage collector deletes them with their owner, so no delete verb (but for the
 # StatefulSet's opt-in recreate).

@@ -23,13 +23,22 @@ registry:
   6. Status: observedGeneration, labelSelector, conditions (Degraded=ImmutableFieldChange naming the
      fields while a StatefulSet change is held; the control loop keeps running).
 
-- ``timer`` (every ``tick_s``) -> :meth:`OperatorHandlers.tick`: re-reads the object, honours Paused,
-  re-runs :meth:`reconcile` when the spec is not yet applied or an environment problem may have gone,
-  then runs one :class:`ConsumerController` pass (scaling, replicas, assignment, status).
-- ``on.delete`` forgets in-memory caches; the children go with the owner through Kubernetes' garbage
-  collector (owner references). kopf puts its finalizer ``multilane.dev/finalizer`` on every
-  ParallelConsumer it handles (a deletion handler exists), so a ParallelConsumer is deleted only
-  while the operator runs, or after the finalizer is removed by hand (docs/runbook.md).
+- ``timer`` (every ``tick_s``) -> :meth:`OperatorHandlers.tick`: honours Paused, re-runs
+  :meth:`reconcile` when the spec is not yet applied, an environment problem may have gone, or the
+  StatefulSet's pod template is not what this operator renders (an upgrade), then runs one
+  :class:`ConsumerController` pass (scaling, replicas, assignment, day-2 pod replacement, status) and
+  reports pods that cannot run (image pulls, scheduling, quota) as Degraded.
+
+Quiet on the API server (steady state: no request per pass): the object comes from kopf's watch
+(the timer's body), pods/Leases/StatefulSets from kopf indexes
+(:class:`~multilane.operator.k8s.cache.WatchCache`), the control token and the credentials Secret
+from memory (read again by :meth:`reconcile`, or after ``secret_ttl_s``); the status is written only
+when its significant part changes or once a minute (:class:`StatusMemory`), the policy's memory in
+``status.policy``; Events only for changes.
+- ``on.delete`` (``optional=True``: kopf adds no finalizer, so deleting a ParallelConsumer, or its
+  namespace, never waits for the operator) forgets in-memory caches; the children go with the owner
+  through Kubernetes' garbage collector (owner references). Objects an older operator handled may
+  still carry ``multilane.dev/finalizer``: docs/runbook.md removes it.
 
 Length (~540 lines): every kopf handler and its wiring in one place, so that what the operator
 reacts to is read at once; the logic they call lives in the controller, children and validation.
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import logging
 import secrets
@@ -52,12 +62,13 @@ import kopf
 from multilane.operator.controller import ConsumerController, EventRecord
 from multilane.operator.decision.planner import format_partition
 from multilane.operator.decision.policy import PolicyState
+from multilane.operator.k8s.cache import WatchCache, register_indexes
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION, apply_stateful_set, recreate_allowed
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.metrics import OperatorMetrics
-from multilane.operator.platform import Platform
+from multilane.operator.platform import Platform, WorkerReplacer
 from multilane.operator.rollout.assignment import AssignmentState, WorkerControl
 from multilane.operator.rollout.handoff import (
     HandoffConfig,
@@ -70,6 +81,7 @@ from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSour
 from multilane.operator.spec import children as ch
 from multilane.operator.spec.conditions import condition, now_iso, set_condition
 from multilane.operator.spec.network import NetworkPolicySettings, network_policy
+from multilane.operator.spec.status_memory import StatusMemory
 from multilane.operator.spec.validation import ConsumerSpec, Problem, check_environment, validate_spec
 
 __all__ = [
@@ -107,6 +119,8 @@ class HandlerSettings:
     read_kafka_credentials: bool = False
     # The NetworkPolicy child NAME-workers (multilane/operator/spec/network.py); None: not created.
     network_policy: NetworkPolicySettings | None = field(default_factory=NetworkPolicySettings)
+    secret_ttl_s: float = 300.0  # the credentials Secret is read again after this (and on reconcile)
+    status_heartbeat_s: float = 60.0  # volatile status fields (lag, rates, policy) at least this often
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -158,7 +172,7 @@ class OperatorHandlers:
     ) -> None:
         self.kube = kube
         self.settings = settings or HandlerSettings()
-        self.platform = platform or KubernetesPlatform(kube)
+        self.platform = platform or KubernetesPlatform(kube, cache=WatchCache())
         self.metrics = metrics or OperatorMetrics()
         self.control_factory = control_factory or (
             lambda token: HandoffControlClient(token, timeout_s=self.settings.worker_timeout_s)
@@ -181,6 +195,11 @@ class OperatorHandlers:
         # uid -> resourceVersion of the object as this operator last read (tick) or wrote it; the
         # control loop's status writes are conditional on it (see _patch_status)
         self._seen_rv: dict[str, str] = {}
+        self.status_memory = StatusMemory(self.settings.status_heartbeat_s)
+        # uid -> (monotonic time read, Secret or None): the credentials Secret between reconciles
+        self._secrets: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._rendered: dict[str, tuple[Any, str]] = {}  # uid -> (spec, its template hash)
+        self._specs: dict[str, tuple[Any, ConsumerSpec | None]] = {}  # uid -> (raw spec, validated)
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 
@@ -197,9 +216,14 @@ class OperatorHandlers:
         async def _reconcile(body: kopf.Body, **_: Any) -> None:
             await self.reconcile(body)
 
+        register_indexes(registry)
+
         @kopf.timer(*resource, interval=self.settings.tick_s, sharp=True, registry=registry)
-        async def _tick(body: kopf.Body, **_: Any) -> None:
-            await self.tick(body)
+        async def _tick(body: kopf.Body, **kwargs: Any) -> None:
+            cache = getattr(self.platform, "cache", None)
+            if isinstance(cache, WatchCache) and not cache.bound:
+                cache.bind(kwargs)  # the kopf indexes (filled before any timer runs)
+            await self.tick(body, fresh=False)
 
         @kopf.on.delete(*resource, optional=True, registry=registry)
         async def _deleted(body: kopf.Body, **_: Any) -> None:
@@ -231,6 +255,13 @@ class OperatorHandlers:
         self._sources.pop(ref.uid, None)
         self._controls.pop(ref.uid, None)
         self._immutable.pop(ref.uid, None)
+        self._secrets.pop(ref.uid, None)
+        self._rendered.pop(ref.uid, None)
+        self._specs.pop(ref.uid, None)
+        self.status_memory.forget(ref.uid)
+        forget = getattr(self.platform, "forget", None)
+        if forget is not None:
+            forget(ref)
         self.metrics.forget(ref.namespace, ref.name)
         log.info("forgot %s/%s (children go with it through owner references)", ref.namespace, ref.name)
 
@@ -255,14 +286,19 @@ class OperatorHandlers:
     async def _patch_status(
         self, ref: ch.ConsumerRef, status: Mapping[str, Any], *, conditional: bool = False
     ) -> None:
-        """Merge-patch the status. ``conditional`` (the control loop's writes: assignment, rollout,
-        scaling): the patch carries the resourceVersion this operator last read or wrote, so a write
-        based on a stale view gets 409 (:class:`KubeConflictError`; the tick fails and the next one
-        re-reads) and never overwrites another writer's status."""
+        """Every status write; the answer is what the next pass reads until the watch delivers it.
+
+        ``conditional`` (the control loop's writes: assignment, rollout, scaling): the patch carries the
+        resourceVersion this operator last read or wrote, so a write based on a stale view gets 409
+        (:class:`KubeConflictError`; the tick fails and the next one re-reads) and never overwrites
+        another writer's status."""
         body: dict[str, Any] = {"status": dict(status)}
         if conditional and ref.uid in self._seen_rv:
             body["metadata"] = {"resourceVersion": self._seen_rv[ref.uid]}
-        self._seen(ref, await self.kube.patch(self._cr_path(ref, "status"), body))
+        answer = await self.kube.patch(self._cr_path(ref, "status"), body)
+        self._seen(ref, answer)
+        if answer:
+            self.status_memory.written(ref.uid, answer)
 
     # ---- reconcile --------------------------------------------------------------------------------
 
@@ -340,14 +376,24 @@ class OperatorHandlers:
         _event(body, EventRecord("Normal", "Applied", f"children applied for generation {generation}"))
         return True
 
+    async def _credentials(self, ref: ch.ConsumerRef, name: str, fresh: bool) -> dict[str, Any] | None:
+        """The credentials Secret: read on reconcile (``fresh``) and after ``secret_ttl_s``."""
+        cached = self._secrets.get(ref.uid)
+        now = time.monotonic()
+        if fresh or cached is None or now - cached[0] > self.settings.secret_ttl_s:
+            secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, name))
+            cached = (now, secret)
+            self._secrets[ref.uid] = cached
+        return cached[1]
+
     async def _check_environment(
-        self, ref: ch.ConsumerRef, spec: ConsumerSpec
+        self, ref: ch.ConsumerRef, spec: ConsumerSpec, fresh: bool = True
     ) -> tuple[list[Problem], dict[str, str], dict[str, int] | None]:
         """Problems, the Kafka client config (with credentials, in memory only), partition counts."""
         secret_exists: bool | None = None
         config: dict[str, str] = {"bootstrap.servers": spec.bootstrap_servers, **spec.kafka_config}
         if spec.credentials_secret and self.settings.read_kafka_credentials:
-            secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, spec.credentials_secret))
+            secret = await self._credentials(ref, spec.credentials_secret, fresh)
             secret_exists = secret is not None
             for key, value in ((secret or {}).get("data") or {}).items():
                 config[key] = base64.b64decode(value).decode()
@@ -438,7 +484,8 @@ class OperatorHandlers:
                 await self.kube.create(collection, manifest)
             except KubeConflictError:
                 await self.kube.patch(
-                    api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"]), manifest
+                    api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"]),
+                    ch.patch_body(manifest),
                 )
         if ch.snapshot_cronjob(ref, raw_spec) is None:
             # Scheduled snapshots off: suspend a CronJob left from an earlier spec. Not deleted: the
@@ -467,6 +514,10 @@ class OperatorHandlers:
         return cached[1]
 
     async def _control(self, ref: ch.ConsumerRef) -> WorkerControl | None:
+        """The worker-control client with the consumer's token. The token Secret is never overwritten,
+        so it is read once per consumer (and again only while it is missing)."""
+        if ref.uid in self._controls:
+            return self._controls[ref.uid][1]
         secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret))
         if secret is None:
             return None
@@ -484,13 +535,18 @@ class OperatorHandlers:
             self._controls[ref.uid] = cached
         return cached[1]
 
-    async def tick(self, body: Mapping[str, Any]) -> None:
+    async def tick(self, body: Mapping[str, Any], fresh: bool = True) -> None:
+        """One pass. ``fresh``: GET the object first; kopf's timer passes False (its body is the
+        watched object, as new as a GET)."""
         ref = _ref(body)
         self.metrics.ticks.inc()
-        fresh = await self.kube.get(self._cr_path(ref))
-        if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+        current = await self.kube.get(self._cr_path(ref)) if fresh else body
+        if current is None or (current.get("metadata") or {}).get("deletionTimestamp"):
             return
-        status = dict(fresh.get("status") or {})
+        await self._pass(ref, current)
+
+    async def _pass(self, ref: ch.ConsumerRef, fresh: Mapping[str, Any]) -> None:
+        status = self.status_memory.view(ref.uid, fresh)
         generation = int((fresh.get("metadata") or {}).get("generation") or 1)
         degraded = condition(status.get("conditions"), "Degraded") or {}
         paused = _paused(fresh)
@@ -500,6 +556,7 @@ class OperatorHandlers:
             or status.get("observedGeneration") != generation
             or (degraded.get("status") == "True" and degraded.get("reason") in TRANSIENT_REASONS)
             or (ref.uid in self._immutable and recreate_allowed(fresh))
+            or await self._template_stale(ref, fresh)
         ):
             if not await self.reconcile(fresh):
                 return
@@ -511,7 +568,7 @@ class OperatorHandlers:
             await self._patch_status(ref, {"conditions": conditions})
             status["conditions"] = conditions
             _event(fresh, EventRecord("Normal", "Resumed", "pause annotation removed"))
-        spec, _ = validate_spec(fresh.get("spec"))
+        spec = self._valid_spec(ref, fresh.get("spec"))
         if spec is None:
             return
         self._seen(ref, fresh)  # the control loop's writes are conditional on this read
@@ -536,6 +593,56 @@ class OperatorHandlers:
                 self._last_errors.pop(ref.uid, None)
             finally:
                 log.debug("%s/%s: pass took %.2fs", ref.namespace, ref.name, time.monotonic() - started)
+
+    def _valid_spec(self, ref: ch.ConsumerRef, raw: Any) -> ConsumerSpec | None:
+        """:func:`validate_spec` of the pass, kept while the spec stays the same."""
+        cached = self._specs.get(ref.uid)
+        if cached is None or cached[0] != raw:
+            cached = (copy.deepcopy(raw), validate_spec(raw)[0])
+            self._specs[ref.uid] = cached
+        return cached[1]
+
+    async def _template_stale(self, ref: ch.ConsumerRef, body: Mapping[str, Any]) -> bool:
+        """The StatefulSet's pod template is not what this operator renders for the spec (an operator
+        upgrade whose ``on.resume`` did not apply yet): re-apply, so the pods are replaced."""
+        if not isinstance(self.platform, WorkerReplacer):
+            return False
+        applied = await self.platform.desired_revision(ref)
+        if applied is None:
+            return False
+        raw = body.get("spec")
+        cached = self._rendered.get(ref.uid)
+        if cached is None or cached[0] != raw:
+            spec, _ = validate_spec(raw)
+            if spec is None:
+                return False
+            template = ch.stateful_set(ref, dict(raw or {}), 0)["spec"]["template"]
+            cached = (copy.deepcopy(raw), template["metadata"]["annotations"][ch.TEMPLATE_HASH_ANNOTATION])
+            self._rendered[ref.uid] = cached
+        return applied != cached[1]
+
+    async def _workload_degraded(
+        self,
+        ref: ch.ConsumerRef,
+        before: Mapping[str, Any],
+        status: dict[str, Any],
+        events: list[EventRecord],
+    ) -> None:
+        """Pods that cannot run (:mod:`multilane.operator.spec.pod_health`) -> Degraded, naming each pod
+        and reason, unless the pass degraded for its own reason; a Warning Event when they change."""
+        problems_of = getattr(self.platform, "workload_problems", None)
+        if problems_of is None:
+            return
+        problems: list[tuple[str, str]] = await problems_of(ref)
+        conditions = list(status.get("conditions") or [])
+        if not problems or (condition(conditions, "Degraded") or {}).get("status") == "True":
+            return
+        reason = problems[0][0]
+        message = "; ".join(m for _, m in problems)[:1000]
+        previous = condition(before.get("conditions"), "Degraded") or {}
+        if previous.get("reason") != reason or previous.get("message") != message:
+            events.append(EventRecord("Warning", reason, message))
+        status["conditions"] = set_condition(conditions, "Degraded", True, reason, message, now=now_iso())
 
     def _handoff(
         self, ref: ch.ConsumerRef, spec: ConsumerSpec, control: WorkerControl
@@ -570,7 +677,7 @@ class OperatorHandlers:
     async def _tick(
         self, ref: ch.ConsumerRef, body: Mapping[str, Any], spec: ConsumerSpec, status: dict[str, Any]
     ) -> None:
-        problems, config, topic_partitions = await self._check_environment(ref, spec)
+        problems, config, topic_partitions = await self._check_environment(ref, spec, fresh=False)
         if problems or topic_partitions is None:
             await self._degrade(ref, body, list(status.get("conditions") or []), problems, 0)
             return
@@ -578,12 +685,7 @@ class OperatorHandlers:
         control = await self._control(ref)
         if control is None:
             return  # the token Secret is created by reconcile; next tick
-        annotations = (body.get("metadata") or {}).get("annotations") or {}
-        try:
-            policy_state = PolicyState.from_dict(json.loads(annotations.get(POLICY_STATE_ANNOTATION) or "{}"))
-        except (ValueError, TypeError, KeyError):
-            log.warning("%s/%s: unreadable policy state annotation; starting afresh", ref.namespace, ref.name)
-            policy_state = PolicyState()
+        policy_state = _policy_state(ref, body, status)
 
         async def persist(state: AssignmentState) -> None:
             await self._patch_status(ref, {"assignment": state.to_status()}, conditional=True)
@@ -598,24 +700,32 @@ class OperatorHandlers:
             ref, spec, status, policy_state, partitions, self._source(ref, spec, config), persist
         )
         if result.policy_state is not None:
-            patched = await self.kube.patch(
-                self._cr_path(ref),
-                {
-                    "metadata": {
-                        "annotations": {POLICY_STATE_ANNOTATION: json.dumps(result.policy_state.to_dict())}
-                    }
-                },
-            )
-            self._seen(ref, patched)
+            result.status["policy"] = result.policy_state.to_dict()
         held = self._immutable.get(ref.uid)
         degraded_now = condition(result.status.get("conditions"), "Degraded") or {}
         if held and degraded_now.get("status") != "True":  # the control loop knows nothing of it
             result.status["conditions"] = set_condition(
                 result.status.get("conditions"), "Degraded", True, "ImmutableFieldChange", held
             )
-        await self._patch_status(ref, result.status, conditional=True)
+        await self._workload_degraded(ref, status, result.status, result.events)
+        patch = self.status_memory.to_write(ref.uid, body, result.status)
+        if patch is not None:
+            await self._patch_status(ref, patch, conditional=True)
         for record in result.events:
             _event(body, record)
         self.metrics.observe_tick(
             ref.namespace, ref.name, result, spec.replicas or spec.max_replicas, spec.max_factor
         )
+
+
+def _policy_state(ref: ch.ConsumerRef, body: Mapping[str, Any], status: Mapping[str, Any]) -> PolicyState:
+    """The policy's memory: ``status.policy``; from the annotation an older operator wrote when the
+    status has none yet; afresh when unreadable."""
+    try:
+        if status.get("policy"):
+            return PolicyState.from_dict(dict(status["policy"]))
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        return PolicyState.from_dict(json.loads(annotations.get(POLICY_STATE_ANNOTATION) or "{}"))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        log.warning("%s/%s: unreadable policy state; starting afresh", ref.namespace, ref.name)
+        return PolicyState()

@@ -206,9 +206,15 @@ class KubeClient:
             return None
         return result if isinstance(result, dict) else None
 
-    async def list(self, path: str, selector: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())} if selector else None
-        result = await self._request("GET", path, params=params)
+    async def list(
+        self, path: str, selector: Mapping[str, str] | None = None, fields: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """``selector``: labels (re-checked here); ``fields``: a field selector for the server (not
+        re-checked: callers filter what they need)."""
+        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())} if selector else {}
+        if fields:
+            params["fieldSelector"] = ",".join(f"{k}={v}" for k, v in fields.items())
+        result = await self._request("GET", path, params=params or None)
         items = list((result or {}).get("items") or [])
         if selector:  # not every server filters (and it costs nothing to be sure)
             items = [i for i in items if _matches((i.get("metadata") or {}).get("labels") or {}, selector)]

@@ -4,7 +4,11 @@ Every child carries the label ``multilane.dev/consumer: NAME`` and an owner refe
 ParallelConsumer (controller=true, blockOwnerDeletion=true), so Kubernetes' garbage collector deletes
 them with it. Children:
 
-- StatefulSet ``NAME`` (the workers), headless Service ``NAME-workers``, PodDisruptionBudget ``NAME``;
+- StatefulSet ``NAME`` (the workers; ``updateStrategy: OnDelete``: the operator replaces pods
+  itself, handing each pod's partitions to warm owners first, see
+  :mod:`multilane.operator.rollout.replacement`; the pod template carries
+  :data:`TEMPLATE_HASH_ANNOTATION`, the hash of the rendered template, which pods inherit),
+  headless Service ``NAME-workers``, PodDisruptionBudget ``NAME``;
 - ServiceAccount ``NAME-worker`` with Role/RoleBinding ``NAME-worker``: get/update of the workers'
   own Leases only (the operator creates the Leases; ``create`` cannot be limited by name in RBAC);
 - Secret ``NAME-control-token`` (key ``token``): created once, never overwritten
@@ -30,6 +34,8 @@ ones a new spec would change, and :func:`statefulset_update` is the patch of the
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,14 +45,18 @@ from multilane.pipeline import k8s as snapshot_k8s
 __all__ = [
     "CONSUMER_LABEL",
     "CONTROL_PORT",
+    "DEFAULT_RESOURCES",
     "KAFKA_ENV_PREFIX",
     "METRICS_PORT",
+    "TEMPLATE_HASH_ANNOTATION",
     "TOKEN_DIR",
     "ConsumerRef",
     "children",
     "control_token_secret",
+    "fit_pod_template",
     "lease_manifest",
     "owner_reference",
+    "patch_body",
     "pod_disruption_budget",
     "role",
     "role_binding",
@@ -58,6 +68,7 @@ __all__ = [
     "stateful_set",
     "statefulset_immutable_changes",
     "statefulset_update",
+    "template_hash",
     "worker_args",
 ]
 
@@ -83,6 +94,15 @@ STATEFULSET_MUTABLE = (
     "ordinals",
     "revisionHistoryLimit",
 )
+# Requests of a worker container whose spec.workload.resources names neither requests nor limits (a
+# namespace with a compute quota refuses pods without requests).
+DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}}
+# spec.podTemplate fields copied into the pod spec as they are (core/v1 shapes, schema-checked).
+POD_SPEC_FIELDS = ("imagePullSecrets", "nodeSelector", "tolerations", "affinity", "priorityClassName")
+# On the pod template (so on every pod): the hash of the rendered template without this annotation. A
+# pod whose value differs from its StatefulSet's runs an outdated template (an image change, or an
+# operator upgrade that renders differently) and is replaced by the operator (OnDelete strategy).
+TEMPLATE_HASH_ANNOTATION = "multilane.dev/template-hash"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +240,9 @@ def _container(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any]:
             {"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "resources": copy.deepcopy(dict(workload.get("resources") or {})),
-        # readiness: broker reachable, state restored, circuit breaker closed (docs/worker-health.md)
+        "resources": copy.deepcopy(dict(workload.get("resources") or DEFAULT_RESOURCES)),
+        # Ready (/readyz): the engine started, its assigned partitions are restored, the broker is
+        # reachable and the circuit breaker is closed (docs/worker-health.md)
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "control"}, "periodSeconds": 5},
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "control"},
@@ -265,6 +286,8 @@ def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> di
             "serviceName": ref.workers_service,
             "replicas": replicas,
             "podManagementPolicy": "Parallel",
+            # The operator replaces pods itself (restore before handoff); see the module docstring.
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector_labels(ref)},
             "template": {
                 "metadata": {"labels": pod_labels},
@@ -311,6 +334,8 @@ def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> di
             "whenDeleted": retention.get("whenDeleted", "Delete"),
             "whenScaled": retention.get("whenScaled", "Retain"),
         }
+    fit_pod_template(sts["spec"]["template"], spec.get("podTemplate") or {}, selector_labels(ref))
+    stamp_template_hash(sts["spec"]["template"])
     return sts
 
 
@@ -352,12 +377,69 @@ def statefulset_update(desired: Mapping[str, Any]) -> dict[str, Any]:
     update may change, never the immutable ones (whose changes :func:`statefulset_immutable_changes`
     reports)."""
     spec = desired.get("spec") or {}
-    return {
+    update = {
+        "kind": "StatefulSet",
         "metadata": {
             k: v for k, v in (desired.get("metadata") or {}).items() if k in ("labels", "ownerReferences")
         },
         "spec": {k: copy.deepcopy(v) for k, v in spec.items() if k in STATEFULSET_MUTABLE},
     }
+    body = patch_body(update)  # OnDelete: the API server's default rollingUpdate block removed
+    del body["kind"]
+    return body
+
+
+def fit_pod_template(template: dict[str, Any], fit: Mapping[str, Any], selector: Mapping[str, str]) -> None:
+    """Apply ``spec.podTemplate`` to the rendered pod template (in place): extra labels and
+    annotations (the operator's own win), the scheduling and pull fields of :data:`POD_SPEC_FIELDS`,
+    topology spread constraints (selecting this consumer's workers unless they say otherwise), and
+    extra volumes with their mounts in the worker container."""
+    meta = template.setdefault("metadata", {})
+    meta["labels"] = {**dict(fit.get("labels") or {}), **(meta.get("labels") or {})}
+    if fit.get("annotations"):
+        meta["annotations"] = {**dict(fit["annotations"]), **(meta.get("annotations") or {})}
+    pod = template["spec"]
+    for key in POD_SPEC_FIELDS:
+        if fit.get(key):
+            pod[key] = copy.deepcopy(fit[key])
+    spread = [dict(c) for c in copy.deepcopy(list(fit.get("topologySpreadConstraints") or []))]
+    for constraint in spread:
+        constraint.setdefault("labelSelector", {"matchLabels": dict(selector)})
+    if spread:
+        pod["topologySpreadConstraints"] = spread
+    pod["volumes"] = [*pod.get("volumes", []), *copy.deepcopy(list(fit.get("volumes") or []))]
+    container = pod["containers"][0]
+    mounts = copy.deepcopy(list(fit.get("volumeMounts") or []))
+    container["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short stable hash of a pod template, ignoring :data:`TEMPLATE_HASH_ANNOTATION` itself."""
+    plain = copy.deepcopy(dict(template))
+    annotations = dict((plain.get("metadata") or {}).get("annotations") or {})
+    annotations.pop(TEMPLATE_HASH_ANNOTATION, None)
+    plain.setdefault("metadata", {})["annotations"] = annotations
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stamp_template_hash(template: dict[str, Any]) -> None:
+    """Set :data:`TEMPLATE_HASH_ANNOTATION` on ``template`` (in place); call it last."""
+    meta = template.setdefault("metadata", {})
+    digest = template_hash(template)
+    meta["annotations"] = {**(meta.get("annotations") or {}), TEMPLATE_HASH_ANNOTATION: digest}
+
+
+def patch_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge-patch that brings an existing child to ``manifest``. A StatefulSet created before
+    ``OnDelete`` carries the API server's default ``rollingUpdate`` block, which is refused beside
+    ``type: OnDelete``: the patch removes it (``null``)."""
+    body = copy.deepcopy(dict(manifest))
+    strategy = (body.get("spec") or {}).get("updateStrategy")
+    on_delete = isinstance(strategy, dict) and strategy.get("type") == "OnDelete"
+    if body.get("kind") == "StatefulSet" and on_delete:
+        strategy["rollingUpdate"] = None  # type: ignore[index]
+    return body
 
 
 def service(ref: ConsumerRef) -> dict[str, Any]:
