@@ -62,10 +62,11 @@ async def test_the_operator_is_refused_what_the_chart_does_not_grant(
     assert 'cannot list resource "secrets"' in status["message"]
     other_ns = api_path("v1", "secrets", "kube-system", "x")
     assert (await _status_of(url, OPERATOR_TOKEN, "GET", other_ns))[0] == 403
-    # No delete of its children (they go with their owner), no pod deletion, no cluster RBAC.
+    # No delete of the children that go with their owner, no cluster RBAC. (StatefulSets and pods may
+    # be deleted: the opt-in recreate and the day-2 pod replacement.)
     for method, path in [
-        ("DELETE", api_path("apps/v1", "statefulsets", NS, "x")),
-        ("DELETE", api_path("v1", "pods", NS, "x")),
+        ("DELETE", api_path("v1", "services", NS, "x")),
+        ("DELETE", api_path("rbac.authorization.k8s.io/v1", "roles", NS, "x")),
         ("GET", api_path("rbac.authorization.k8s.io/v1", "clusterroles")),
     ]:
         assert (await _status_of(url, OPERATOR_TOKEN, method, path))[0] == 403, (method, path)

@@ -126,9 +126,11 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 # StatefulSet's opt-in recreate).
 # delete: only the opt-in recreate of a StatefulSet whose immutable fields a spec change would change
 # (annotation multilane.dev/recreate-on-immutable-change; propagationPolicy Orphan keeps the pods).
+# list/watch: the operator reads StatefulSets, pods and Leases from kopf indexes (watches), not by
+# per-pass GETs (multilane/operator/k8s/cache.py).
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [create, patch]
@@ -139,16 +141,18 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
 - apiGroups: [batch]
   resources: [cronjobs]
   verbs: [get, create, patch]
-# Worker pods: listed (by the consumer label) for readiness.
+# Worker pods: watched (by the consumer label) for readiness and template revisions; delete: the day-2
+# replacement of a pod that runs an outdated template, once its partitions moved to warm owners
+# (multilane/operator/rollout/replacement.py, KubernetesPlatform.replace_worker).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch, delete]
 # Worker leases NAME-<ordinal>: the operator creates them and lists the workers' renewals. get/update:
 # what the workers' Role grants (Kubernetes lets a subject grant only permissions it holds); also the
 # operator replicas' leader Lease (get, create, update; also granted by NAME-leader-election).
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, list, create, update]
+  verbs: [get, list, watch, create, update]
 {{- if .Values.networkPolicy.enabled }}
 # NetworkPolicy NAME-workers (multilane/operator/spec/network.py): created, or patched when it exists.
 - apiGroups: [networking.k8s.io]
