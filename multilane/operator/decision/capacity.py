@@ -8,7 +8,7 @@ damping (history, settle, bottleneck probes) on top, and the simulator uses both
 - ``r`` = records/s of one busy lane (:func:`estimate_lane_rate`);
 - lanes ``L = ceil(needed / r)``, ``F = clamp(ceil(L / partitions), min_factor, max_factor)``, raised
   for the busiest partition's own need; ``R`` from the per-pod lane budget and, when the pods' CPU is
-  observed, from their CPU (:func:`recommend`);
+  observed, from the busiest pod's CPU: ``ceil(partitions / R)`` partitions (:func:`recommend`);
 - the factor the pods running *now* can carry within their lane budget (:func:`factor_for_pods`):
   the policy's first speed, while new pods start.
 """
@@ -34,6 +34,7 @@ __all__ = [
     "needed_capacity",
     "recommend",
     "replicas_for",
+    "replicas_for_cpu",
 ]
 
 
@@ -155,6 +156,21 @@ def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
     return config.replica_ceiling, False
 
 
+def replicas_for_cpu(config: PolicyConfig, rate: float, pod_rate: float) -> int:
+    """The fewest pods whose *busiest* pod stays within ``target_cpu_utilisation`` at ``rate``.
+
+    Partitions are whole: ``R`` pods give the busiest one ``ceil(partitions / R)`` partitions, i.e.
+    ``rate x ceil(P / R) / P`` (10 pods on 12 partitions: two pods carry 2/12 each, not the mean
+    1.2/12). Returns ``partitions + 1`` when even one partition per pod is too much.
+    """
+    p = config.partitions
+    limit = pod_rate * config.target_cpu_utilisation
+    for r in range(1, p + 1):
+        if rate * -(-p // r) / p <= limit:
+            return r
+    return p + 1
+
+
 def recommend(
     config: PolicyConfig,
     needed: float,
@@ -171,9 +187,10 @@ def recommend(
     1. lanes needed ``L = ceil(needed / lane_rate)`` (at least one lane per partition);
     2. ``F = clamp(max(ceil(L / partitions), ceil(hottest_needed / lane_rate)), min_factor,
        max_factor)`` (rounded up: never one step short);
-    3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to
-       ``ceil(cpu_needed / (pod_rate x target_cpu_utilisation))`` when a pod's CPU capacity is known
-       (``cpu_needed``: the rate without the lane headroom; defaults to ``needed``).
+    3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to the fewest pods whose
+       busiest pod (``ceil(partitions / R)`` partitions) stays within ``target_cpu_utilisation``
+       when a pod's CPU capacity is known (:func:`replicas_for_cpu`; ``cpu_needed``: the rate
+       without the lane headroom; defaults to ``needed``).
     """
     warnings: list[str] = []
     p = config.partitions
@@ -204,8 +221,7 @@ def recommend(
         )
     if pod_rate is not None and pod_rate > 0:
         cpu_rate = needed if cpu_needed is None else cpu_needed
-        cpu_ratio = cpu_rate / (pod_rate * config.target_cpu_utilisation)
-        for_cpu = math.ceil(min(cpu_ratio, float(config.partitions + 1)))
+        for_cpu = replicas_for_cpu(config, cpu_rate, pod_rate)
         if for_cpu > config.replica_ceiling:
             warnings.append(
                 f"CPU: {cpu_rate:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "

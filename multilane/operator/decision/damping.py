@@ -46,6 +46,9 @@ class ScaleUpRecord:
     start) holds back no later demand."""
     factor_target: int = 0
     """The factor recommended when it was decided; the factor follows the new pods up to it."""
+    follow_rate: float | None = None
+    """The processing rate at the last ``factor-follows`` step of this scale-up (None: none yet);
+    the next step needs a measured gain over it (no creep)."""
 
     def beyond(self, input_rate: float, margin: float) -> bool:
         """True when ``input_rate`` is clearly beyond the demand this scale-up was sized for."""
@@ -65,8 +68,9 @@ class PolicyState:
     """Everything :meth:`AutoscalePolicy.decide` remembers between calls; owned by the caller.
 
     Invariant: ``history`` is sorted by time and holds the entries of the last
-    ``max(scale_down_delay_s, stabilisation_s)`` before the latest observation, plus the newest entry
-    older than that (so that whether the history covers the window is known on any clock).
+    ``max(2 x scale_down_delay_s, stabilisation_s)`` before the latest observation (twice the delay:
+    the periodic rule's window), plus the newest entry older than that (so that whether the history
+    covers the window is known on any clock).
     """
 
     history: list[tuple[float, int, int, float]] = field(default_factory=list)
@@ -90,6 +94,12 @@ class PolicyState:
     bottleneck_hold_until: float | None = None
     bottleneck_strikes: int = 0
     """Probes that failed too; the hold doubles with each (``bottleneck_retry_s x 2**strikes``)."""
+    last_scale_down_time: float | None = None
+    """When the group last scaled down (the start of a trough)."""
+    recurring_since: float | None = None
+    """Set when the load came back (a scale-up) within ``2 x scale_down_delay_s`` of the last
+    scale-down: the load is periodic, and a scale-down then needs the need low for twice the delay
+    (the periodic rule). Cleared by the scale-down that rule lets through (the pattern broke)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -111,6 +121,8 @@ class PolicyState:
             "bottleneck_hold_until": self.bottleneck_hold_until,
             "bottleneck_strikes": self.bottleneck_strikes,
             "sized_need": self.sized_need,
+            "last_scale_down_time": self.last_scale_down_time,
+            "recurring_since": self.recurring_since,
         }
 
     @classmethod
@@ -136,6 +148,8 @@ class PolicyState:
             bottleneck_hold_until=data.get("bottleneck_hold_until"),
             bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
             sized_need=data.get("sized_need"),
+            last_scale_down_time=data.get("last_scale_down_time"),
+            recurring_since=data.get("recurring_since"),
         )
 
 
@@ -183,6 +197,11 @@ class DampingContext:
     capped: bool
     """The recommendation is capped by a bottleneck: the lanes above it are useless."""
     summary: str
+    processing_rate: float = 0.0
+    onset_input: float = 0.0
+    """The input of the last interval: processing plus the lag's slope (0: unknown)."""
+    cpu_bound: bool = False
+    """The pods' CPU is at or above ``target_cpu_utilisation``: more lanes do not help, pods do."""
 
 
 @dataclass
@@ -198,6 +217,13 @@ class Choice:
     resized_input: float | None = None
     """Only on a ``factor-follows``: the input rate the pending scale-up is sized for from now on
     (None: unchanged). Applied by the caller (step 8 of ``decide``)."""
+
+
+DEMAND_MET_SLACK = 0.05
+"""A scale-up met the demand when, without a backlog, the processing rate is within this share of
+the input rate (the rates are windowed means: they never match exactly)."""
+FOLLOW_MIN_GAIN = 0.05
+"""A further ``factor-follows`` step needs the processing rate this share above the last step's."""
 
 
 class DampingRules:
@@ -271,12 +297,15 @@ class DampingRules:
         if pending is None or now - pending.time < cfg.settle_s or obs.rebalancing:
             return note
         state.pending_scale_up = None
-        if not has_backlog or current_lanes < pending.lanes_after:
-            return note  # demand met, or the scale-up was reverted: nothing to judge
-        # 2. judge the settled scale-up (a probe after a hold included)
+        if current_lanes < pending.lanes_after and obs.replicas < pending.replicas_after:
+            return note  # the scale-up was reverted: nothing to judge
+        # 2. judge the settled scale-up (a probe after a hold included), whatever the backlog: the
+        #    demand met (the processing keeps up with the input, no backlog) is a success; else the
+        #    processing rate must have risen by its share of the expected gain
         gain = obs.processing_rate / pending.rate_before - 1.0 if pending.rate_before > 0 else math.inf
         expected = pending.expected_gain()
-        if expected > 0 and gain < cfg.min_scale_up_gain * expected:
+        met = not has_backlog and obs.processing_rate >= obs.input_rate * (1.0 - DEMAND_MET_SLACK)
+        if not met and expected > 0 and gain < cfg.min_scale_up_gain * expected:
             if state.bottleneck is None:
                 state.bottleneck, state.bottleneck_strikes = pending, 0
             else:
@@ -294,6 +323,21 @@ class DampingRules:
         the rest of the step starts from the corrected size; ``ctx`` holds the corrected size), then
         up, follow, down or hold."""
         r, f = ctx.current_replicas, ctx.current_factor
+        if ctx.capped and rec.factor < f:
+            # a factor raised without a gain is reverted at once: the lanes above the last
+            # effective size wait on the bottleneck (downstream or CPU) and only add load to it
+            choice = Choice(
+                r,
+                rec.factor,
+                "reverted",
+                f"factor {f} -> {rec.factor}: the lanes above the last effective size did not raise "
+                "the processing rate",
+            )
+            choice.reason += f"; {ctx.summary}"
+            return choice
+        if ctx.shortfall and not ctx.capped and rec.factor <= f and rec.replicas <= r:
+            # a measured shortfall never ends in a hold: one step sized from the last interval
+            rec = self._shortfall_step(ctx, rec)
         if rec.factor > f or rec.replicas > r:
             choice = self._up(ctx, state, rec)
         elif rec.factor < f or rec.replicas < r:
@@ -304,6 +348,18 @@ class DampingRules:
         if (r, f) != (obs.replicas, obs.factor):
             choice.reason = f"clamp {obs.replicas}x{obs.factor} into bounds -> {r}x{f}; " + choice.reason
         return choice
+
+    def _shortfall_step(self, c: DampingContext, rec: Recommendation) -> Recommendation:
+        """The lag rises measurably but the recommendation is the current size: grow by the
+        shortfall's share, ``onset_input / processing_rate`` (at least one step), in pods when the
+        pods are CPU-bound or the factor is at its maximum, else in lanes."""
+        cfg = self.config
+        r, f = c.current_replicas, c.current_factor
+        ratio = c.onset_input / c.processing_rate if c.processing_rate > 0 else 2.0
+        ratio = min(max(ratio, 1.0), 2.0)
+        if c.cpu_bound or f >= cfg.max_factor:
+            return replace(rec, replicas=min(max(math.ceil(r * ratio), r + 1), cfg.replica_ceiling))
+        return replace(rec, factor=min(max(math.ceil(f * ratio), f + 1), cfg.max_factor))
 
     def within_bounds(self, replicas: int, factor: int) -> tuple[int, int]:
         """``replicas`` x ``factor`` clamped into the configured bounds."""
@@ -331,6 +387,15 @@ class DampingRules:
                 target = max(target, rec.factor)
             # never beyond the lane budget of the pods that run now (more pods wait for the settle)
             f = factor_for_pods(cfg, min(c.ready, cur_r), target, cur_f) if cfg.factor_first else target
+            if f > cur_f and not self._follow_gained(c, pending):
+                return Choice(
+                    cur_r,
+                    cur_f,
+                    "settling",
+                    f"hold {cur_r}x{cur_f}: the last factor step of the scale-up {age:.0f}s ago did not "
+                    f"raise the processing rate ({pending.follow_rate or 0.0:.1f} -> {c.processing_rate:.1f} "
+                    "rec/s): no further step",
+                )
             if f > cur_f:
                 return Choice(
                     cur_r,
@@ -351,7 +416,7 @@ class DampingRules:
             # demand grew beyond what the pending scale-up was sized for, but the pods it added
             # carry it: the factor follows them (in place, the same scale-up), now sized for it
             f = factor_for_pods(cfg, min(c.ready, cur_r), max(rec.factor, cur_f), cur_f)
-            if f > cur_f:
+            if f > cur_f and self._follow_gained(c, pending):
                 why = (
                     f"factor {cur_f} -> {f}: input {c.input_rate:.1f} rec/s grew beyond the "
                     f"{pending.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and "
@@ -404,6 +469,14 @@ class DampingRules:
             f"{cfg.stabilisation_s:.0f}s stabilisation window",
         )
 
+    @staticmethod
+    def _follow_gained(c: DampingContext, pending: ScaleUpRecord) -> bool:
+        """Each ``factor-follows`` step needs a measured gain from the step before (the first one
+        follows the pods the scale-up added)."""
+        if pending.follow_rate is None:
+            return True
+        return c.processing_rate > pending.follow_rate * (1.0 + FOLLOW_MIN_GAIN)
+
     def _pods_carry(self, c: DampingContext, pending: ScaleUpRecord, rec: Recommendation) -> bool:
         """The pending scale-up added pods, all of them are ready, and the recommendation needs no
         more: a higher factor on them answers the demand (two-speed policy only)."""
@@ -421,6 +494,24 @@ class DampingRules:
             return factor_for_pods(self.config, c.ready, wanted, c.current_factor)
         return wanted
 
+    def _periodic_hold(self, c: DampingContext, state: PolicyState) -> str | None:
+        """The periodic rule: the load came back within twice the scale-down delay after the last
+        trough, so a scale-down needs the recommendation below the current size throughout the
+        last ``2 x scale_down_delay_s`` (not into the next trough). None: no hold."""
+        if state.recurring_since is None:
+            return None
+        span = 2.0 * self.config.scale_down_delay_s
+        covered = bool(state.history) and state.history[0][0] <= c.now - span
+        window = [h for h in state.history if h[0] >= c.now - span]
+        higher = any(h[1] >= c.current_replicas and h[2] >= c.current_factor for h in window)
+        if covered and not higher:
+            return None
+        return (
+            f"the load came back {c.now - state.recurring_since:.0f}s ago within "
+            f"{span:.0f}s of the last scale-down (periodic): the size holds until the need stayed "
+            f"lower for {span:.0f}s"
+        )
+
     def _down(self, c: DampingContext, state: PolicyState, rec: Recommendation) -> Choice:
         """A smaller size is recommended: delay, tolerance and window max decide."""
         cfg = self.config
@@ -436,6 +527,9 @@ class DampingRules:
             return Choice(
                 cur_r, cur_f, "scale-down-delay", f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay"
             )
+        periodic = self._periodic_hold(c, state)
+        if periodic is not None:
+            return Choice(cur_r, cur_f, "periodic", f"{hold} waits: {periodic}")
         window = [h for h in state.history if h[0] >= c.now - cfg.scale_down_delay_s]
         high_r = max(h[1] for h in window)
         high_f = max(h[2] for h in window)
