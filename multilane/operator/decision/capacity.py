@@ -46,7 +46,8 @@ class LaneRateEstimate:
     """> 0."""
     source: str
     """``observed`` (rate / busy lanes), ``saturated`` (rate / all lanes while a backlog stands),
-    ``previous`` (last estimate) or ``default`` (configured; nothing observed yet)."""
+    ``cpu-bound`` (the last estimate, kept while the pods' CPU is saturated), ``previous`` (last
+    estimate) or ``default`` (configured; nothing observed yet)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class Recommendation:
     warnings: tuple[str, ...] = ()
 
 
+CPU_SATURATED = 0.9
+"""Mean CPU utilisation of the pods at or above which a lane-rate measurement shows the CPU's limit."""
+
 MIN_LANE_RATE = 1e-6
 """Records/s; lane-rate estimates below this are treated as "not observed" (they would explode L)."""
 
@@ -74,6 +78,10 @@ def backlog_threshold(config: PolicyConfig, input_rate: float) -> float:
 def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float | None) -> LaneRateEstimate:
     """Records/s one lane completes (the key input of the policy).
 
+    0. While the pods' CPU is saturated (at or above :data:`CPU_SATURATED`), the previous estimate:
+       lanes then wait for the CPU, not for their records, and a rate per busy lane measured there
+       is the CPU's limit spread over the lanes (a lane counts as useful only up to the CPU's
+       measured limit; more lanes would not help, pods do).
     1. ``processing_rate / busy_lanes`` when busy lanes are reported (>= 0.5 lane busy on average)
        and records were processed: the service rate of a busy lane, independent of the load.
     2. Else, while a backlog stands, every lane is busy: ``processing_rate / (partitions x factor)``.
@@ -83,6 +91,10 @@ def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float |
     """
     lanes = config.partitions * max(obs.factor, 1)
     backlog = sum(obs.lag_by_partition.values())
+    # 0.
+    cpu_bound = obs.cpu_utilisation is not None and obs.cpu_utilisation >= CPU_SATURATED
+    if cpu_bound and previous is not None and previous >= MIN_LANE_RATE:
+        return LaneRateEstimate(previous, "cpu-bound")
     # 1.
     if obs.busy_lanes is not None and obs.busy_lanes >= 0.5:
         rate = obs.processing_rate / obs.busy_lanes

@@ -96,10 +96,13 @@ class PolicyState:
     """Probes that failed too; the hold doubles with each (``bottleneck_retry_s x 2**strikes``)."""
     last_scale_down_time: float | None = None
     """When the group last scaled down (the start of a trough)."""
+    last_scale_down_need: float | None = None
+    """The needed rate that scale-down was sized for (the trough's need)."""
     recurring_since: float | None = None
-    """Set when the load came back (a scale-up) within ``2 x scale_down_delay_s`` of the last
-    scale-down: the load is periodic, and a scale-down then needs the need low for twice the delay
-    (the periodic rule). Cleared by the scale-down that rule lets through (the pattern broke)."""
+    """Set when the need came back (above the trough's by more than ``shortfall_margin``) within
+    ``2 x scale_down_delay_s`` of the last scale-down: the load is periodic, and a scale-down then
+    goes only to the highest recommendation of twice the delay (the periodic rule). Cleared by a
+    scale-down after the need stayed low for twice the delay (the pattern broke)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable copy."""
@@ -122,6 +125,7 @@ class PolicyState:
             "bottleneck_strikes": self.bottleneck_strikes,
             "sized_need": self.sized_need,
             "last_scale_down_time": self.last_scale_down_time,
+            "last_scale_down_need": self.last_scale_down_need,
             "recurring_since": self.recurring_since,
         }
 
@@ -149,6 +153,7 @@ class PolicyState:
             bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
             sized_need=data.get("sized_need"),
             last_scale_down_time=data.get("last_scale_down_time"),
+            last_scale_down_need=data.get("last_scale_down_need"),
             recurring_since=data.get("recurring_since"),
         )
 
@@ -217,6 +222,9 @@ class Choice:
     resized_input: float | None = None
     """Only on a ``factor-follows``: the input rate the pending scale-up is sized for from now on
     (None: unchanged). Applied by the caller (step 8 of ``decide``)."""
+    ends_pattern: bool = False
+    """Only on a ``scale-down`` of a periodic load: the need stayed low for twice the delay, so the
+    load is no longer taken as periodic. Applied by the caller (step 8)."""
 
 
 DEMAND_MET_SLACK = 0.05
@@ -494,26 +502,13 @@ class DampingRules:
             return factor_for_pods(self.config, c.ready, wanted, c.current_factor)
         return wanted
 
-    def _periodic_hold(self, c: DampingContext, state: PolicyState) -> str | None:
-        """The periodic rule: the load came back within twice the scale-down delay after the last
-        trough, so a scale-down needs the recommendation below the current size throughout the
-        last ``2 x scale_down_delay_s`` (not into the next trough). None: no hold."""
-        if state.recurring_since is None:
-            return None
-        span = 2.0 * self.config.scale_down_delay_s
-        covered = bool(state.history) and state.history[0][0] <= c.now - span
-        window = [h for h in state.history if h[0] >= c.now - span]
-        higher = any(h[1] >= c.current_replicas and h[2] >= c.current_factor for h in window)
-        if covered and not higher:
-            return None
-        return (
-            f"the load came back {c.now - state.recurring_since:.0f}s ago within "
-            f"{span:.0f}s of the last scale-down (periodic): the size holds until the need stayed "
-            f"lower for {span:.0f}s"
-        )
-
     def _down(self, c: DampingContext, state: PolicyState, rec: Recommendation) -> Choice:
-        """A smaller size is recommended: delay, tolerance and window max decide."""
+        """A smaller size is recommended: delay, tolerance and window max decide.
+
+        The window is the scale-down delay, or for a periodic load (``state.recurring_since``: it
+        came back within twice the delay after the last trough) twice the delay: the size keeps the
+        floor of the last cycle and never scales down into the next trough. A scale-down whose long
+        window is no higher than the short one ends the pattern (the load stayed low)."""
         cfg = self.config
         cur_r, cur_f = c.current_replicas, c.current_factor
         hold = f"hold {cur_r}x{cur_f}: scale-down to {rec.replicas}x{rec.factor}"
@@ -521,19 +516,27 @@ class DampingRules:
             return Choice(
                 cur_r, cur_f, "draining", f"{hold} waits: no scale-down while a backlog is draining"
             )
+        delay = cfg.scale_down_delay_s
         since_change = c.now - state.last_change_time if state.last_change_time is not None else 0.0
-        covered = bool(state.history) and state.history[0][0] <= c.now - cfg.scale_down_delay_s
-        if since_change < cfg.scale_down_delay_s or not covered:
-            return Choice(
-                cur_r, cur_f, "scale-down-delay", f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay"
-            )
-        periodic = self._periodic_hold(c, state)
-        if periodic is not None:
-            return Choice(cur_r, cur_f, "periodic", f"{hold} waits: {periodic}")
-        window = [h for h in state.history if h[0] >= c.now - cfg.scale_down_delay_s]
-        high_r = max(h[1] for h in window)
-        high_f = max(h[2] for h in window)
-        high_need = max(h[3] for h in window)
+        covered = bool(state.history) and state.history[0][0] <= c.now - delay
+        if since_change < delay or not covered:
+            return Choice(cur_r, cur_f, "scale-down-delay", f"{hold} waits for the {delay:.0f}s delay")
+        short = _window_max(state.history, c.now - delay)
+        periodic = state.recurring_since is not None
+        if periodic:
+            long_covered = state.history[0][0] <= c.now - 2.0 * delay
+            high = _window_max(state.history, c.now - 2.0 * delay)
+            if not long_covered or (min(cur_r, high[0]), min(cur_f, high[1])) == (cur_r, cur_f):
+                return Choice(
+                    cur_r,
+                    cur_f,
+                    "periodic",
+                    f"{hold} waits: the load came back within {2 * delay:.0f}s of the last trough "
+                    f"(periodic): the size keeps the floor of the last {2 * delay:.0f}s",
+                )
+        else:
+            high = short
+        high_r, high_f, high_need = high
         sized = state.sized_need
         tolerated = sized is not None and high_need >= (1.0 - cfg.scale_down_tolerance) * sized
         if tolerated and not c.capped:
@@ -541,7 +544,7 @@ class DampingRules:
                 cur_r,
                 cur_f,
                 "within-tolerance",
-                f"{hold} waits: the highest need of the last {cfg.scale_down_delay_s:.0f}s, "
+                f"{hold} waits: the highest need of the last {delay:.0f}s, "
                 f"{high_need:.1f} rec/s, is within {cfg.scale_down_tolerance:.0%} of the {sized:.1f} rec/s "
                 f"the size was chosen for",
             )
@@ -551,14 +554,21 @@ class DampingRules:
                 cur_r,
                 cur_f,
                 "recently-higher",
-                f"hold {cur_r}x{cur_f}: a higher size was recommended within the last "
-                f"{cfg.scale_down_delay_s:.0f}s",
+                f"hold {cur_r}x{cur_f}: a higher size was recommended within the last {delay:.0f}s",
             )
+        span = 2 * delay if periodic else delay
         return Choice(
             r,
             f,
             "scale-down",
-            f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last "
-            f"{cfg.scale_down_delay_s:.0f}s",
+            f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last {span:.0f}s"
+            + (" (periodic load)" if periodic else ""),
             sized_for=high_need,
+            ends_pattern=periodic and high[:2] == short[:2],
         )
+
+
+def _window_max(history: list[tuple[float, int, int, float]], since: float) -> tuple[int, int, float]:
+    """The highest replicas, factor and needed rate recommended at or after ``since``."""
+    window = [h for h in history if h[0] >= since] or history[-1:]
+    return max(h[1] for h in window), max(h[2] for h in window), max(h[3] for h in window)

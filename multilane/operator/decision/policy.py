@@ -306,10 +306,6 @@ class AutoscalePolicy:
             state.sized_need = choice.sized_for if choice.sized_for is not None else sizing.needed
             if cfg.partitions * choice.factor > current_lanes or choice.replicas > obs.replicas:
                 pending = state.pending_scale_up
-                # 8a. the periodic rule: the load came back within twice the delay of a trough
-                last_down = state.last_scale_down_time
-                if last_down is not None and now - last_down <= 2.0 * cfg.scale_down_delay_s:
-                    state.recurring_since = now
                 if choice.rule == "factor-follows" and pending is not None:
                     # the same scale-up, completed as its pods became ready (and re-sized when the
                     # demand grew beyond it but its pods carry it); the next step needs a gain
@@ -335,9 +331,21 @@ class AutoscalePolicy:
                 state.pending_scale_up = None
                 if choice.rule == "scale-down":
                     state.last_scale_down_time = now
-                    state.recurring_since = None  # the need stayed low for the periodic window
+                    state.last_scale_down_need = choice.sized_for
+                    if choice.ends_pattern:
+                        state.recurring_since = None  # the need stayed low for the periodic window
         elif state.last_change_time is None:
             state.last_change_time = now
+        # 8a. the periodic rule: the need came back (above the trough's by more than the shortfall
+        #     margin) within twice the scale-down delay after the last scale-down
+        trough_at, trough_need = state.last_scale_down_time, state.last_scale_down_need
+        if (
+            trough_at is not None
+            and trough_need is not None
+            and now - trough_at <= 2.0 * cfg.scale_down_delay_s
+            and sizing.needed > trough_need * (1.0 + cfg.shortfall_margin)
+        ):
+            state.recurring_since = now
         if sizing.lane_rate.source in ("observed", "saturated"):
             state.lane_rate = sizing.lane_rate.rate
         state.pod_rate = sizing.pod_rate
