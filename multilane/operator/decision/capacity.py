@@ -46,8 +46,9 @@ class LaneRateEstimate:
     """> 0."""
     source: str
     """``observed`` (rate / busy lanes), ``saturated`` (rate / all lanes while a backlog stands),
-    ``cpu-bound`` (the last estimate, kept while the pods' CPU is saturated), ``previous`` (last
-    estimate) or ``default`` (configured; nothing observed yet)."""
+    ``cpu-bound`` (the last estimate, kept while the pods' CPU is saturated), ``limited`` (half the
+    last estimate: the measured rate fell faster than that), ``previous`` (last estimate) or
+    ``default`` (configured; nothing observed yet)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Recommendation:
 
 CPU_SATURATED = 0.9
 """Mean CPU utilisation of the pods at or above which a lane-rate measurement shows the CPU's limit."""
+
+MAX_LANE_RATE_DROP = 0.5
+"""A new lane-rate estimate is at least this share of the previous one."""
 
 MIN_LANE_RATE = 1e-6
 """Records/s; lane-rate estimates below this are treated as "not observed" (they would explode L)."""
@@ -85,6 +89,11 @@ def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float |
     1. ``processing_rate / busy_lanes`` when busy lanes are reported (>= 0.5 lane busy on average)
        and records were processed: the service rate of a busy lane, independent of the load.
     2. Else, while a backlog stands, every lane is busy: ``processing_rate / (partitions x factor)``.
+
+    In 1 and 2 the estimate falls by at most :data:`MAX_LANE_RATE_DROP` per decision (source
+    ``limited``): a sudden collapse of the rate per busy lane is lanes waiting on a limit that more
+    lanes do not raise (the CPU before its windowed mean shows it, a saturated downstream); a real
+    slowdown still shows within a few decisions.
     3. Else the previous estimate, else ``config.default_lane_rate``.
 
     Estimates below :data:`MIN_LANE_RATE` are discarded at each step.
@@ -95,16 +104,19 @@ def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float |
     cpu_bound = obs.cpu_utilisation is not None and obs.cpu_utilisation >= CPU_SATURATED
     if cpu_bound and previous is not None and previous >= MIN_LANE_RATE:
         return LaneRateEstimate(previous, "cpu-bound")
+    floor = previous * MAX_LANE_RATE_DROP if previous is not None else 0.0
     # 1.
     if obs.busy_lanes is not None and obs.busy_lanes >= 0.5:
         rate = obs.processing_rate / obs.busy_lanes
         if rate >= MIN_LANE_RATE:
-            return LaneRateEstimate(rate, "observed")
+            return LaneRateEstimate(rate, "observed") if rate >= floor else LaneRateEstimate(floor, "limited")
     # 2.
     if backlog > backlog_threshold(config, obs.input_rate) and obs.replicas > 0:
         rate = obs.processing_rate / lanes
         if rate >= MIN_LANE_RATE:
-            return LaneRateEstimate(rate, "saturated")
+            return (
+                LaneRateEstimate(rate, "saturated") if rate >= floor else LaneRateEstimate(floor, "limited")
+            )
     # 3.
     if previous is not None and previous >= MIN_LANE_RATE:
         return LaneRateEstimate(previous, "previous")

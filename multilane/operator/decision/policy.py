@@ -346,7 +346,7 @@ class AutoscalePolicy:
             and sizing.needed > trough_need * (1.0 + cfg.shortfall_margin)
         ):
             state.recurring_since = now
-        if sizing.lane_rate.source in ("observed", "saturated"):
+        if sizing.lane_rate.source in ("observed", "saturated", "limited"):
             state.lane_rate = sizing.lane_rate.rate
         state.pod_rate = sizing.pod_rate
         state.last_lag = backlog
