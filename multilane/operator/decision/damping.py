@@ -92,6 +92,10 @@ class PolicyState:
     """Set when a scale-up proved ineffective: until ``bottleneck_hold_until`` recommendations are
     capped at its "before" size (the last effective one), then at twice that (one probe)."""
     bottleneck_hold_until: float | None = None
+    bottleneck_ceiling: float | None = None
+    """The processing rate (rec/s) when the bottleneck was found: the measured limit. The bottleneck
+    is forgotten only when the processing rises clearly above it (None: from an older state, then
+    the rate before the ineffective scale-up is used)."""
     bottleneck_strikes: int = 0
     """Probes that failed too; the hold doubles with each (``bottleneck_retry_s x 2**strikes``)."""
     last_scale_down_time: float | None = None
@@ -122,6 +126,7 @@ class PolicyState:
             "pending_scale_up": rec(self.pending_scale_up),
             "bottleneck": rec(self.bottleneck),
             "bottleneck_hold_until": self.bottleneck_hold_until,
+            "bottleneck_ceiling": self.bottleneck_ceiling,
             "bottleneck_strikes": self.bottleneck_strikes,
             "sized_need": self.sized_need,
             "last_scale_down_time": self.last_scale_down_time,
@@ -150,6 +155,7 @@ class PolicyState:
             pending_scale_up=rec(data.get("pending_scale_up")),
             bottleneck=rec(data.get("bottleneck")),
             bottleneck_hold_until=data.get("bottleneck_hold_until"),
+            bottleneck_ceiling=data.get("bottleneck_ceiling"),
             bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
             sized_need=data.get("sized_need"),
             last_scale_down_time=data.get("last_scale_down_time"),
@@ -284,7 +290,12 @@ class DampingRules:
         return BottleneckCap(rec, warning)
 
     def judge_scale_up(
-        self, obs: Observation, state: PolicyState, has_backlog: bool, current_lanes: int
+        self,
+        obs: Observation,
+        state: PolicyState,
+        has_backlog: bool,
+        current_lanes: int,
+        lag_rising: bool = False,
     ) -> str | None:
         """Step 4: judge the pending scale-up once settled; clear a bottleneck that no longer holds.
 
@@ -294,12 +305,16 @@ class DampingRules:
         note: str | None = None
         bottleneck = state.bottleneck
         if bottleneck is not None:
-            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck
-            risen = obs.processing_rate > bottleneck.rate_before * (
+            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck. The
+            #    reference is the limit measured when it was found, not the rate before the
+            #    ineffective scale-up (an input growing up to the limit is no recovery)
+            ceiling = state.bottleneck_ceiling or bottleneck.rate_before
+            risen = obs.processing_rate > max(ceiling, bottleneck.rate_before) * (
                 1.0 + max(cfg.min_scale_up_gain * bottleneck.expected_gain(), 0.05)
             )
             if risen:
                 state.bottleneck, state.bottleneck_hold_until, state.bottleneck_strikes = None, None, 0
+                state.bottleneck_ceiling = None
                 note = "judged: the bottleneck lifted (the processing rate rose)"
         pending = state.pending_scale_up
         if pending is None or now - pending.time < cfg.settle_s or obs.rebalancing:
@@ -308,20 +323,31 @@ class DampingRules:
         if current_lanes < pending.lanes_after and obs.replicas < pending.replicas_after:
             return note  # the scale-up was reverted: nothing to judge
         # 2. judge the settled scale-up (a probe after a hold included), whatever the backlog: the
-        #    demand met (the processing keeps up with the input, no backlog) is a success; else the
+        #    demand met (the processing keeps up with the input, no backlog, the lag not rising) is a
+        #    success; else the
         #    processing rate must have risen by its share of the expected gain
         gain = obs.processing_rate / pending.rate_before - 1.0 if pending.rate_before > 0 else math.inf
         expected = pending.expected_gain()
-        met = not has_backlog and obs.processing_rate >= obs.input_rate * (1.0 - DEMAND_MET_SLACK)
+        met = (
+            not has_backlog
+            and not lag_rising
+            and obs.processing_rate >= obs.input_rate * (1.0 - DEMAND_MET_SLACK)
+        )
         if not met and expected > 0 and gain < cfg.min_scale_up_gain * expected:
             if state.bottleneck is None:
                 state.bottleneck, state.bottleneck_strikes = pending, 0
+                state.bottleneck_ceiling = obs.processing_rate
             else:
+                # a further attempt failed too: its demand is now what the bottleneck was seen at
+                # (a demand beyond it lifts the cap again, not the demand of the first attempt)
                 state.bottleneck_strikes += 1
+                if pending.sized_for is not None:
+                    state.bottleneck.sized_for = max(state.bottleneck.sized_for or 0.0, pending.sized_for)
             state.bottleneck_hold_until = now + cfg.bottleneck_retry_s * 2**state.bottleneck_strikes
             return f"judged: ineffective (gain {gain:.2f} of {expected:.2f} expected)"
         if state.bottleneck is not None:
             state.bottleneck, state.bottleneck_hold_until, state.bottleneck_strikes = None, None, 0
+            state.bottleneck_ceiling = None
         return f"judged: effective (gain {gain:.2f} of {expected:.2f} expected)"
 
     def choose(
@@ -480,10 +506,14 @@ class DampingRules:
     @staticmethod
     def _follow_gained(c: DampingContext, pending: ScaleUpRecord) -> bool:
         """Each ``factor-follows`` step needs a measured gain from the step before (the first one
-        follows the pods the scale-up added)."""
-        if pending.follow_rate is None:
+        follows the pods the scale-up added; without new pods it needs a gain over the rate before
+        the scale-up)."""
+        reference = pending.follow_rate
+        if reference is None and pending.replicas_after <= pending.replicas_before:
+            reference = pending.rate_before  # a factor-only scale-up: no pods to follow
+        if reference is None:
             return True
-        return c.processing_rate > pending.follow_rate * (1.0 + FOLLOW_MIN_GAIN)
+        return c.processing_rate > reference * (1.0 + FOLLOW_MIN_GAIN)
 
     def _pods_carry(self, c: DampingContext, pending: ScaleUpRecord, rec: Recommendation) -> bool:
         """The pending scale-up added pods, all of them are ready, and the recommendation needs no

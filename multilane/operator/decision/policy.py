@@ -182,7 +182,9 @@ class AutoscalePolicy:
         # 3.
         sizing = self._size(obs, state, signals)
         # 4.
-        verdict = self.rules.judge_scale_up(obs, state, signals.has_backlog, current_lanes)
+        verdict = self.rules.judge_scale_up(
+            obs, state, signals.has_backlog, current_lanes, signals.lag_rising
+        )
         # 5.
         rec = sizing.recommendation
         bottleneck = None
