@@ -95,8 +95,8 @@ def test_the_four_new_traces_are_seeded_and_shaped() -> None:
     for name in ("square_wave", "saturated_ramp", "crowd", "uneven_partitions"):
         assert name in TRACE_NAMES
     square = make_trace("square_wave", None, 12, 1)
-    assert set(np.unique(square.rate)) == {100.0, 700.0} and len(square.events) >= 6
-    assert np.diff(square.events).tolist() == [480.0] * (len(square.events) - 1)
+    assert set(np.unique(square.rate)) == {100.0, 700.0} and len(square.events) >= 5
+    assert np.diff(square.events).tolist() == [600.0] * (len(square.events) - 1)
     assert not np.array_equal(square.rate, make_trace("square_wave", None, 12, 2).rate)
     ramp = make_trace("saturated_ramp", None, 12, 1)
     assert ramp.rate.max() == pytest.approx(1200) and ramp.duration_s == 9000

@@ -295,7 +295,7 @@ class DampingRules:
         state: PolicyState,
         has_backlog: bool,
         current_lanes: int,
-        lag_rising: bool = False,
+        shortfall: bool = False,
     ) -> str | None:
         """Step 4: judge the pending scale-up once settled; clear a bottleneck that no longer holds.
 
@@ -323,14 +323,14 @@ class DampingRules:
         if current_lanes < pending.lanes_after and obs.replicas < pending.replicas_after:
             return note  # the scale-up was reverted: nothing to judge
         # 2. judge the settled scale-up (a probe after a hold included), whatever the backlog: the
-        #    demand met (the processing keeps up with the input, no backlog, the lag not rising) is a
+        #    demand met (the processing keeps up with the input, no backlog, no shortfall) is a
         #    success; else the
         #    processing rate must have risen by its share of the expected gain
         gain = obs.processing_rate / pending.rate_before - 1.0 if pending.rate_before > 0 else math.inf
         expected = pending.expected_gain()
         met = (
             not has_backlog
-            and not lag_rising
+            and not shortfall
             and obs.processing_rate >= obs.input_rate * (1.0 - DEMAND_MET_SLACK)
         )
         if not met and expected > 0 and gain < cfg.min_scale_up_gain * expected:
@@ -422,13 +422,14 @@ class DampingRules:
             # never beyond the lane budget of the pods that run now (more pods wait for the settle)
             f = factor_for_pods(cfg, min(c.ready, cur_r), target, cur_f) if cfg.factor_first else target
             if f > cur_f and not self._follow_gained(c, pending):
+                reference = pending.follow_rate if pending.follow_rate is not None else pending.rate_before
                 return Choice(
                     cur_r,
                     cur_f,
                     "settling",
                     f"hold {cur_r}x{cur_f}: the last factor step of the scale-up {age:.0f}s ago did not "
-                    f"raise the processing rate ({pending.follow_rate or 0.0:.1f} -> {c.processing_rate:.1f} "
-                    "rec/s): no further step",
+                    f"raise the processing rate ({reference:.1f} -> {c.processing_rate:.1f} rec/s): no "
+                    "further step",
                 )
             if f > cur_f:
                 return Choice(
@@ -503,11 +504,12 @@ class DampingRules:
             f"{cfg.stabilisation_s:.0f}s stabilisation window",
         )
 
-    @staticmethod
-    def _follow_gained(c: DampingContext, pending: ScaleUpRecord) -> bool:
+    def _follow_gained(self, c: DampingContext, pending: ScaleUpRecord) -> bool:
         """Each ``factor-follows`` step needs a measured gain from the step before (the first one
         follows the pods the scale-up added; without new pods it needs a gain over the rate before
         the scale-up)."""
+        if c.current_factor * self.config.partitions < pending.lanes_after:
+            return True  # the step before is not in effect (not applied yet): nothing to measure
         reference = pending.follow_rate
         if reference is None and pending.replicas_after <= pending.replicas_before:
             reference = pending.rate_before  # a factor-only scale-up: no pods to follow

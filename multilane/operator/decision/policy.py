@@ -182,9 +182,7 @@ class AutoscalePolicy:
         # 3.
         sizing = self._size(obs, state, signals)
         # 4.
-        verdict = self.rules.judge_scale_up(
-            obs, state, signals.has_backlog, current_lanes, signals.lag_rising
-        )
+        verdict = self.rules.judge_scale_up(obs, state, signals.has_backlog, current_lanes, signals.shortfall)
         # 5.
         rec = sizing.recommendation
         bottleneck = None
