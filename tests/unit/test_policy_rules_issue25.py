@@ -131,7 +131,8 @@ def test_the_onset_is_sized_from_the_last_interval() -> None:
 
 def test_a_measured_shortfall_never_ends_in_a_hold() -> None:
     """The recommendation equals the current size (the window under-reads the input) while the lag
-    rises measurably: the policy still scales up, by the shortfall's share (here in lanes)."""
+    rises measurably (above a second of input, and the input above the processing rate by 1.1x):
+    the policy still scales up, by the shortfall's share (here in lanes)."""
     config = replace(CFG, min_factor=16)
     policy = AutoscalePolicy(config)
     state = PolicyState()

@@ -213,6 +213,9 @@ class DampingContext:
     """The input of the last interval: processing plus the lag's slope (0: unknown)."""
     cpu_bound: bool = False
     """The pods' CPU is at or above ``target_cpu_utilisation``: more lanes do not help, pods do."""
+    measured_shortfall: bool = False
+    """A shortfall that both signals show: the lag rising above a second of input (and 100
+    records) and the input above the processing rate by ``shortfall_input_ratio``."""
 
 
 @dataclass
@@ -369,7 +372,7 @@ class DampingRules:
             )
             choice.reason += f"; {ctx.summary}"
             return choice
-        if ctx.shortfall and not ctx.capped and rec.factor <= f and rec.replicas <= r:
+        if ctx.measured_shortfall and not ctx.capped and rec.factor <= f and rec.replicas <= r:
             # a measured shortfall never ends in a hold: one step sized from the last interval
             rec = self._shortfall_step(ctx, rec)
         if rec.factor > f or rec.replicas > r:

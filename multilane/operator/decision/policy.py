@@ -206,6 +206,9 @@ class AutoscalePolicy:
             input_rate=obs.input_rate,
             rebalancing=obs.rebalancing,
             shortfall=signals.shortfall,
+            measured_shortfall=signals.shortfall
+            and signals.backlog > max(100.0, obs.input_rate * cfg.rising_lag_threshold_s)
+            and obs.input_rate > obs.processing_rate * cfg.shortfall_input_ratio,
             draining=signals.draining,
             capped=capped_by is not None,
             processing_rate=obs.processing_rate,
