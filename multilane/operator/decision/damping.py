@@ -213,6 +213,8 @@ class DampingContext:
     """The input of the last interval: processing plus the lag's slope (0: unknown)."""
     cpu_bound: bool = False
     """The pods' CPU is at or above ``target_cpu_utilisation``: more lanes do not help, pods do."""
+    sizing_input: float = 0.0
+    """The input the need was sized for (the windowed input, or the last interval's at an onset)."""
     measured_shortfall: bool = False
     """A shortfall that both signals show: the lag rising above a second of input (and 100
     records) and the input above the processing rate by ``shortfall_input_ratio``."""
@@ -460,7 +462,9 @@ class DampingRules:
                     f"{pending.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and "
                     f"its {c.ready} of {cur_r} pods carry it"
                 )
-                return Choice(cur_r, f, "factor-follows", why, resized_input=c.input_rate)
+                return Choice(
+                    cur_r, f, "factor-follows", why, resized_input=max(c.input_rate, c.sizing_input)
+                )
         if c.shortfall:
             r = max(rec.replicas, cur_r)
             f = self._factor_now(c, r, max(rec.factor, cur_f))

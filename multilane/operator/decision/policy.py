@@ -213,6 +213,7 @@ class AutoscalePolicy:
             capped=capped_by is not None,
             processing_rate=obs.processing_rate,
             onset_input=sizing.onset_input,
+            sizing_input=sizing.sizing_input,
             cpu_bound=obs.cpu_utilisation is not None and obs.cpu_utilisation >= cfg.target_cpu_utilisation,
             summary=summary(
                 rec.needed_rate,
