@@ -257,15 +257,17 @@ def square_wave_trace(
     seed: int,
     low: float = 100.0,
     high: float = 700.0,
-    period_s: int = 480,
+    period_s: int = 600,
+    high_s: int = 200,
 ) -> Trace:
-    """Periodic load: ``low`` rec/s, then ``high`` rec/s for the second half of every ``period_s``
-    (480 s: longer than the 300 s scale-down delay, so the troughs invite a scale-down); the first
-    period starts at a seeded offset within the first period."""
+    """Periodic load: ``high`` rec/s for ``high_s`` seconds, then ``low`` rec/s for the rest of every
+    ``period_s`` (troughs of 400 s: longer than the 300 s scale-down delay, so each trough invites a
+    scale-down shortly before the load comes back); the first period starts at a seeded offset
+    within the first period."""
     rng = np.random.default_rng(seed)
     offset = int(rng.integers(0, period_s))
     t = np.arange(duration_s) + offset
-    rate = np.where((t % period_s) >= period_s // 2, high, low).astype(float)
+    rate = np.where((t % period_s) >= period_s - high_s, high, low).astype(float)
     starts = tuple(float(i) for i in range(1, duration_s) if rate[i] > rate[i - 1])
     first = starts[0] if starts else None
     return Trace("square_wave", rate, _uniform(duration_s, partitions), _ones(duration_s), first, starts)

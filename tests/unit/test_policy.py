@@ -301,10 +301,12 @@ def test_hot_partition_raises_the_factor() -> None:
 
 def test_cpu_bound_pods_add_replicas() -> None:
     # one pod at 95 % CPU processes 285 rec/s: a pod handles 300 rec/s at 100 %. The input is 900
-    # rec/s: ceil(900 / (300 x 0.7)) = 5 pods (lanes alone would keep 1 pod).
+    # rec/s: the mean would need ceil(900 / (300 x 0.7)) = 5 pods, but 5 pods on 12 partitions give
+    # the busiest pod 3 partitions (225 rec/s > 210): 6 pods (2 each, 150 rec/s). Lanes alone would
+    # keep 1 pod. (Issue 25: size for the busiest pod, ceil(P/R).)
     o = replace(obs(0, lag=0, input_rate=900, processing_rate=285, factor=1), cpu_utilisation=0.95)
     d, state = AutoscalePolicy(CFG).decide(o, PolicyState())
-    assert d.replicas == 5, d.reason
+    assert d.replicas == 6, d.reason
     assert d.inputs["pod_rate"] == pytest.approx(300)
     assert state.pod_rate == pytest.approx(300)
     without_cpu, _ = AutoscalePolicy(CFG).decide(replace(o, cpu_utilisation=None), PolicyState())

@@ -8,7 +8,7 @@ damping (history, settle, bottleneck probes) on top, and the simulator uses both
 - ``r`` = records/s of one busy lane (:func:`estimate_lane_rate`);
 - lanes ``L = ceil(needed / r)``, ``F = clamp(ceil(L / partitions), min_factor, max_factor)``, raised
   for the busiest partition's own need; ``R`` from the per-pod lane budget and, when the pods' CPU is
-  observed, from their CPU (:func:`recommend`);
+  observed, from the busiest pod's CPU: ``ceil(partitions / R)`` partitions (:func:`recommend`);
 - the factor the pods running *now* can carry within their lane budget (:func:`factor_for_pods`):
   the policy's first speed, while new pods start.
 """
@@ -34,6 +34,7 @@ __all__ = [
     "needed_capacity",
     "recommend",
     "replicas_for",
+    "replicas_for_cpu",
 ]
 
 
@@ -45,7 +46,9 @@ class LaneRateEstimate:
     """> 0."""
     source: str
     """``observed`` (rate / busy lanes), ``saturated`` (rate / all lanes while a backlog stands),
-    ``previous`` (last estimate) or ``default`` (configured; nothing observed yet)."""
+    ``cpu-bound`` (the last estimate, kept while the pods' CPU is saturated), ``limited`` (half the
+    last estimate: the measured rate fell faster than that), ``previous`` (last estimate) or
+    ``default`` (configured; nothing observed yet)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,12 @@ class Recommendation:
     warnings: tuple[str, ...] = ()
 
 
+CPU_SATURATED = 0.9
+"""Mean CPU utilisation of the pods at or above which a lane-rate measurement shows the CPU's limit."""
+
+MAX_LANE_RATE_DROP = 0.5
+"""A new lane-rate estimate is at least this share of the previous one."""
+
 MIN_LANE_RATE = 1e-6
 """Records/s; lane-rate estimates below this are treated as "not observed" (they would explode L)."""
 
@@ -73,25 +82,41 @@ def backlog_threshold(config: PolicyConfig, input_rate: float) -> float:
 def estimate_lane_rate(obs: Observation, config: PolicyConfig, previous: float | None) -> LaneRateEstimate:
     """Records/s one lane completes (the key input of the policy).
 
+    0. While the pods' CPU is saturated (at or above :data:`CPU_SATURATED`), the previous estimate:
+       lanes then wait for the CPU, not for their records, and a rate per busy lane measured there
+       is the CPU's limit spread over the lanes (a lane counts as useful only up to the CPU's
+       measured limit; more lanes would not help, pods do).
     1. ``processing_rate / busy_lanes`` when busy lanes are reported (>= 0.5 lane busy on average)
        and records were processed: the service rate of a busy lane, independent of the load.
     2. Else, while a backlog stands, every lane is busy: ``processing_rate / (partitions x factor)``.
+
+    In 1 and 2 the estimate falls by at most :data:`MAX_LANE_RATE_DROP` per decision (source
+    ``limited``): a sudden collapse of the rate per busy lane is lanes waiting on a limit that more
+    lanes do not raise (the CPU before its windowed mean shows it, a saturated downstream); a real
+    slowdown still shows within a few decisions.
     3. Else the previous estimate, else ``config.default_lane_rate``.
 
     Estimates below :data:`MIN_LANE_RATE` are discarded at each step.
     """
     lanes = config.partitions * max(obs.factor, 1)
     backlog = sum(obs.lag_by_partition.values())
+    # 0.
+    cpu_bound = obs.cpu_utilisation is not None and obs.cpu_utilisation >= CPU_SATURATED
+    if cpu_bound and previous is not None and previous >= MIN_LANE_RATE:
+        return LaneRateEstimate(previous, "cpu-bound")
+    floor = previous * MAX_LANE_RATE_DROP if previous is not None else 0.0
     # 1.
     if obs.busy_lanes is not None and obs.busy_lanes >= 0.5:
         rate = obs.processing_rate / obs.busy_lanes
         if rate >= MIN_LANE_RATE:
-            return LaneRateEstimate(rate, "observed")
+            return LaneRateEstimate(rate, "observed") if rate >= floor else LaneRateEstimate(floor, "limited")
     # 2.
     if backlog > backlog_threshold(config, obs.input_rate) and obs.replicas > 0:
         rate = obs.processing_rate / lanes
         if rate >= MIN_LANE_RATE:
-            return LaneRateEstimate(rate, "saturated")
+            return (
+                LaneRateEstimate(rate, "saturated") if rate >= floor else LaneRateEstimate(floor, "limited")
+            )
     # 3.
     if previous is not None and previous >= MIN_LANE_RATE:
         return LaneRateEstimate(previous, "previous")
@@ -155,6 +180,21 @@ def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
     return config.replica_ceiling, False
 
 
+def replicas_for_cpu(config: PolicyConfig, rate: float, pod_rate: float) -> int:
+    """The fewest pods whose *busiest* pod stays within ``target_cpu_utilisation`` at ``rate``.
+
+    Partitions are whole: ``R`` pods give the busiest one ``ceil(partitions / R)`` partitions, i.e.
+    ``rate x ceil(P / R) / P`` (10 pods on 12 partitions: two pods carry 2/12 each, not the mean
+    1.2/12). Returns ``partitions + 1`` when even one partition per pod is too much.
+    """
+    p = config.partitions
+    limit = pod_rate * config.target_cpu_utilisation
+    for r in range(1, p + 1):
+        if rate * -(-p // r) / p <= limit:
+            return r
+    return p + 1
+
+
 def recommend(
     config: PolicyConfig,
     needed: float,
@@ -171,9 +211,10 @@ def recommend(
     1. lanes needed ``L = ceil(needed / lane_rate)`` (at least one lane per partition);
     2. ``F = clamp(max(ceil(L / partitions), ceil(hottest_needed / lane_rate)), min_factor,
        max_factor)`` (rounded up: never one step short);
-    3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to
-       ``ceil(cpu_needed / (pod_rate x target_cpu_utilisation))`` when a pod's CPU capacity is known
-       (``cpu_needed``: the rate without the lane headroom; defaults to ``needed``).
+    3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to the fewest pods whose
+       busiest pod (``ceil(partitions / R)`` partitions) stays within ``target_cpu_utilisation``
+       when a pod's CPU capacity is known (:func:`replicas_for_cpu`; ``cpu_needed``: the rate
+       without the lane headroom; defaults to ``needed``).
     """
     warnings: list[str] = []
     p = config.partitions
@@ -204,8 +245,7 @@ def recommend(
         )
     if pod_rate is not None and pod_rate > 0:
         cpu_rate = needed if cpu_needed is None else cpu_needed
-        cpu_ratio = cpu_rate / (pod_rate * config.target_cpu_utilisation)
-        for_cpu = math.ceil(min(cpu_ratio, float(config.partitions + 1)))
+        for_cpu = replicas_for_cpu(config, cpu_rate, pod_rate)
         if for_cpu > config.replica_ceiling:
             warnings.append(
                 f"CPU: {cpu_rate:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "

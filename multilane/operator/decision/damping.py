@@ -1,5 +1,5 @@
-"""The damping state machine of the autoscaling policy: what it remembers between decisions
-(:class:`PolicyState`, a pending :class:`ScaleUpRecord`, the bottleneck) and the rules that turn a
+"""The damping rules of the autoscaling policy (what they remember is in
+:mod:`multilane.operator.decision.policy_state`, re-exported here): the rules that turn a
 recommendation into the size to run (:class:`DampingRules`: scale up at once or after the window, let
 the factor follow new pods, settle, probe a bottleneck, scale down after the delay and beyond the
 tolerance, or hold). Pure: no I/O. The module docstring of :mod:`multilane.operator.decision.policy` describes
@@ -9,13 +9,12 @@ the rules; :mod:`multilane.operator.decision.explain` words them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from multilane.operator.decision.capacity import Recommendation, factor_for_pods
 from multilane.operator.decision.explain import pods_note
 from multilane.operator.decision.policy_model import Observation, PolicyConfig
+from multilane.operator.decision.policy_state import PolicyState, ScaleUpRecord, prune_history
 
 __all__ = [
     "BottleneckCap",
@@ -26,133 +25,6 @@ __all__ = [
     "ScaleUpRecord",
     "prune_history",
 ]
-
-
-@dataclass
-class ScaleUpRecord:
-    """A scale-up whose effect on the processing rate is still to be judged."""
-
-    time: float
-    rate_before: float
-    lanes_before: int
-    lanes_after: int
-    replicas_before: int
-    replicas_after: int
-    sized_for: float | None = None
-    """The input rate (rec/s) the scale-up was sized for: its settle and effectiveness checks apply
-    to this demand only (None: unknown, from an older state: they apply to any demand). A backlog
-    that grows while the input stays is not new demand (it is what an ineffective scale-up looks
-    like). 0 is a real figure: a scale-up decided before any input was measured (a lane budget at
-    start) holds back no later demand."""
-    factor_target: int = 0
-    """The factor recommended when it was decided; the factor follows the new pods up to it."""
-
-    def beyond(self, input_rate: float, margin: float) -> bool:
-        """True when ``input_rate`` is clearly beyond the demand this scale-up was sized for."""
-        if self.sized_for is None:
-            return False
-        return input_rate > self.sized_for * (1.0 + margin)
-
-    def expected_gain(self) -> float:
-        """Relative processing-rate rise the scale-up should bring (0 when it added nothing)."""
-        if self.lanes_after > self.lanes_before:
-            return self.lanes_after / max(self.lanes_before, 1) - 1.0
-        return max(self.replicas_after / max(self.replicas_before, 1) - 1.0, 0.0)
-
-
-@dataclass
-class PolicyState:
-    """Everything :meth:`AutoscalePolicy.decide` remembers between calls; owned by the caller.
-
-    Invariant: ``history`` is sorted by time and holds the entries of the last
-    ``max(scale_down_delay_s, stabilisation_s)`` before the latest observation, plus the newest entry
-    older than that (so that whether the history covers the window is known on any clock).
-    """
-
-    history: list[tuple[float, int, int, float]] = field(default_factory=list)
-    """(time, recommended replicas, recommended factor, needed rate), oldest first."""
-    sized_need: float | None = None
-    """The needed rate (rec/s) when the current size was chosen (the last change); the scale-down
-    tolerance is measured against it."""
-    last_lag: int | None = None
-    last_time: float | None = None
-    lane_rate: float | None = None
-    """Last lane-rate estimate that came from an observation (not the default)."""
-    pod_rate: float | None = None
-    """Last estimate of the records/s one pod handles at 100 % CPU (None until CPU was observed)."""
-    last_replicas: int | None = None
-    last_factor: int | None = None
-    last_change_time: float | None = None
-    pending_scale_up: ScaleUpRecord | None = None
-    bottleneck: ScaleUpRecord | None = None
-    """Set when a scale-up proved ineffective: until ``bottleneck_hold_until`` recommendations are
-    capped at its "before" size (the last effective one), then at twice that (one probe)."""
-    bottleneck_hold_until: float | None = None
-    bottleneck_strikes: int = 0
-    """Probes that failed too; the hold doubles with each (``bottleneck_retry_s x 2**strikes``)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
-
-        def rec(r: ScaleUpRecord | None) -> dict[str, Any] | None:
-            return None if r is None else dict(vars(r))
-
-        return {
-            "history": [list(h) for h in self.history],
-            "last_lag": self.last_lag,
-            "last_time": self.last_time,
-            "lane_rate": self.lane_rate,
-            "pod_rate": self.pod_rate,
-            "last_replicas": self.last_replicas,
-            "last_factor": self.last_factor,
-            "last_change_time": self.last_change_time,
-            "pending_scale_up": rec(self.pending_scale_up),
-            "bottleneck": rec(self.bottleneck),
-            "bottleneck_hold_until": self.bottleneck_hold_until,
-            "bottleneck_strikes": self.bottleneck_strikes,
-            "sized_need": self.sized_need,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> PolicyState:
-        """Inverse of :meth:`to_dict`; ``None`` or ``{}`` gives a fresh state."""
-        if not data:
-            return cls()
-
-        def rec(d: Mapping[str, Any] | None) -> ScaleUpRecord | None:
-            return None if d is None else ScaleUpRecord(**d)
-
-        return cls(
-            history=[_history_entry(h) for h in data.get("history", [])],
-            last_lag=data.get("last_lag"),
-            last_time=data.get("last_time"),
-            lane_rate=data.get("lane_rate"),
-            pod_rate=data.get("pod_rate"),
-            last_replicas=data.get("last_replicas"),
-            last_factor=data.get("last_factor"),
-            last_change_time=data.get("last_change_time"),
-            pending_scale_up=rec(data.get("pending_scale_up")),
-            bottleneck=rec(data.get("bottleneck")),
-            bottleneck_hold_until=data.get("bottleneck_hold_until"),
-            bottleneck_strikes=int(data.get("bottleneck_strikes", 0)),
-            sized_need=data.get("sized_need"),
-        )
-
-
-def _history_entry(h: Any) -> tuple[float, int, int, float]:
-    """A history entry from JSON; entries of older states have no needed rate (0.0)."""
-    return float(h[0]), int(h[1]), int(h[2]), float(h[3]) if len(h) > 3 else 0.0
-
-
-def prune_history(
-    history: list[tuple[float, int, int, float]], now: float, horizon: float
-) -> list[tuple[float, int, int, float]]:
-    """Entries within ``horizon`` before ``now`` (none from the future), plus the newest one older
-    than that: on a free-running clock no entry lands exactly ``horizon`` ago, and without it the
-    history would never be seen to cover the window."""
-    kept = [h for h in history if now - horizon <= h[0] <= now]
-    older = [h for h in history if h[0] < now - horizon]
-    return ([older[-1]] if older else []) + kept
 
 
 @dataclass(frozen=True)
@@ -183,6 +55,16 @@ class DampingContext:
     capped: bool
     """The recommendation is capped by a bottleneck: the lanes above it are useless."""
     summary: str
+    processing_rate: float = 0.0
+    onset_input: float = 0.0
+    """The input of the last interval: processing plus the lag's slope (0: unknown)."""
+    cpu_bound: bool = False
+    """The pods' CPU is at or above ``target_cpu_utilisation``: more lanes do not help, pods do."""
+    sizing_input: float = 0.0
+    """The input the need was sized for (the windowed input, or the last interval's at an onset)."""
+    measured_shortfall: bool = False
+    """A shortfall that both signals show: the lag rising above a second of input (and 100
+    records) and the input above the processing rate by ``shortfall_input_ratio``."""
 
 
 @dataclass
@@ -198,6 +80,16 @@ class Choice:
     resized_input: float | None = None
     """Only on a ``factor-follows``: the input rate the pending scale-up is sized for from now on
     (None: unchanged). Applied by the caller (step 8 of ``decide``)."""
+    ends_pattern: bool = False
+    """Only on a ``scale-down`` of a periodic load: the need stayed low for twice the delay, so the
+    load is no longer taken as periodic. Applied by the caller (step 8)."""
+
+
+DEMAND_MET_SLACK = 0.05
+"""A scale-up met the demand when, without a backlog, the processing rate is within this share of
+the input rate (the rates are windowed means: they never match exactly)."""
+FOLLOW_MIN_GAIN = 0.05
+"""A further ``factor-follows`` step needs the processing rate this share above the last step's."""
 
 
 class DampingRules:
@@ -250,7 +142,12 @@ class DampingRules:
         return BottleneckCap(rec, warning)
 
     def judge_scale_up(
-        self, obs: Observation, state: PolicyState, has_backlog: bool, current_lanes: int
+        self,
+        obs: Observation,
+        state: PolicyState,
+        has_backlog: bool,
+        current_lanes: int,
+        shortfall: bool = False,
     ) -> str | None:
         """Step 4: judge the pending scale-up once settled; clear a bottleneck that no longer holds.
 
@@ -260,31 +157,49 @@ class DampingRules:
         note: str | None = None
         bottleneck = state.bottleneck
         if bottleneck is not None:
-            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck
-            risen = obs.processing_rate > bottleneck.rate_before * (
+            # 1. the ceiling lifted (the downstream recovered, say): forget the bottleneck. The
+            #    reference is the limit measured when it was found, not the rate before the
+            #    ineffective scale-up (an input growing up to the limit is no recovery)
+            ceiling = state.bottleneck_ceiling or bottleneck.rate_before
+            risen = obs.processing_rate > max(ceiling, bottleneck.rate_before) * (
                 1.0 + max(cfg.min_scale_up_gain * bottleneck.expected_gain(), 0.05)
             )
             if risen:
                 state.bottleneck, state.bottleneck_hold_until, state.bottleneck_strikes = None, None, 0
+                state.bottleneck_ceiling = None
                 note = "judged: the bottleneck lifted (the processing rate rose)"
         pending = state.pending_scale_up
         if pending is None or now - pending.time < cfg.settle_s or obs.rebalancing:
             return note
         state.pending_scale_up = None
-        if not has_backlog or current_lanes < pending.lanes_after:
-            return note  # demand met, or the scale-up was reverted: nothing to judge
-        # 2. judge the settled scale-up (a probe after a hold included)
+        if current_lanes < pending.lanes_after and obs.replicas < pending.replicas_after:
+            return note  # the scale-up was reverted: nothing to judge
+        # 2. judge the settled scale-up (a probe after a hold included), whatever the backlog: the
+        #    demand met (the processing keeps up with the input, no backlog, no shortfall) is a
+        #    success; else the
+        #    processing rate must have risen by its share of the expected gain
         gain = obs.processing_rate / pending.rate_before - 1.0 if pending.rate_before > 0 else math.inf
         expected = pending.expected_gain()
-        if expected > 0 and gain < cfg.min_scale_up_gain * expected:
+        met = (
+            not has_backlog
+            and not shortfall
+            and obs.processing_rate >= obs.input_rate * (1.0 - DEMAND_MET_SLACK)
+        )
+        if not met and expected > 0 and gain < cfg.min_scale_up_gain * expected:
             if state.bottleneck is None:
                 state.bottleneck, state.bottleneck_strikes = pending, 0
+                state.bottleneck_ceiling = obs.processing_rate
             else:
+                # a further attempt failed too: its demand is now what the bottleneck was seen at
+                # (a demand beyond it lifts the cap again, not the demand of the first attempt)
                 state.bottleneck_strikes += 1
+                if pending.sized_for is not None:
+                    state.bottleneck.sized_for = max(state.bottleneck.sized_for or 0.0, pending.sized_for)
             state.bottleneck_hold_until = now + cfg.bottleneck_retry_s * 2**state.bottleneck_strikes
             return f"judged: ineffective (gain {gain:.2f} of {expected:.2f} expected)"
         if state.bottleneck is not None:
             state.bottleneck, state.bottleneck_hold_until, state.bottleneck_strikes = None, None, 0
+            state.bottleneck_ceiling = None
         return f"judged: effective (gain {gain:.2f} of {expected:.2f} expected)"
 
     def choose(
@@ -294,6 +209,21 @@ class DampingRules:
         the rest of the step starts from the corrected size; ``ctx`` holds the corrected size), then
         up, follow, down or hold."""
         r, f = ctx.current_replicas, ctx.current_factor
+        if ctx.capped and rec.factor < f:
+            # a factor raised without a gain is reverted at once: the lanes above the last
+            # effective size wait on the bottleneck (downstream or CPU) and only add load to it
+            choice = Choice(
+                r,
+                rec.factor,
+                "reverted",
+                f"factor {f} -> {rec.factor}: the lanes above the last effective size did not raise "
+                "the processing rate",
+            )
+            choice.reason += f"; {ctx.summary}"
+            return choice
+        if ctx.measured_shortfall and not ctx.capped and rec.factor <= f and rec.replicas <= r:
+            # a measured shortfall never ends in a hold: one step sized from the last interval
+            rec = self._shortfall_step(ctx, rec)
         if rec.factor > f or rec.replicas > r:
             choice = self._up(ctx, state, rec)
         elif rec.factor < f or rec.replicas < r:
@@ -304,6 +234,18 @@ class DampingRules:
         if (r, f) != (obs.replicas, obs.factor):
             choice.reason = f"clamp {obs.replicas}x{obs.factor} into bounds -> {r}x{f}; " + choice.reason
         return choice
+
+    def _shortfall_step(self, c: DampingContext, rec: Recommendation) -> Recommendation:
+        """The lag rises measurably but the recommendation is the current size: grow by the
+        shortfall's share, ``onset_input / processing_rate`` (at least one step), in pods when the
+        pods are CPU-bound or the factor is at its maximum, else in lanes."""
+        cfg = self.config
+        r, f = c.current_replicas, c.current_factor
+        ratio = c.onset_input / c.processing_rate if c.processing_rate > 0 else 2.0
+        ratio = min(max(ratio, 1.0), 2.0)
+        if c.cpu_bound or f >= cfg.max_factor:
+            return replace(rec, replicas=min(max(math.ceil(r * ratio), r + 1), cfg.replica_ceiling))
+        return replace(rec, factor=min(max(math.ceil(f * ratio), f + 1), cfg.max_factor))
 
     def within_bounds(self, replicas: int, factor: int) -> tuple[int, int]:
         """``replicas`` x ``factor`` clamped into the configured bounds."""
@@ -331,6 +273,16 @@ class DampingRules:
                 target = max(target, rec.factor)
             # never beyond the lane budget of the pods that run now (more pods wait for the settle)
             f = factor_for_pods(cfg, min(c.ready, cur_r), target, cur_f) if cfg.factor_first else target
+            if f > cur_f and not self._follow_gained(c, pending):
+                reference = pending.follow_rate if pending.follow_rate is not None else pending.rate_before
+                return Choice(
+                    cur_r,
+                    cur_f,
+                    "settling",
+                    f"hold {cur_r}x{cur_f}: the last factor step of the scale-up {age:.0f}s ago did not "
+                    f"raise the processing rate ({reference:.1f} -> {c.processing_rate:.1f} rec/s): no "
+                    "further step",
+                )
             if f > cur_f:
                 return Choice(
                     cur_r,
@@ -351,13 +303,15 @@ class DampingRules:
             # demand grew beyond what the pending scale-up was sized for, but the pods it added
             # carry it: the factor follows them (in place, the same scale-up), now sized for it
             f = factor_for_pods(cfg, min(c.ready, cur_r), max(rec.factor, cur_f), cur_f)
-            if f > cur_f:
+            if f > cur_f and self._follow_gained(c, pending):
                 why = (
                     f"factor {cur_f} -> {f}: input {c.input_rate:.1f} rec/s grew beyond the "
                     f"{pending.sized_for or 0.0:.1f} rec/s the scale-up {age:.0f}s ago was sized for, and "
                     f"its {c.ready} of {cur_r} pods carry it"
                 )
-                return Choice(cur_r, f, "factor-follows", why, resized_input=c.input_rate)
+                return Choice(
+                    cur_r, f, "factor-follows", why, resized_input=max(c.input_rate, c.sizing_input)
+                )
         if c.shortfall:
             r = max(rec.replicas, cur_r)
             f = self._factor_now(c, r, max(rec.factor, cur_f))
@@ -404,6 +358,19 @@ class DampingRules:
             f"{cfg.stabilisation_s:.0f}s stabilisation window",
         )
 
+    def _follow_gained(self, c: DampingContext, pending: ScaleUpRecord) -> bool:
+        """Each ``factor-follows`` step needs a measured gain from the step before (the first one
+        follows the pods the scale-up added; without new pods it needs a gain over the rate before
+        the scale-up)."""
+        if c.current_factor * self.config.partitions < pending.lanes_after:
+            return True  # the step before is not in effect (not applied yet): nothing to measure
+        reference = pending.follow_rate
+        if reference is None and pending.replicas_after <= pending.replicas_before:
+            reference = pending.rate_before  # a factor-only scale-up: no pods to follow
+        if reference is None:
+            return True
+        return c.processing_rate > reference * (1.0 + FOLLOW_MIN_GAIN)
+
     def _pods_carry(self, c: DampingContext, pending: ScaleUpRecord, rec: Recommendation) -> bool:
         """The pending scale-up added pods, all of them are ready, and the recommendation needs no
         more: a higher factor on them answers the demand (two-speed policy only)."""
@@ -422,7 +389,12 @@ class DampingRules:
         return wanted
 
     def _down(self, c: DampingContext, state: PolicyState, rec: Recommendation) -> Choice:
-        """A smaller size is recommended: delay, tolerance and window max decide."""
+        """A smaller size is recommended: delay, tolerance and window max decide.
+
+        The window is the scale-down delay, or for a periodic load (``state.recurring_since``: it
+        came back within twice the delay after the last trough) twice the delay: the size keeps the
+        floor of the last cycle and never scales down into the next trough. A scale-down whose long
+        window is no higher than the short one ends the pattern (the load stayed low)."""
         cfg = self.config
         cur_r, cur_f = c.current_replicas, c.current_factor
         hold = f"hold {cur_r}x{cur_f}: scale-down to {rec.replicas}x{rec.factor}"
@@ -430,16 +402,27 @@ class DampingRules:
             return Choice(
                 cur_r, cur_f, "draining", f"{hold} waits: no scale-down while a backlog is draining"
             )
+        delay = cfg.scale_down_delay_s
         since_change = c.now - state.last_change_time if state.last_change_time is not None else 0.0
-        covered = bool(state.history) and state.history[0][0] <= c.now - cfg.scale_down_delay_s
-        if since_change < cfg.scale_down_delay_s or not covered:
-            return Choice(
-                cur_r, cur_f, "scale-down-delay", f"{hold} waits for the {cfg.scale_down_delay_s:.0f}s delay"
-            )
-        window = [h for h in state.history if h[0] >= c.now - cfg.scale_down_delay_s]
-        high_r = max(h[1] for h in window)
-        high_f = max(h[2] for h in window)
-        high_need = max(h[3] for h in window)
+        covered = bool(state.history) and state.history[0][0] <= c.now - delay
+        if since_change < delay or not covered:
+            return Choice(cur_r, cur_f, "scale-down-delay", f"{hold} waits for the {delay:.0f}s delay")
+        short = _window_max(state.history, c.now - delay)
+        periodic = state.recurring_since is not None
+        if periodic:
+            long_covered = state.history[0][0] <= c.now - 2.0 * delay
+            high = _window_max(state.history, c.now - 2.0 * delay)
+            if not long_covered or (min(cur_r, high[0]), min(cur_f, high[1])) == (cur_r, cur_f):
+                return Choice(
+                    cur_r,
+                    cur_f,
+                    "periodic",
+                    f"{hold} waits: the load came back within {2 * delay:.0f}s of the last trough "
+                    f"(periodic): the size keeps the floor of the last {2 * delay:.0f}s",
+                )
+        else:
+            high = short
+        high_r, high_f, high_need = high
         sized = state.sized_need
         tolerated = sized is not None and high_need >= (1.0 - cfg.scale_down_tolerance) * sized
         if tolerated and not c.capped:
@@ -447,7 +430,7 @@ class DampingRules:
                 cur_r,
                 cur_f,
                 "within-tolerance",
-                f"{hold} waits: the highest need of the last {cfg.scale_down_delay_s:.0f}s, "
+                f"{hold} waits: the highest need of the last {delay:.0f}s, "
                 f"{high_need:.1f} rec/s, is within {cfg.scale_down_tolerance:.0%} of the {sized:.1f} rec/s "
                 f"the size was chosen for",
             )
@@ -457,14 +440,21 @@ class DampingRules:
                 cur_r,
                 cur_f,
                 "recently-higher",
-                f"hold {cur_r}x{cur_f}: a higher size was recommended within the last "
-                f"{cfg.scale_down_delay_s:.0f}s",
+                f"hold {cur_r}x{cur_f}: a higher size was recommended within the last {delay:.0f}s",
             )
+        span = 2 * delay if periodic else delay
         return Choice(
             r,
             f,
             "scale-down",
-            f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last "
-            f"{cfg.scale_down_delay_s:.0f}s",
+            f"scale down {cur_r}x{cur_f} -> {r}x{f}: highest recommendation of the last {span:.0f}s"
+            + (" (periodic load)" if periodic else ""),
             sized_for=high_need,
+            ends_pattern=periodic and high[:2] == short[:2],
         )
+
+
+def _window_max(history: list[tuple[float, int, int, float]], since: float) -> tuple[int, int, float]:
+    """The highest replicas, factor and needed rate recommended at or after ``since``."""
+    window = [h for h in history if h[0] >= since] or history[-1:]
+    return max(h[1] for h in window), max(h[2] for h in window), max(h[3] for h in window)

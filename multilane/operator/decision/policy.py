@@ -137,6 +137,11 @@ class Sizing:
     """Records/s the busiest partition alone needs."""
     recommendation: Recommendation
     warnings: tuple[str, ...]
+    onset_input: float = 0.0
+    """The input of the last interval, processing plus the lag's slope (0: not measured)."""
+    sizing_input: float = 0.0
+    """The input the need was sized for: the windowed input, or with a confirmed shortfall the larger
+    of it and ``onset_input`` (not a window that straddles the onset)."""
 
 
 class AutoscalePolicy:
@@ -177,7 +182,7 @@ class AutoscalePolicy:
         # 3.
         sizing = self._size(obs, state, signals)
         # 4.
-        verdict = self.rules.judge_scale_up(obs, state, signals.has_backlog, current_lanes)
+        verdict = self.rules.judge_scale_up(obs, state, signals.has_backlog, current_lanes, signals.shortfall)
         # 5.
         rec = sizing.recommendation
         bottleneck = None
@@ -185,7 +190,8 @@ class AutoscalePolicy:
             bottleneck = self.rules.cap_by_bottleneck(state, rec, obs.input_rate, now, obs.processing_rate)
             rec = bottleneck.recommendation
         # 6.
-        state.history = prune_history(state.history, now, max(cfg.scale_down_delay_s, cfg.stabilisation_s))
+        horizon = max(2.0 * cfg.scale_down_delay_s, cfg.stabilisation_s)
+        state.history = prune_history(state.history, now, horizon)
         state.history.append((now, rec.replicas, rec.factor, sizing.needed))
         # 7.
         ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
@@ -200,8 +206,15 @@ class AutoscalePolicy:
             input_rate=obs.input_rate,
             rebalancing=obs.rebalancing,
             shortfall=signals.shortfall,
+            measured_shortfall=signals.shortfall
+            and signals.backlog > max(100.0, obs.input_rate * cfg.rising_lag_threshold_s)
+            and obs.input_rate > obs.processing_rate * cfg.shortfall_input_ratio,
             draining=signals.draining,
             capped=capped_by is not None,
+            processing_rate=obs.processing_rate,
+            onset_input=sizing.onset_input,
+            sizing_input=sizing.sizing_input,
+            cpu_bound=obs.cpu_utilisation is not None and obs.cpu_utilisation >= cfg.target_cpu_utilisation,
             summary=summary(
                 rec.needed_rate,
                 rec.lanes_needed,
@@ -258,18 +271,26 @@ class AutoscalePolicy:
         """Step 3: the lane rate, the needed capacity and the recommendation that covers it."""
         cfg = self.config
         lane_rate = estimate_lane_rate(obs, cfg, state.lane_rate)
-        # The observed input rate is used as is: inferring the input from lag growth reacts faster
-        # but turns a glitch in the lag (end offsets under-reported, then caught up) into a wild scale.
-        needed = needed_capacity(cfg, obs.input_rate, signals.backlog)
-        hottest = hottest_partition_need(cfg, obs)
+        # The onset: the input of the last interval is the processing rate plus the lag's slope. It
+        # sizes the need only with a shortfall that the windowed input confirms (input above the
+        # processing rate): a glitch in the lag alone (end offsets under-reported, then caught up)
+        # never turns into a wild scale.
+        onset = 0.0
+        if state.last_lag is not None and state.last_time is not None and obs.now > state.last_time:
+            slope = (signals.backlog - state.last_lag) / (float(obs.now) - state.last_time)
+            onset = obs.processing_rate + max(slope, 0.0)
+        confirmed = signals.shortfall and obs.input_rate > obs.processing_rate
+        sizing_input = max(obs.input_rate, onset) if confirmed else obs.input_rate
+        needed = needed_capacity(cfg, sizing_input, signals.backlog)
+        hottest = hottest_partition_need(cfg, obs) * sizing_input / max(obs.input_rate, MIN_LANE_RATE)
         # during a rollout the ready pods and the CPU window disagree: keep the previous estimate
         pod_rate = state.pod_rate if obs.rebalancing else estimate_pod_rate(obs, state.pod_rate)
-        cpu_needed = needed_capacity(cfg, obs.input_rate, signals.backlog, utilisation=1.0)
+        cpu_needed = needed_capacity(cfg, sizing_input, signals.backlog, utilisation=1.0)
         rec = recommend(cfg, needed, lane_rate.rate, hottest, pod_rate, cpu_needed)
         warnings = rec.warnings
         if lane_rate.source == "default":
             warnings += (f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}",)
-        return Sizing(lane_rate, pod_rate, needed, hottest, rec, warnings)
+        return Sizing(lane_rate, pod_rate, needed, hottest, rec, warnings, onset, sizing_input)
 
     def _remember(
         self,
@@ -291,26 +312,45 @@ class AutoscalePolicy:
                 pending = state.pending_scale_up
                 if choice.rule == "factor-follows" and pending is not None:
                     # the same scale-up, completed as its pods became ready (and re-sized when the
-                    # demand grew beyond it but its pods carry it)
+                    # demand grew beyond it but its pods carry it); the next step needs a gain
                     pending.lanes_after = cfg.partitions * choice.factor
+                    pending.follow_rate = obs.processing_rate
                     if choice.resized_input is not None:
                         pending.sized_for = choice.resized_input
                 else:
+                    # 8b. a scale-up not yet judged is never overwritten: a further step keeps its
+                    #     "before" (the last judged size and rate), so the whole is judged at once
+                    before = pending
                     state.pending_scale_up = ScaleUpRecord(
                         time=now,
-                        rate_before=obs.processing_rate,
-                        lanes_before=current_lanes,
+                        rate_before=obs.processing_rate if before is None else before.rate_before,
+                        lanes_before=current_lanes if before is None else before.lanes_before,
                         lanes_after=cfg.partitions * choice.factor,
-                        replicas_before=obs.replicas,
+                        replicas_before=obs.replicas if before is None else before.replicas_before,
                         replicas_after=choice.replicas,
-                        sized_for=obs.input_rate,
+                        sized_for=sizing.sizing_input,
                         factor_target=rec.factor,
                     )
             else:
                 state.pending_scale_up = None
+                if choice.rule == "scale-down":
+                    state.last_scale_down_time = now
+                    state.last_scale_down_need = choice.sized_for
+                    if choice.ends_pattern:
+                        state.recurring_since = None  # the need stayed low for the periodic window
         elif state.last_change_time is None:
             state.last_change_time = now
-        if sizing.lane_rate.source in ("observed", "saturated"):
+        # 8a. the periodic rule: the need came back (above the trough's by more than the shortfall
+        #     margin) within twice the scale-down delay after the last scale-down
+        trough_at, trough_need = state.last_scale_down_time, state.last_scale_down_need
+        if (
+            trough_at is not None
+            and trough_need is not None
+            and now - trough_at <= 2.0 * cfg.scale_down_delay_s
+            and sizing.needed > trough_need * (1.0 + cfg.shortfall_margin)
+        ):
+            state.recurring_since = now
+        if sizing.lane_rate.source in ("observed", "saturated", "limited"):
             state.lane_rate = sizing.lane_rate.rate
         state.pod_rate = sizing.pod_rate
         state.last_lag = backlog

@@ -21,12 +21,17 @@ RULES: dict[str, str] = {
     "stabilised": "scale up: recommended throughout the stabilisation window",
     "settling": "hold: a scale-up is settling (and its rollout running)",
     "stabilising": "hold: a scale-up without lag evidence waits for the stabilisation window",
-    "at-recommendation": "hold: the size is the recommendation",
+    "at-recommendation": "hold: the size is the recommendation (never while the lag rises measurably)",
     "draining": "hold: no scale-down while a backlog drains",
     "scale-down-delay": "hold: a scale-down waits for the scale-down delay",
     "within-tolerance": "hold: the need is within the scale-down tolerance of what the size was chosen for",
     "recently-higher": "hold: a higher size was recommended within the scale-down delay",
+    "periodic": (
+        "hold: the load came back within twice the scale-down delay after the last trough; a "
+        "scale-down needs the need low for twice the delay"
+    ),
     "scale-down": "scale down to the highest recommendation of the scale-down delay",
+    "reverted": "scale the factor back at once: the lanes above the last effective size gave no gain",
     "invalid-observation": "hold the last decision: the observation cannot be used",
 }
 """The rules a decision can name (``Decision.rule``), with what each means."""
