@@ -166,32 +166,30 @@ async def test_pvc_retention_maps_onto_the_statefulset(
     assert cond(await get_status(kube, "keep"), "Degraded").get("reason") != "ImmutableFieldChange"
 
 
-async def test_no_finalizer_so_a_deletion_never_waits_for_the_operator(
+async def test_finalizer_holds_a_deletion_without_operator_and_the_runbook_step_releases_it(
     kube: KubeClient, broker: EmbeddedBroker, topic: str, operator_factory: Any
 ) -> None:
-    """Issue 22 item 6: the operator's deletion handler is optional, so kopf puts no finalizer on a
-    ParallelConsumer; with the operator gone (``helm uninstall`` first), deleting the object -- and so
-    its namespace -- completes at once, and the children go through their owner references
-    (https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/). An object that an
-    older operator version finalized is released by the runbook step (docs/runbook.md "A
-    ParallelConsumer (or namespace) stuck deleting"), shown here too."""
+    """Issue 22 item 6: kopf puts the finalizer multilane.dev/finalizer on each ParallelConsumer. With
+    the operator gone (``helm uninstall`` first), a deletion -- and so a namespace deletion -- waits
+    for it; docs/runbook.md "A ParallelConsumer (or namespace) stuck deleting" removes it, and the
+    children then go through owner references. With the operator running (the documented order:
+    delete the ParallelConsumers, then uninstall) the deletion completes on its own
+    (test_lifecycle.py::test_delete_removes_children_through_owner_references)."""
     runner = operator_factory(control_factory=lambda token: WorkerControlClient(token))
     await runner.start()
     await kube.create(CR_COLLECTION, consumer_body("fin", broker.bootstrap, topic))
+
+    async def finalized() -> bool:
+        obj = await kube.get(cr_path("fin")) or {}
+        return "multilane.dev/finalizer" in ((obj.get("metadata") or {}).get("finalizers") or [])
+
+    await wait_for(finalized, timeout=30, what="kopf's finalizer")
     await wait_for(lambda: kube.get(f"{STS}/fin"), timeout=30, what="StatefulSet")
-    obj = await kube.get(cr_path("fin")) or {}
-    assert "multilane.dev/finalizer" not in ((obj.get("metadata") or {}).get("finalizers") or [])
     await runner.stop()
     await kube.delete(cr_path("fin"))
+    stuck = await kube.get(cr_path("fin"))
+    assert stuck is not None and stuck["metadata"].get("deletionTimestamp")  # waits for the finalizer
+    # The runbook step: kubectl patch pc NAME --type=merge -p '{"metadata":{"finalizers":null}}'
+    await kube.patch(cr_path("fin"), {"metadata": {"finalizers": None}})
     assert await kube.get(cr_path("fin")) is None
     assert await kube.get(f"{STS}/fin") is None  # collected through its owner reference
-    # An object an older operator finalized waits; the runbook step releases it.
-    body = consumer_body("old", broker.bootstrap, topic)
-    body["metadata"]["finalizers"] = ["multilane.dev/finalizer"]
-    await kube.create(CR_COLLECTION, body)
-    await kube.delete(cr_path("old"))
-    stuck = await kube.get(cr_path("old"))
-    assert stuck is not None and stuck["metadata"].get("deletionTimestamp")
-    # kubectl patch pc NAME --type=merge -p '{"metadata":{"finalizers":null}}'
-    await kube.patch(cr_path("old"), {"metadata": {"finalizers": None}})
-    assert await kube.get(cr_path("old")) is None

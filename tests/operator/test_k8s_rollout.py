@@ -159,7 +159,7 @@ async def test_operator_restart_replaces_nothing_and_an_upgrade_rolls(
     make_harness: Callable[[int], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """on.resume re-applies the children: with the same rendering no pod is replaced; an operator
-    whose rendering differs (here: the Lease duration it puts in the pod's env) rolls every pod."""
+    whose rendering differs (here: the default requests it puts on the worker container) rolls every pod."""
     h = await make_harness(4)
     runner = h.operator()
     await runner.start()
@@ -177,7 +177,9 @@ async def test_operator_restart_replaces_nothing_and_an_upgrade_rolls(
     # 2. an "upgrade": the restarted operator renders a different pod template
     old_hash = await template_hash(h)
     await runner.stop()
-    monkeypatch.setattr(ch, "LEASE_DURATION_S", ch.LEASE_DURATION_S + 1)
+    # (the default requests it puts on a worker without resources; the Lease duration is a CRD default
+    # now, so a changed constant would not change what is rendered)
+    monkeypatch.setattr(ch, "DEFAULT_RESOURCES", {"requests": {"cpu": "300m", "memory": "256Mi"}})
     runner = h.operator()
     await runner.start()
     await wait_rolled(h, 2, old_hash, 150)

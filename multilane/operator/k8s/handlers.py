@@ -35,10 +35,10 @@ Quiet on the API server (steady state: no request per pass): the object comes fr
 from memory (read again by :meth:`reconcile`, or after ``secret_ttl_s``); the status is written only
 when its significant part changes or once a minute (:class:`StatusMemory`), the policy's memory in
 ``status.policy``; Events only for changes.
-- ``on.delete`` (``optional=True``: kopf adds no finalizer, so deleting a ParallelConsumer, or its
-  namespace, never waits for the operator) forgets in-memory caches; the children go with the owner
-  through Kubernetes' garbage collector (owner references). Objects an older operator handled may
-  still carry ``multilane.dev/finalizer``: docs/runbook.md removes it.
+- ``on.delete`` forgets in-memory caches; the children go with the owner through Kubernetes' garbage
+  collector (owner references). kopf puts its finalizer ``multilane.dev/finalizer`` on every
+  ParallelConsumer it handles (it needs one to stop the timer), so a ParallelConsumer is deleted only
+  while the operator runs, or after the finalizer is removed by hand (docs/runbook.md).
 
 Length (~540 lines): every kopf handler and its wiring in one place, so that what the operator
 reacts to is read at once; the logic they call lives in the controller, children and validation.
