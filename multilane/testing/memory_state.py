@@ -8,17 +8,16 @@ are bytes (``put_json`` / ``get_json`` for JSON). There is one lane, so every ke
 
 from __future__ import annotations
 
-import json
 from collections.abc import MutableMapping
-from typing import Any
 
 from multilane.api import StateView
-from multilane.worker.state.errors import StateError, StateKeyError
+from multilane.worker.state.errors import StateKeyError
+from multilane.worker.state.json_values import JsonValues
 
 __all__ = ["MemoryStateView"]
 
 
-class MemoryStateView:
+class MemoryStateView(JsonValues):
     """Implements :class:`multilane.api.StateView` over ``store`` for one processing attempt.
 
     Invariant: ``store`` maps bytes keys to bytes values, exactly what the worker's store would hold.
@@ -57,23 +56,6 @@ class MemoryStateView:
 
     def delete(self, key: bytes | None = None) -> None:
         self._store.pop(self._resolve(key), None)
-
-    def get_json(self, key: bytes | None = None) -> Any:
-        k = self._resolve(key)
-        raw = self._store.get(k)
-        if raw is None:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise StateError(f"state value of key {k[:64]!r} is not JSON: {exc}") from exc
-
-    def put_json(self, value: Any, key: bytes | None = None) -> None:
-        try:
-            raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"state value is not JSON-serialisable: {exc}") from exc
-        self.put(raw, key)
 
 
 def _conforms(view: MemoryStateView) -> StateView:  # mypy checks the view against the public API

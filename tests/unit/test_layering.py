@@ -46,6 +46,7 @@ PURE = (
     "formats/keyranges.py",
     "codecs.py",
     "testing/memory_state.py",
+    "worker/state/json_values.py",
     "worker/offsets.py",
     "formats/progress.py",
     "worker/config.py",

@@ -9,18 +9,16 @@ key raises :class:`StateKeyError` before anything is read or written.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from multilane.api import StateView
 from multilane.formats.keyranges import KeyRange, key_hash
-from multilane.worker.state.errors import StateError, StateKeyError
+from multilane.worker.state.errors import StateKeyError
+from multilane.worker.state.json_values import JsonValues
 from multilane.worker.state.partition import ActivePartitionState
 
 __all__ = ["KeyRangeStateView"]
 
 
-class KeyRangeStateView:
+class KeyRangeStateView(JsonValues):
     """Implements :class:`multilane.api.StateView` for one processing attempt.
 
     Invariant: writes carry ``(source_offset, source_key_hash)`` of the record being processed.
@@ -81,23 +79,6 @@ class KeyRangeStateView:
 
     def delete(self, key: bytes | None = None) -> None:
         self._part.delete(self._resolve(key), self._source_offset, self._source_key_hash)
-
-    def get_json(self, key: bytes | None = None) -> Any:
-        k = self._resolve(key)
-        raw = self._part.get(k)
-        if raw is None:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise StateError(f"state value of key {k[:64]!r} is not JSON: {exc}") from exc
-
-    def put_json(self, value: Any, key: bytes | None = None) -> None:
-        try:
-            raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"state value is not JSON-serialisable: {exc}") from exc
-        self.put(raw, key)
 
 
 def _conforms(view: KeyRangeStateView) -> StateView:  # mypy checks the view against the public API
