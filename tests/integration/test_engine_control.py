@@ -49,7 +49,7 @@ def test_http_control_auth_factor_pause_fencing(broker: EmbeddedBroker, topic_na
         try:
             # authentication
             assert _http(port, "GET", "/healthz", token=None) == (200, {"ok": True})
-            assert _http(port, "GET", "/readyz", token=None) == (200, {"ready": True, "reason": ""})
+            assert _http(port, "GET", "/readyz", token=None) == (200, {"ready": True, "reasons": []})
             assert _http(port, "GET", "/v1/status", token=None)[0] == 401
             assert _http(port, "GET", "/v1/status", token="wrong")[0] == 401
             assert _http(port, "POST", "/v1/factor", {"factor": 3}, token="s3cret-tokeN")[0] == 401

@@ -65,8 +65,11 @@ def test_static_membership_on_the_embedded_broker(broker: EmbeddedBroker, topic_
     static = _takeover_s(broker, f"{topic_name}-s", tmp_path / "s", workers, "pod-0")
     print(f"replacement's first record after its ready line: dynamic {dynamic:.1f}s, static {static:.1f}s "
           f"(session timeout {int(SESSION['session.timeout.ms']) / 1000:.0f}s)")
-    # Measured (2026-11-26, loaded 2-core machine): dynamic 3.2 s (the join waits half the session
-    # timeout), static 6.2 s (the broker waits for the killed static member's session to expire instead
-    # of handing its partitions to the new process with the same group.instance.id at once). Static
-    # membership does not speed up a takeover here: the worker does not set it unless asked.
-    assert static >= dynamic, "the broker now replaces a static member at once: revisit the docs"
+    # Measured (2026-11-26): static 6.1-6.2 s in three runs (the broker waits for the killed static
+    # member's session to expire instead of handing its partitions at once to the new process with the
+    # same group.instance.id); dynamic 3.2 s to 11.1 s (the join waits half the session timeout, more
+    # when the killed member is still counted). The stable fact: a static member is not replaced at
+    # once, so static membership does not make a takeover fast here and the worker sets it only when
+    # asked.
+    session_s = int(SESSION["session.timeout.ms"]) / 1000
+    assert static >= 0.5 * session_s, "the broker now replaces a static member at once: revisit the docs"
