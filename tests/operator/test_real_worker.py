@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from confluent_kafka import Producer
@@ -81,10 +82,15 @@ async def test_coordinator_assigns_releases_and_is_fenced_by_real_workers(
     client = WorkerControlClient(TOKEN, timeout_s=10)
 
     async def up() -> bool:
+        # Ready, not only listening: the control port answers before the engine has started (the
+        # worker checks the broker and its topics first); /readyz says when it has.
         try:
-            for w in infos:
-                await client.status(w.control_url)
-        except Exception:
+            async with aiohttp.ClientSession() as session:
+                for w in infos:
+                    async with session.get(f"{w.control_url}/readyz") as resp:
+                        if resp.status != 200:
+                            return False
+        except aiohttp.ClientError:
             return False
         return True
 
