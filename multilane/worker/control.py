@@ -1,8 +1,8 @@
 """The worker's authenticated HTTP control endpoint (aiohttp, on the engine's loop). Does I/O.
 
 Routes and bodies are fixed in docs/architecture.md ("Worker control API"). Every request except
-``GET /healthz`` (liveness: the process answers) and ``GET /readyz`` (readiness: the engine's part
-from :func:`readiness`, the worker's from ``multilane.worker.readiness``) needs
+``GET /healthz`` (liveness: the process answers) and ``GET /readyz`` (readiness: the engine's facts
+from :func:`engine_facts`, the supervisor's laid over them, decided by ``multilane.worker.readiness``) needs
 ``Authorization: Bearer <token>`` (compared with ``hmac.compare_digest``);
 without it the answer is 401. Bad JSON or fields -> 400 with a message; a stale assignment generation
 -> 409. Learner routes (``/v1/learn``, ``/v1/promote``, ``/v1/demote``, ``/v1/drop``) go through the
@@ -29,9 +29,10 @@ from aiohttp import web
 from confluent_kafka import KafkaException
 
 from multilane.worker.engine import Engine, EngineError, FencingError
+from multilane.worker.readiness import ReadinessFacts, readiness
 from multilane.worker.state.errors import StateError, StatePhaseError
 
-__all__ = ["ControlServer", "TokenError", "load_token", "readiness"]
+__all__ = ["ControlServer", "TokenError", "engine_facts", "load_token"]
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +63,12 @@ def load_token(token_file: str | None) -> str:
     return token
 
 
-def readiness(engine: Engine) -> tuple[bool, str]:
-    """Ready (the pod's readiness probe, ``GET /readyz``): the engine started (its initial assignment
-    taken, its loops running), is not stopping or fenced, and every partition assigned to it is
-    restored (none in phase ``promoting``: state still being opened). Read through the engine's
-    status accessors only. Returns ``(ready, reason)``."""
-    if not engine.ready.is_set():
-        return False, "engine starting"
-    status = engine.status()
-    if status.get("fenced"):
-        return False, "fenced (lease lost)"
-    opening = [f"{p['topic']}/{p['partition']}" for p in status.get("partitions") or []
-               if p.get("phase") == "promoting"]
-    if opening:
-        return False, f"restoring {', '.join(opening[:5])}"
-    return True, ""
+def engine_facts(engine: Engine) -> ReadinessFacts:
+    """The engine's readiness facts (the pod's readiness probe, ``GET /readyz``): started (its initial
+    assignment taken, its loops running), fenced, and its partitions active or still being restored
+    (phase ``promoting``: state being opened). Read through the engine's status accessors only."""
+    started = engine.ready.is_set()
+    return ReadinessFacts.of_engine(started, engine.status() if started else {})
 
 
 class _BadRequestError(Exception):
@@ -215,16 +207,15 @@ class ControlServer:
         return web.json_response({"ok": True})
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        """Readiness: 200 when ready, else 503 with every reason. The engine's part (:func:`readiness`:
-        started, not fenced, nothing being restored) and, with a supervisor, the worker's
-        (``multilane.worker.readiness``: broker reachable, topics present, breaker closed)."""
-        ready, reason = readiness(self.engine)
-        reasons = [] if ready else [reason]
+        """Readiness: 200 when ready, else 503 with every reason. The engine's facts
+        (:func:`engine_facts`: started, not fenced, nothing being restored) and, with a supervisor, the
+        worker's laid over them (broker reachable, topics present, breaker closed); one decision
+        (``multilane.worker.readiness``)."""
+        facts = engine_facts(self.engine)
         if self.supervisor is not None:
-            r = self.supervisor.readiness()
-            reasons += [x for x in r.reasons if x not in reasons]
-        status = 200 if not reasons else 503
-        return web.json_response({"ready": not reasons, "reasons": reasons}, status=status)
+            facts = self.supervisor.facts(facts)
+        r = readiness(facts)
+        return web.json_response(r.to_dict(), status=200 if r.ready else 503)
 
     async def _breaker_reset(self, request: web.Request) -> web.Response:
         """Close the circuit breaker: held records run again."""

@@ -3,7 +3,8 @@ end-to-end latency), the broker probe, loop-blocking detection, health metrics, 
 log format. Does I/O (through the parts it builds).
 
 The engine is not changed: the processor it runs is wrapped (:func:`WorkerSupervisor.wrap`), the
-metrics are an extra collector on its registry, and readiness reads its status.
+metrics are an extra collector on its registry, and the worker's readiness facts are laid over the
+engine's (:meth:`WorkerSupervisor.facts`; ``multilane.worker.readiness`` decides).
 
 Lifecycle (steps 1-4, called by ``multilane.worker.cli``):
 
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from multilane.api import Processor
@@ -30,7 +32,7 @@ from multilane.worker.config import EngineConfig, security_settings
 from multilane.worker.guard import EndToEndLatency, guarded
 from multilane.worker.health import AppMetricsCollector, BrokerProbe, HealthCollector, kafka_logger
 from multilane.worker.loopwatch import LoopBlockWatch
-from multilane.worker.readiness import Readiness, ReadinessFacts, readiness
+from multilane.worker.readiness import ReadinessFacts
 from multilane.worker.retry import RetryPolicy
 
 __all__ = ["JsonLogFormatter", "StartupError", "WorkerSupervisor", "add_arguments", "client_overrides"]
@@ -188,25 +190,15 @@ class WorkerSupervisor:
 
     # -- readiness ------------------------------------------------------------------------------------
 
-    def facts(self) -> ReadinessFacts:
-        engine = self.engine
-        status = engine.status() if engine is not None and getattr(engine, "_consumer", None) else {}
-        parts = status.get("partitions", [])
-        active = [p for p in parts if p.get("phase") == "active"]
-        restoring = tuple(f"{p['topic']}/{p['partition']}" for p in parts if p.get("phase") == "promoting")
-        return ReadinessFacts(
-            started=engine is not None and bool(status),
-            stopping=self._stopping or (engine is not None and getattr(engine, "_stopped", False)),
+    def facts(self, engine_facts: ReadinessFacts) -> ReadinessFacts:
+        """The worker's readiness facts laid over the engine's (``ReadinessFacts.of_engine``)."""
+        return replace(
+            engine_facts,
+            stopping=self._stopping,
             broker_reachable=self.probe.reachable,
             broker_unreachable_s=self.probe.unreachable_s,
-            partitions=len(active),
             expects_partitions=self.cfg.operator_mode and bool(self.cfg.assign),
-            restoring=restoring,
             breaker_open=self.breaker.is_open,
             breaker_reason=self.breaker.reason,
-            fenced=bool(status.get("fenced")),
             missing_topics=self.probe.missing,
         )
-
-    def readiness(self) -> Readiness:
-        return readiness(self.facts())
