@@ -18,7 +18,7 @@ import asyncio
 import json
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from multilane.api import (
     Context,
@@ -35,7 +35,8 @@ from multilane.worker.retry import RetryPolicy, dead_letter_headers
 if TYPE_CHECKING:
     from multilane.app import App
 
-__all__ = ["DeadLetter", "Output", "ProcessorRun", "make_records", "run_processor", "run_processor_async"]
+__all__ = ["DeadLetter", "Output", "ProcessorRun", "RunOptions", "make_records",
+           "run_processor", "run_processor_async"]
 
 RecordLike = Record | tuple[Any, Any] | bytes | str | Mapping[str, Any] | list[Any] | None
 
@@ -138,29 +139,38 @@ def _unpack_app(processor: Any, key_format: str | None,
     return processor, key_format or "bytes", value_format or "bytes"
 
 
-async def run_processor_async(
-    processor: Processor | App,
-    records: Iterable[RecordLike],
-    *,
-    state: MutableMapping[bytes, bytes] | None = None,
-    key_format: str | None = None,
-    value_format: str | None = None,
-    max_retries: int = 3,
-    retry_on: tuple[type[BaseException], ...] = (Exception,),
-    topic: str = "input",
-) -> ProcessorRun:
+class RunOptions(TypedDict, total=False):
+    """The options of :func:`run_processor` and :func:`run_processor_async` (keywords; default)."""
+
+    state: MutableMapping[bytes, bytes] | None  # the store, a dict to pre-fill and inspect (None)
+    key_format: str | None  # key format (None: the App's, else "bytes")
+    value_format: str | None  # value format (None: the App's, else "bytes")
+    max_retries: int  # retries of a failed record before it is dead-lettered (3)
+    retry_on: tuple[type[BaseException], ...]  # the exception types retried ((Exception,))
+    topic: str  # the topic of records made from plain values ("input")
+
+
+async def run_processor_async(processor: Processor | App, records: Iterable[RecordLike],
+                              **options: Unpack[RunOptions]) -> ProcessorRun:
     """:func:`run_processor` from a running event loop (``await`` it in an async test)."""
-    # 1. what the worker checks at start
-    processor, key_format, value_format = _unpack_app(processor, key_format, value_format)
+    # 1. what the worker checks at start (and the options, which only a type checker sees otherwise)
+    unknown = sorted(set(options) - RunOptions.__optional_keys__)
+    if unknown:
+        raise TypeError(f"run_processor: unknown option(s) {', '.join(unknown)} "
+                        f"(known: {', '.join(RunOptions.__annotations__)})")
+    processor, key_format, value_format = _unpack_app(processor, options.get("key_format"),
+                                                      options.get("value_format"))
     check_processor(processor)
+    state = options.get("state")
     if state is None and processor_needs_state(processor):
         state = {}
     run_fn = decoding_processor(processor, RecordDecoder.from_formats(key_format, value_format))
     is_async = is_async_processor(run_fn)
-    policy = RetryPolicy(max_retries=max_retries, base_ms=0, retry_on=retry_on)
+    policy = RetryPolicy(max_retries=options.get("max_retries", 3), base_ms=0,
+                         retry_on=options.get("retry_on", (Exception,)))
     result = ProcessorRun(state=state)
     # 2. each record in order, with the error policy
-    for record in make_records(records, topic):
+    for record in make_records(records, options.get("topic", "input")):
         attempt = 1
         while True:
             capture = _Capture(record)
@@ -191,17 +201,8 @@ async def run_processor_async(
     return result
 
 
-def run_processor(
-    processor: Processor | App,
-    records: Iterable[RecordLike],
-    *,
-    state: MutableMapping[bytes, bytes] | None = None,
-    key_format: str | None = None,
-    value_format: str | None = None,
-    max_retries: int = 3,
-    retry_on: tuple[type[BaseException], ...] = (Exception,),
-    topic: str = "input",
-) -> ProcessorRun:
+def run_processor(processor: Processor | App, records: Iterable[RecordLike],
+                  **options: Unpack[RunOptions]) -> ProcessorRun:
     """Run ``processor`` (sync or async, or a :class:`multilane.App`'s) on ``records`` as a worker would
     (steps 1-2).
 
@@ -212,6 +213,8 @@ def run_processor(
        up to ``max_retries`` times if ``retry_on`` says so and it is not ``NonRetryable``, then
        dead-lettered.
 
+    The options (:class:`RunOptions`) are those of :func:`run_processor_async`, which does the work.
+
     Inside a running event loop use ``await run_processor_async(...)``.
     """
     try:
@@ -221,6 +224,4 @@ def run_processor(
     else:
         raise RuntimeError("run_processor() called from a running event loop: use "
                            "'await run_processor_async(...)' instead")
-    return asyncio.run(run_processor_async(
-        processor, records, state=state, key_format=key_format, value_format=value_format,
-        max_retries=max_retries, retry_on=retry_on, topic=topic))
+    return asyncio.run(run_processor_async(processor, records, **options))

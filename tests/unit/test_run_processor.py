@@ -79,7 +79,7 @@ def test_no_state_unless_needed_and_ctx_state_is_none() -> None:
 
 def test_signature_checked_and_async_variant() -> None:
     with pytest.raises(ProcessorSignatureError):
-        run_processor(lambda r: None, [b"x"])  # type: ignore[arg-type,misc]
+        run_processor(lambda r: None, [b"x"])  # type: ignore[arg-type]
 
     async def main() -> None:
         run = await run_processor_async(totals, [("a", {"amount": 1})], value_format="json")
@@ -129,3 +129,8 @@ def test_ctx_produce_without_an_output_producer_says_so() -> None:
     run = run_processor(lambda r, c: c.produce("out", {"a": 1}), [b"x"], max_retries=0)  # type: ignore[arg-type]
     (letter,) = run.dead_letters
     assert isinstance(letter.error, TypeError) and "json.dumps" in str(letter.error)
+
+
+def test_an_unknown_option_is_refused_in_one_line() -> None:
+    with pytest.raises(TypeError, match=r"unknown option.*max_retry .*known: state, key_format"):
+        run_processor(lambda r, c: None, [b"x"], max_retry=2)  # type: ignore[call-arg]
