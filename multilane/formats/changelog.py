@@ -107,7 +107,7 @@ class ChangelogCodec:
     @staticmethod
     def decode_fields(value: bytes) -> tuple[int, int, bytes | None]:
         """Restore's fast path: ``(source_offset, source_key_hash, new value or None for a delete)``
-        of a non-null value, with the same checks (and errors) as :meth:`decode`."""
+        of a non-null value. The one set of checks: :meth:`decode` builds its :class:`Change` on it."""
         if len(value) < HEADER_SIZE:
             raise ChangelogDecodeError(
                 f"value has {len(value)} bytes, the envelope header needs {HEADER_SIZE}"
@@ -139,21 +139,7 @@ class ChangelogCodec:
             return None
         if not isinstance(value, bytes | bytearray | memoryview):
             raise ChangelogDecodeError(f"value is a {type(value).__name__}, not bytes")
-        raw = bytes(value)
-        if len(raw) < HEADER_SIZE:
-            raise ChangelogDecodeError(
-                f"value has {len(raw)} bytes, the envelope header needs {HEADER_SIZE}"
-            )
-        magic, op, source_offset, source_key_hash = HEADER_STRUCT.unpack_from(raw)
-        if magic != MAGIC:
-            raise ChangelogDecodeError(f"bad magic {magic!r}, expected {MAGIC!r}")
-        if source_offset < 0:
-            raise ChangelogDecodeError(f"negative source offset {source_offset}")
-        payload = raw[HEADER_SIZE:]
-        if op == b"P":
-            return Change(ChangeOp.PUT, source_offset, source_key_hash, payload)
-        if op == b"D":
-            if payload:
-                raise ChangelogDecodeError(f"delete envelope carries {len(payload)} payload bytes")
+        source_offset, source_key_hash, payload = ChangelogCodec.decode_fields(bytes(value))
+        if payload is None:
             return Change(ChangeOp.DELETE, source_offset, source_key_hash)
-        raise ChangelogDecodeError(f"unknown op {op!r}, expected b'P' or b'D'")
+        return Change(ChangeOp.PUT, source_offset, source_key_hash, payload)
