@@ -12,7 +12,7 @@ from collections.abc import MutableMapping
 
 from multilane.api import StateView
 from multilane.worker.state.errors import StateKeyError
-from multilane.worker.state.json_values import JsonValues
+from multilane.worker.state.json_values import JsonValues, checked_key, checked_value
 
 __all__ = ["MemoryStateView"]
 
@@ -35,23 +35,13 @@ class MemoryStateView(JsonValues):
             if self._key is None:
                 raise StateKeyError(f"record {self._where} has no key: pass key=... explicitly")
             key = self._key
-        if not isinstance(key, bytes):
-            raise StateKeyError(f"state keys must be bytes, got {type(key).__name__}")
-        if not key:
-            raise StateKeyError("state keys must not be empty")
-        return key
+        return checked_key(key)
 
     def get(self, key: bytes | None = None) -> bytes | None:
         return self._store.get(self._resolve(key))
 
     def put(self, value: bytes, key: bytes | None = None) -> None:
-        if not isinstance(value, bytes):
-            if isinstance(value, bytearray | memoryview):
-                value = bytes(value)
-            else:
-                raise TypeError(
-                    f"state values must be bytes (use put_json for objects), got {type(value).__name__}"
-                )
+        value = checked_value(value)  # first, as the worker's view: a bad value is named before a bad key
         self._store[self._resolve(key)] = value
 
     def delete(self, key: bytes | None = None) -> None:

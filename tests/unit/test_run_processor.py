@@ -109,6 +109,10 @@ def test_memory_state_view_matches_the_worker_errors() -> None:
         view.put(b"1", key=b"")
     with pytest.raises(TypeError, match="put_json"):
         view.put({"a": 1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="put_json"):  # the value is named before the key
+        view.put("v", key=b"")  # type: ignore[arg-type]
+    view.put(bytearray(b"copied"))
+    assert type(store[b"k"]) is bytes and store[b"k"] == b"copied"
     view.put(b"not json")
     with pytest.raises(StateError, match="not JSON"):
         view.get_json()

@@ -1,8 +1,10 @@
-"""``JsonValues``: ``get_json`` / ``put_json`` over a state view's ``get`` / ``put``. Pure: no I/O.
+"""``JsonValues``: ``get_json`` / ``put_json`` over a state view's ``get`` / ``put``, and the checks of
+keys and values every view makes (:func:`checked_key`, :func:`checked_value`). Pure: no I/O.
 
 Shared by the worker's :class:`~multilane.worker.state.view.KeyRangeStateView` and the unit-test
-harness's :class:`~multilane.testing.memory_state.MemoryStateView`, so both read and write JSON values
-the same way: compact UTF-8, no NaN, and a value that is not JSON is a :class:`StateError` naming its key.
+harness's :class:`~multilane.testing.memory_state.MemoryStateView`, so both read and write values the
+same way: keys non-empty bytes, values bytes (a ``bytearray`` or ``memoryview`` copied), JSON compact
+UTF-8 with no NaN, and a value that is not JSON is a :class:`StateError` naming its key.
 """
 
 from __future__ import annotations
@@ -10,9 +12,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from multilane.worker.state.errors import StateError
+from multilane.worker.state.errors import StateError, StateKeyError
 
-__all__ = ["JsonValues"]
+__all__ = ["JsonValues", "checked_key", "checked_value"]
+
+
+def checked_key(key: object) -> bytes:
+    """``key`` when it is non-empty bytes, else :class:`StateKeyError`."""
+    if not isinstance(key, bytes):
+        raise StateKeyError(f"state keys must be bytes, got {type(key).__name__}")
+    if not key:
+        raise StateKeyError("state keys must not be empty")
+    return key
+
+
+def checked_value(value: object) -> bytes:
+    """``value`` as bytes (a ``bytearray`` or ``memoryview`` copied), else ``TypeError``."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"state values must be bytes (use put_json for objects), got {type(value).__name__}")
 
 
 class JsonValues:

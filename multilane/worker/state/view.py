@@ -12,7 +12,7 @@ from __future__ import annotations
 from multilane.api import StateView
 from multilane.formats.keyranges import KeyRange, key_hash
 from multilane.worker.state.errors import StateKeyError
-from multilane.worker.state.json_values import JsonValues
+from multilane.worker.state.json_values import JsonValues, checked_key, checked_value
 from multilane.worker.state.partition import ActivePartitionState
 
 __all__ = ["KeyRangeStateView"]
@@ -52,10 +52,7 @@ class KeyRangeStateView(JsonValues):
             if own and self._range.contains(self._source_key_hash):
                 return own
             key = own
-        if not isinstance(key, bytes):
-            raise StateKeyError(f"state keys must be bytes, got {type(key).__name__}")
-        if not key:
-            raise StateKeyError("state keys must not be empty")
+        key = checked_key(key)
         h = key_hash(key)
         if not self._range.contains(h):
             raise StateKeyError(
@@ -68,13 +65,7 @@ class KeyRangeStateView(JsonValues):
         return self._part.get(self._resolve(key))
 
     def put(self, value: bytes, key: bytes | None = None) -> None:
-        if not isinstance(value, bytes):
-            if isinstance(value, bytearray | memoryview):
-                value = bytes(value)
-            else:
-                raise TypeError(
-                    f"state values must be bytes (use put_json for objects), got {type(value).__name__}"
-                )
+        value = checked_value(value)  # before the key (a bad value is named before a bad key)
         self._part.put(self._resolve(key), value, self._source_offset, self._source_key_hash)
 
     def delete(self, key: bytes | None = None) -> None:
