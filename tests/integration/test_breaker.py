@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,6 @@ from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 pytestmark = pytest.mark.broker
 
 N = 5
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def _dead_letters(bootstrap: str, topic: str) -> list[int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,6 @@ from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 pytestmark = pytest.mark.broker
 
 PER_INPUT = 2
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def test_outputs_survive_three_kill9s(broker: EmbeddedBroker, topic_name: str, tmp_path: Path,

@@ -8,7 +8,6 @@ line to its first processed record is measured with and without a ``group.instan
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,6 @@ from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 pytestmark = pytest.mark.broker
 
 SESSION = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def _takeover_s(broker: EmbeddedBroker, topic: str, tmp: Path, workers: list[WorkerProcess],

@@ -26,15 +26,6 @@ pytestmark = pytest.mark.broker
 PROCESS_TIMEOUT = 150.0  # seconds for a worker to process everything (loaded 2-core machine)
 
 
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    """Every WorkerProcess a test appends here is killed at teardown."""
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
-
-
 def _start(workers: list[WorkerProcess], spec: WorkerSpec, workdir: Path) -> WorkerProcess:
     w = WorkerProcess(spec, workdir)
     workers.append(w)

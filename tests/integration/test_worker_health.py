@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,6 @@ from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def _worker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
