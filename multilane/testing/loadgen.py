@@ -30,11 +30,12 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from multilane.testing.checkers import ProducedRecord
 
 __all__ = [
+    "LoadOptions",
     "LoadResult",
     "RateProfile",
     "RateStep",
@@ -259,18 +260,47 @@ def _produce_one(producer: Any, topic: str, value: bytes, key: bytes | None, par
             producer.poll(0.05)
 
 
+class LoadOptions(TypedDict, total=False):
+    """The options :func:`produce_records` and :func:`produce_paced` share (keywords; [default])."""
+
+    keys: int  # distinct keys [1000]; 0: null keys
+    value_size: int  # bytes of a value, >= 1 [100]
+    zipf_s: float  # Zipf exponent of the key popularity [1.1]; 0: uniform
+    seed: int  # seed of the values and the key sequence [0]
+    partition: int | None  # [None]: the client's partitioner picks by key
+    producer_config: Mapping[str, Any] | None  # laid over DEFAULT_PRODUCER_CONFIG [None]
+    flush_timeout_s: float  # how long the final flush waits for delivery reports [120.0]
+
+
+@dataclass(frozen=True)
+class _Load:
+    """Step 1 of both producers: the options with their defaults, the values and the key sampler."""
+
+    values: list[bytes]
+    sampler: ZipfKeySampler
+    partition: int | None
+    producer_config: Mapping[str, Any] | None
+    flush_timeout_s: float
+
+    @classmethod
+    def of(cls, options: LoadOptions) -> _Load:
+        unknown = sorted(set(options) - LoadOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(f"unknown load option(s) {', '.join(unknown)} "
+                            f"(known: {', '.join(LoadOptions.__annotations__)})")
+        seed = options.get("seed", 0)
+        return cls(_values(options.get("value_size", 100), seed),
+                   ZipfKeySampler(options.get("keys", 1000), options.get("zipf_s", 1.1), seed),
+                   options.get("partition"), options.get("producer_config"),
+                   options.get("flush_timeout_s", 120.0))
+
+
 def produce_records(
     bootstrap: str,
     topic: str,
     n: int,
-    keys: int = 1000,
-    value_size: int = 100,
-    zipf_s: float = 1.1,
-    seed: int = 0,
-    partition: int | None = None,
-    producer_config: Mapping[str, Any] | None = None,
-    flush_timeout_s: float = 120.0,
     on_progress: Callable[[int], None] | None = None,
+    **options: Unpack[LoadOptions],
 ) -> LoadResult:
     """Produce ``n`` records as fast as possible and wait for every delivery report (steps 1-3).
     ``on_progress(produced)`` is called every few thousand records.
@@ -284,12 +314,12 @@ def produce_records(
     if n < 0:
         raise ValueError(f"record count must be >= 0, got {n}")
     # 1.
-    values = _values(value_size, seed)
+    load = _Load.of(options)
+    values, partition = load.values, load.partition
     n_values = len(values)
-    sampler = ZipfKeySampler(keys, zipf_s, seed)
-    key_seq = sampler.key_stream(n)
-    result = LoadResult(topic, sampler=sampler.sampler)
-    producer = _producer(bootstrap, result, producer_config)
+    key_seq = load.sampler.key_stream(n)
+    result = LoadResult(topic, sampler=load.sampler.sampler)
+    producer = _producer(bootstrap, result, load.producer_config)
     t0 = time.monotonic()
     # 2.
     produce = producer.produce
@@ -307,9 +337,9 @@ def produce_records(
             if on_progress is not None:
                 on_progress(i)
     # 3.
-    producer.flush(flush_timeout_s)
+    producer.flush(load.flush_timeout_s)
     result.elapsed_s = time.monotonic() - t0
-    result.sampler = sampler.sampler
+    result.sampler = load.sampler.sampler
     return result
 
 
@@ -317,17 +347,11 @@ def produce_paced(
     bootstrap: str,
     topic: str,
     profile: RateProfile,
-    keys: int = 1000,
-    value_size: int = 100,
-    zipf_s: float = 1.1,
-    seed: int = 0,
-    partition: int | None = None,
-    producer_config: Mapping[str, Any] | None = None,
-    flush_timeout_s: float = 120.0,
     should_stop: Callable[[], bool] | None = None,
     tick_s: float = 0.005,
     max_behind_s: float = 1.0,
     on_progress: Callable[[int], None] | None = None,
+    **options: Unpack[LoadOptions],
 ) -> LoadResult:
     """Produce following ``profile`` (records/s per step), then wait for every delivery report.
     ``on_progress(seconds)`` is called every tick with the whole seconds of the profile elapsed.
@@ -341,16 +365,16 @@ def produce_paced(
     3. Flush, as in :func:`produce_records`.
     """
     # 1.
-    values = _values(value_size, seed)
-    sampler = ZipfKeySampler(keys, zipf_s, seed)
+    load = _Load.of(options)
+    values, partition = load.values, load.partition
     total = profile.total_records
-    key_seq = iter(sampler.key_stream(total))
-    result = LoadResult(topic, sampler=sampler.sampler)
+    key_seq = iter(load.sampler.key_stream(total))
+    result = LoadResult(topic, sampler=load.sampler.sampler)
     result.offered_per_s = [
         float(profile.due(i + 1) - profile.due(i)) for i in range(math.ceil(profile.duration_s))
     ]
     t0 = time.monotonic()
-    producer = _producer(bootstrap, result, producer_config, t0=t0)
+    producer = _producer(bootstrap, result, load.producer_config, t0=t0)
     sent = 0  # records produced or skipped
     # 2.
     while sent < total:
@@ -375,7 +399,7 @@ def produce_paced(
         if sent < total:
             time.sleep(tick_s)
     # 3.
-    producer.flush(flush_timeout_s)
+    producer.flush(load.flush_timeout_s)
     result.elapsed_s = time.monotonic() - t0
     return result
 

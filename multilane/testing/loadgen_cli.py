@@ -14,10 +14,9 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from multilane.progress_bar import ProgressBar
-from multilane.testing.loadgen import RateProfile, produce_paced, produce_records
+from multilane.testing.loadgen import LoadOptions, RateProfile, produce_paced, produce_records
 
 __all__ = ["add_arguments", "run"]
 
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             profile = None
         if args.create_partitions:
             _create_topic(args.bootstrap_servers, args.topic, args.create_partitions)
-        common: dict[str, Any] = {
+        common: LoadOptions = {
             "keys": args.keys,
             "value_size": args.value_size,
             "zipf_s": args.zipf_s,

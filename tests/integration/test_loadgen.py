@@ -219,3 +219,10 @@ def test_one_million_records_speed(broker: EmbeddedBroker, topic_name: str) -> N
     assert result.delivered == 1_000_000
     print(result.summary())
     assert result.elapsed_s < 30  # ~1-4 s here on an idle machine; generous for a loaded one
+
+
+def test_an_unknown_load_option_is_refused_before_anything_is_produced() -> None:
+    for call in (lambda: produce_records("127.0.0.1:1", "t", 5, kyes=3),  # type: ignore[call-arg]
+                 lambda: produce_paced("127.0.0.1:1", "t", RateProfile.constant(1, 1), kyes=3)):  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"unknown load option\(s\) kyes \(known: keys, value_size"):
+            call()
