@@ -176,14 +176,11 @@ class HealthCollector(Collector):
         info.add_metric([self.group, self.worker_id], 1.0)
         yield info
         if self.breaker is not None:
-            fam = GaugeMetricFamily("multilane_breaker_open", "1 while the circuit breaker holds records "
-                                    "(N consecutive dead letters; POST /breaker/reset)", labels=["group"])
-            fam.add_metric(g, 1.0 if self.breaker.is_open else 0.0)
-            yield fam
-            c = CounterMetricFamily("multilane_breaker_opened", "times the circuit breaker opened",
-                                    labels=["group"])
-            c.add_metric(g, float(self.breaker.opened_total))
-            yield c
+            yield _of_group(GaugeMetricFamily, "multilane_breaker_open", "1 while the circuit breaker holds "
+                            "records (N consecutive dead letters; POST /breaker/reset)", self.group,
+                            1.0 if self.breaker.is_open else 0.0)
+            yield _of_group(CounterMetricFamily, "multilane_breaker_opened",
+                            "times the circuit breaker opened", self.group, float(self.breaker.opened_total))
         if self.latency is not None:
             h = self.latency.histogram
             fam_h = HistogramMetricFamily("multilane_end_to_end_latency_seconds",
@@ -192,16 +189,20 @@ class HealthCollector(Collector):
             fam_h.add_metric(g, h.cumulative(), h.sum)
             yield fam_h
         if self.loopwatch is not None:
-            c2 = CounterMetricFamily("multilane_loop_blocked", "times the event loop was blocked longer "
-                                     "than the threshold (a processor blocking it is named in a WARNING)",
-                                     labels=["group"])
-            c2.add_metric(g, float(self.loopwatch.blocked_total))
-            yield c2
+            yield _of_group(CounterMetricFamily, "multilane_loop_blocked", "times the event loop was blocked "
+                            "longer than the threshold (a processor blocking it is named in a WARNING)",
+                            self.group, float(self.loopwatch.blocked_total))
         if self.probe is not None:
-            fam2 = GaugeMetricFamily("multilane_broker_reachable", "1 when the last metadata request was "
-                                     "answered", labels=["group"])
-            fam2.add_metric(g, 1.0 if self.probe.reachable else 0.0)
-            yield fam2
+            yield _of_group(GaugeMetricFamily, "multilane_broker_reachable", "1 when the last metadata "
+                            "request was answered", self.group, 1.0 if self.probe.reachable else 0.0)
+
+
+def _of_group(kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, documentation: str, group: str,
+              value: float) -> Metric:
+    """A gauge or counter family of one sample, labelled with the consumer group."""
+    family = kind(name, documentation, labels=["group"])
+    family.add_metric([group], value)
+    return family
 
 
 class AppMetricsCollector(Collector):

@@ -15,7 +15,7 @@ import pytest
 from multilane.api import Context, NonRetryable, Record
 from multilane.worker.breaker import BreakerClosedError, CircuitBreaker
 from multilane.worker.guard import EndToEndLatency, RecordTimeoutError, guarded
-from multilane.worker.health import RateLimitFilter
+from multilane.worker.health import HealthCollector, RateLimitFilter
 from multilane.worker.loopwatch import LoopBlockWatch
 from multilane.worker.readiness import ReadinessFacts, readiness
 from multilane.worker.retry import RetryPolicy
@@ -227,3 +227,21 @@ def test_broker_probe_gives_up_once_after_the_timeout() -> None:
     assert len(reasons) == 1 and "--broker-timeout-s" in reasons[0]
     probe.record(True, ("t",))
     assert probe.reachable and probe.missing == ("t",)
+
+
+def test_health_collector_samples_each_part_with_the_group_label() -> None:
+    class _Parts:
+        is_open, opened_total, blocked_total, reachable = True, 3, 7, False
+
+    parts: Any = _Parts()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in HealthCollector("g1", "w0", breaker=parts, loopwatch=parts, probe=parts).collect()
+               for s in fam.samples}
+    g = (("group", "g1"),)
+    assert samples[("multilane_worker_info", (("group", "g1"), ("worker_id", "w0")))] == 1.0
+    assert samples[("multilane_breaker_open", g)] == 1.0
+    assert samples[("multilane_breaker_opened_total", g)] == 3.0
+    assert samples[("multilane_loop_blocked_total", g)] == 7.0
+    assert samples[("multilane_broker_reachable", g)] == 0.0
+    only_info = list(HealthCollector("g1", "w0").collect())
+    assert [fam.name for fam in only_info] == ["multilane_worker_info"]
