@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from multilane.testing.broker import EmbeddedBroker, free_port
-from multilane.testing.checkers import assert_all, check_delivery
+from multilane.testing.checkers import ProducedRecord, assert_all, check_delivery
 from multilane.testing.loadgen import produce_records
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
@@ -25,6 +25,24 @@ def _worker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     argv = [sys.executable, "-m", "multilane", "worker", "--group", "g-health",
             "--processor", "multilane.testing.processors:logging_async", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _start_and_process(workers: list[WorkerProcess], spec: WorkerSpec, tmp_path: Path, broker: EmbeddedBroker,
+                       topic: str, n: int, keys: int) -> tuple[WorkerProcess, list[ProducedRecord]]:
+    """Start a worker, produce ``n`` records and wait until its event log shows them all processed."""
+    w = WorkerProcess(spec, tmp_path)
+    workers.append(w)
+    w.start().wait_ready(90)
+    produced = produce_records(broker.bootstrap, topic, n, keys=keys).records
+    follower = EventLogFollower(str(spec.event_log))
+    wait_until(lambda: follower.ended_count() >= n, 60, 0.1, f"{n} records processed")
+    return w, produced
+
+
+def _stop_and_check(w: WorkerProcess, produced: list[ProducedRecord], log: str) -> None:
+    """SIGTERM: a clean exit, and every record processed (key order)."""
+    assert w.terminate(60) == 0
+    assert_all(check_delivery(produced, read_event_log(log), mode="key"))
 
 
 def test_unreachable_broker_exits_after_the_timeout_with_one_clear_line() -> None:
@@ -58,12 +76,7 @@ def test_readyz_and_health_metrics(broker: EmbeddedBroker, topic_name: str, tmp_
     log = str(tmp_path / "events.log")
     spec = WorkerSpec(broker.bootstrap, group=f"g-{topic_name}", assign=f"{topic_name}:0,{topic_name}:1",
                       event_log=log)
-    w = WorkerProcess(spec, tmp_path)
-    workers.append(w)
-    w.start().wait_ready(90)
-    produced = produce_records(broker.bootstrap, topic_name, 200, keys=20).records
-    follower = EventLogFollower(log)
-    wait_until(lambda: follower.ended_count() >= 200, 60, 0.1, "200 records processed")
+    w, produced = _start_and_process(workers, spec, tmp_path, broker, topic_name, 200, keys=20)
     code, body = w.request("GET", "/readyz", token=None)
     assert code == 200 and body == {"ready": True, "reasons": []}
     m = w.metrics()
@@ -74,8 +87,7 @@ def test_readyz_and_health_metrics(broker: EmbeddedBroker, topic_name: str, tmp_
     assert m["multilane_breaker_open"] == [({"group": spec.group}, 0.0)]
     assert m["multilane_broker_reachable"] == [({"group": spec.group}, 1.0)]
     assert "python_info" in m, "prometheus_client's default registry (app metrics) is not served"
-    assert w.terminate(60) == 0
-    assert_all(check_delivery(produced, read_event_log(log), mode="key"))
+    _stop_and_check(w, produced, log)
 
 
 def test_a_processor_blocking_the_loop_is_named(broker: EmbeddedBroker, topic_name: str, tmp_path: Path,
@@ -86,14 +98,8 @@ def test_a_processor_blocking_the_loop_is_named(broker: EmbeddedBroker, topic_na
     spec = WorkerSpec(broker.bootstrap, group=f"g-{topic_name}", assign=f"{topic_name}:0",
                       processor="multilane.testing.faulty:blocks_the_loop", event_log=log,
                       env={"MULTILANE_TEST_SLEEP_MS": "800"})
-    w = WorkerProcess(spec, tmp_path)
-    workers.append(w)
-    w.start().wait_ready(90)
-    produced = produce_records(broker.bootstrap, topic_name, 3, keys=3).records
-    follower = EventLogFollower(log)
-    wait_until(lambda: follower.ended_count() >= 3, 60, 0.1, "3 records processed")
+    w, produced = _start_and_process(workers, spec, tmp_path, broker, topic_name, 3, keys=3)
     wait_until(lambda: w.metric_sum("multilane_loop_blocked_total") >= 1, 10, 0.2, "the blocking counted")
     tail = w.stderr_tail(300)
     assert "event loop blocked" in tail and "blocks_the_loop" in tail and f"{topic_name}/0@" in tail, tail
-    assert w.terminate(60) == 0
-    assert_all(check_delivery(produced, read_event_log(log), mode="key"))
+    _stop_and_check(w, produced, log)
