@@ -5,13 +5,11 @@ the ready line, shutdown hooks after the engine stopped; the records pass the de
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_engine_harness import committed_offset, produce, wait_for
+from test_engine_harness import committed_offset, ended_in_log, produce, sigterm, wait_for, worker_process
 
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
@@ -71,24 +69,15 @@ def test_app_runs_with_hooks(broker: EmbeddedBroker, topic_name: str, tmp_path: 
         argv = [sys.executable, "-m", "multilane", "worker", "--app", "myapp:app"]
         env.update({"MULTILANE_BOOTSTRAP_SERVERS": broker.bootstrap, "MULTILANE_GROUP": group,
                     "MULTILANE_ASSIGN": f"{topic_name}:0", "MULTILANE_APP_MARKER_DIR": str(markers)})
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                            cwd=tmp_path)
-    try:
+    with worker_process(argv, env=env, cwd=tmp_path) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("multilane-worker ready"), (line, proc.stderr.read() if proc.stderr else "")
         assert (markers / "startup").read_text() == "started"
         assert not (markers / "shutdown").exists()
-        wait_for(lambda: log_path.exists() and
-                 len({e.offset for e in read_event_log(log_path) if e.kind == "end"}) == n,
-                 60, what="every record processed")
+        wait_for(ended_in_log(log_path, n), 60, what="every record processed")
         wait_for(lambda: committed_offset(broker, group, topic_name) == n, 30, what="the commit")
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        err = sigterm(proc)
     assert proc.returncode == 0, err[-3000:]
     assert (markers / "shutdown").read_text() == "stopped"
     assert_all(check_delivery(produced, read_event_log(log_path), mode="key"))
@@ -116,23 +105,18 @@ def test_decode_error_is_dead_lettered_without_retries(broker: EmbeddedBroker, t
     (tmp_path / "badvalues.py").write_text(BAD_VALUES)
     group = f"g-{topic_name}"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "multilane", "worker", "--app", "badvalues:app", "--bootstrap-servers",
-         broker.bootstrap, "--group", group, "--assign", f"{topic_name}:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, cwd=tmp_path)
+    argv = [sys.executable, "-m", "multilane", "worker", "--app", "badvalues:app", "--bootstrap-servers",
+            broker.bootstrap, "--group", group, "--assign", f"{topic_name}:0"]
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"dlq-{topic_name}"})
     letters: list[dict[str, bytes]] = []
-    try:
-        consumer.assign([TopicPartition(f"{topic_name}.dlq", 0, 0)])
-        wait_for(lambda: letters.extend(dict(m.headers() or []) for m in consumer.consume(10, 0.2)
-                                        if m.error() is None) or len(letters) >= len(produced),
-                 60, what="every record dead-lettered")
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-    finally:
-        consumer.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with worker_process(argv, env=env, cwd=tmp_path) as proc:
+        try:
+            consumer.assign([TopicPartition(f"{topic_name}.dlq", 0, 0)])
+            wait_for(lambda: letters.extend(dict(m.headers() or []) for m in consumer.consume(10, 0.2)
+                                            if m.error() is None) or len(letters) >= len(produced),
+                     60, what="every record dead-lettered")
+            sigterm(proc)
+        finally:
+            consumer.close()
     assert [h["multilane.error.reason"] for h in letters] == [b"decode-error"] * 3
     assert [h["multilane.attempts"] for h in letters] == [b"1"] * 3

@@ -5,9 +5,12 @@ Also one smoke test of the helpers themselves.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from multilane.api import OrderingMode
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import ProducedRecord
-from multilane.testing.processors import EventRecorder, ProcessingEvent, ProcessorConfig
+from multilane.testing.processors import EventRecorder, ProcessingEvent, ProcessorConfig, read_event_log
 from multilane.worker.config import EngineConfig
 from multilane.worker.engine import Engine
 from multilane.worker.runner import EngineRunner
@@ -95,6 +98,30 @@ def recorder(sleep_ms: float = 0.0, **kw: Any) -> EventRecorder:
 
 def ended(events: Sequence[ProcessingEvent]) -> set[int]:
     return {e.offset for e in events if e.kind == "end"}
+
+
+def ended_in_log(log_path: Path, at_least: int) -> Callable[[], bool]:
+    """A ``wait_for`` condition: the event log shows ``at_least`` distinct offsets ended."""
+    return lambda: log_path.exists() and len(ended(read_event_log(log_path))) >= at_least
+
+
+@contextmanager
+def worker_process(argv: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """A worker subprocess (stdout and stderr piped, text), killed on the way out if it still runs."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def sigterm(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """SIGTERM, then wait for the exit; its stderr."""
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=timeout)
+    return err
 
 
 def committed_offset(broker: EmbeddedBroker, group: str, topic: str, partition: int = 0) -> int | None:

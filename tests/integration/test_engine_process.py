@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -13,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_engine_harness import committed_offset, config, ended, produce, recorder, running, wait_for
+from test_engine_harness import (
+    committed_offset,
+    config,
+    ended,
+    ended_in_log,
+    produce,
+    recorder,
+    running,
+    sigterm,
+    wait_for,
+    worker_process,
+)
 
 from multilane.api import Context, Record
 from multilane.formats.keyranges import KeyRange
@@ -34,28 +44,18 @@ def test_cli_worker_ready_line_and_sigterm(broker: EmbeddedBroker, topic_name: s
     token_file.write_text("tok\n")
     group = f"g-{topic_name}"
     env = {**os.environ, "MULTILANE_TEST_LOG": str(log_path), "MULTILANE_TEST_SLEEP_MS": "2"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "multilane", "worker", "--bootstrap-servers", broker.bootstrap,
-         "--group", group, "--processor", "multilane.testing.processors:logging_async",
-         "--assign", f"{topic_name}:0", "--factor", "4", "--commit-interval-ms", "300",
-         "--control-port", "0", "--control-token-file", str(token_file),
-         "--consumer-config", "session.timeout.ms=2000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-    )
-    try:
+    argv = [sys.executable, "-m", "multilane", "worker", "--bootstrap-servers", broker.bootstrap,
+            "--group", group, "--processor", "multilane.testing.processors:logging_async",
+            "--assign", f"{topic_name}:0", "--factor", "4", "--commit-interval-ms", "300",
+            "--control-port", "0", "--control-token-file", str(token_file),
+            "--consumer-config", "session.timeout.ms=2000"]
+    with worker_process(argv, env=env) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("multilane-worker ready worker_id="), line
         assert "control_port=0" in line and "metrics_port=0" in line
-        wait_for(lambda: log_path.exists() and
-                 len({e.offset for e in read_event_log(log_path) if e.kind == "end"}) >= n // 2,
-                 60, what="half the records processed")
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        wait_for(ended_in_log(log_path, n // 2), 60, what="half the records processed")
+        err = sigterm(proc)
     assert proc.returncode == 0, err[-3000:]
     events = read_event_log(log_path)
     done = {e.offset for e in events if e.kind == "end"}
