@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(bash scripts/bootstrap.sh | tail -n 1)
 set +e
-"$PY" -m pytest -m "not slow" -p no:cacheprovider "$@"
+"$PY" -m pytest -m "not slow" -p no:cacheprovider --durations=30 "$@"
 code=$?
 set -e
 # pytest exits 5 when it collected no test: that is not a failure of the code under test.
