@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=int, default=0, help="alternated off/on pairs (default 3, quick 2)")
     parser.add_argument("--records", type=int, default=0, help="records per row (default 60k, quick 8k)")
     parser.add_argument("--linger-ms", type=float, default=1.0, help="the output producer's linger.ms")
-    parser.add_argument("--poll", choices=("thread", "loop"), default="thread",
+    parser.add_argument("--poll", choices=("thread", "loop"), default="loop",
                         help="delivery reports served by a thread or by a task on the engine's loop")
     parser.add_argument("--idempotence", choices=("on", "off"), default="on",
                         help="the output producer's idempotence (the worker's --output-idempotence)")
@@ -116,7 +116,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--outputs", choices=("on", "off"), required=True)
     parser.add_argument("--out-topic", required=True)
     parser.add_argument("--linger-ms", type=float, default=1.0)
-    parser.add_argument("--poll", choices=("thread", "loop"), default="thread")
+    parser.add_argument("--poll", choices=("thread", "loop"), default="loop")
     parser.add_argument("--idempotence", choices=("on", "off"), default="on")
     parser.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
