@@ -1,5 +1,5 @@
 """Outputs tied to commits: ``ctx.produce`` on a worker, and the producer whose acknowledgements gate a
-record's completion. Does I/O (a confluent-kafka producer and its poll thread).
+record. Does I/O (a confluent-kafka producer, polled on the engine's loop, or by a thread without one).
 
 How an output is tied to its input's commit (steps 1-4, in :func:`with_outputs`):
 
