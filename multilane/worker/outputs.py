@@ -159,7 +159,6 @@ class OutputProducer:
         self._buffer_wait_s = buffer_wait_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0  # ident of the loop's thread while the loop serves reports, else 0
-        self._timer: asyncio.TimerHandle | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._start_lock = threading.Lock()
@@ -211,6 +210,8 @@ class OutputProducer:
         the loop's poller clears ``polling`` and only then reads ``len(producer)``, and a producer
         produced before reading ``polling``, so either this call arms it or the poller sees the
         output and stays armed."""
+        if not self._loop_thread and self._thread is None:
+            self.start()  # the first send: pick who serves (a thread, or the loop: armed below)
         if self._loop_thread:
             if threading.get_ident() == self._loop_thread:
                 self._arm()
@@ -219,8 +220,6 @@ class OutputProducer:
                     self._loop.call_soon_threadsafe(self._arm)
                 except RuntimeError:  # the loop closed meanwhile
                     pass
-        elif self._thread is None:
-            self.start()
 
     def _arm(self) -> None:
         """On the loop: serve reports at the next turn (unless already armed or closed)."""
@@ -228,7 +227,6 @@ class OutputProducer:
             return
         self.polling = True
         assert self._loop is not None
-        self._timer = None
         self._loop.call_soon(self._serve_on_loop)
 
     def _serve_on_loop(self) -> None:
@@ -250,7 +248,7 @@ class OutputProducer:
         self.polling = False
         if self._outstanding():
             self.polling = True
-            self._timer = loop.call_later(self._loop_idle_s, self._serve_on_loop)
+            loop.call_later(self._loop_idle_s, self._serve_on_loop)
 
     def _poll_thread(self) -> None:
         poll = self._producer.poll
@@ -341,13 +339,17 @@ class OutputProducer:
     def close(self, timeout_s: float = 10.0) -> int:
         """Stop serving, flush what is queued (reports run here), close; returns outputs left unsent."""
         self._stop.set()
-        timer, self._timer = self._timer, None
-        if timer is not None and self._loop is not None and not self._loop.is_closed():
+        loop = self._loop
+        if self._loop_thread and threading.get_ident() != self._loop_thread and loop is not None \
+                and loop.is_running():
+            # the loop's poller: let a poll in progress finish first (reports served by one thread)
+            passed = threading.Event()
             try:
-                self._loop.call_soon_threadsafe(timer.cancel)
-            except RuntimeError:
+                loop.call_soon_threadsafe(passed.set)
+                passed.wait(timeout_s)
+            except RuntimeError:  # the loop closed meanwhile
                 pass
-        self.polling = False
+        self.polling = False  # a poller still scheduled finds _stop set and returns
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None

@@ -259,3 +259,29 @@ def test_the_loop_polls_only_while_outputs_are_out() -> None:
         out.close(1)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_producer_never_started_serves_its_first_and_only_output(sync: bool) -> None:
+    """Without ``start``: the first send picks who serves reports (the caller's loop, or a thread for a
+    sync processor's thread) and serves that very output: an attempt with one output completes."""
+
+    async def main() -> None:
+        fake = CountingProducer()
+        out = OutputProducer(fake, poll_timeout_s=0.01)
+
+        async def proc(record: Record, ctx: Context) -> None:
+            ctx.produce("out", b"only")
+
+        def sync_proc(record: Record, ctx: Context) -> None:
+            ctx.produce("out", b"only")
+
+        if sync:
+            run = with_outputs(sync_proc, out)
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, run, *_rec()), 5)
+        else:
+            await asyncio.wait_for(with_outputs(proc, out)(*_rec()), 5)
+        assert [v for _, v, _, _ in fake.sent] == [b"only"]
+        out.close(1)
+
+    asyncio.run(main())
