@@ -207,9 +207,9 @@ class OutputProducer:
 
     def ensure_polling(self) -> None:
         """Make sure delivery reports are served (after a produce). Safe against a stale ``polling``:
-        the loop's poller clears ``polling`` and only then reads ``len(producer)``, and a producer
-        produced before reading ``polling``, so either this call arms it or the poller sees the
-        output and stays armed."""
+        the loop's poller clears ``polling`` and only then reads ``len(producer)``, and a sender
+        produces before it reads ``polling``; so either the sender sees False and arms the poller, or
+        the poller sees the sender's output and stays armed."""
         if not self._loop_thread and self._thread is None:
             self.start()  # the first send: pick who serves (a thread, or the loop: armed below)
         if self._loop_thread:
