@@ -156,7 +156,16 @@ def child_main(argv: list[str]) -> int:
         conf = output_producer_config(args.bootstrap, "bench-outputs", args.linger_ms,
                                       idempotent=args.idempotence == "on")
         conf.update(item.split("=", 1) for item in args.producer_config)
-        out = OutputProducer.from_config(conf, poll_on_loop=args.poll == "loop")
+        from confluent_kafka import Producer
+
+        # Warm up like a worker in its steady state: the idempotent producer has its producer id (its
+        # first one takes ~1 s on the embedded broker, and no output leaves before it) and the output
+        # topic's metadata. One record, not counted, before the engine starts.
+        client = Producer(conf)
+        client.produce(out_topic, b"warm-up")
+        if client.flush(30):
+            raise RuntimeError("the output producer's warm-up record was not acknowledged in 30 s")
+        out = OutputProducer(client, poll_on_loop=args.poll == "loop")
         inner = with_outputs(transform, out)
 
     async def processor(record: Record, ctx: Context) -> None:
