@@ -5,9 +5,10 @@ One row = one child process (``python -m benchmarks.outputs child ...``) running
 unordered mode at 256 in flight (F=256) with the engine benchmark's 10 ms ``asyncio.sleep`` processor;
 with outputs, the processor also sends one output per record (``ctx.produce``, 100 B, keyed by the
 input key) and the record completes only once the broker acknowledged it
-(:mod:`multilane.worker.outputs`). The two variants are alternated (off, on, off, on, ...) in one run
-on one input topic, so that load from other work hits both alike; the goal is the median of the
-per-pair ratios ``rate(on) / rate(off)`` (>= 0.8).
+(:mod:`multilane.worker.outputs`; its delivery reports served on the engine's loop, as in the worker,
+or by a poll thread with ``--poll thread``). The two variants are alternated (off, on, off, on, ...)
+in one run on one input topic, so that load from other work hits both alike; the goal is the median of
+the per-pair ratios ``rate(on) / rate(off)`` (>= 0.8).
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", type=int, default=0, help="alternated off/on pairs (default 3, quick 2)")
     parser.add_argument("--records", type=int, default=0, help="records per row (default 60k, quick 8k)")
     parser.add_argument("--linger-ms", type=float, default=1.0, help="the output producer's linger.ms")
-    parser.add_argument("--poll", choices=("thread", "loop"), default="thread",
-                        help="delivery reports served by a thread or by a task on the engine's loop")
+    parser.add_argument("--poll", choices=("thread", "loop"), default="loop",
+                        help="delivery reports served on the engine's loop (the worker's way) or by a "
+                             "poll thread (the way before)")
     parser.add_argument("--idempotence", choices=("on", "off"), default="on",
                         help="the output producer's idempotence (the worker's --output-idempotence)")
+    parser.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra librdkafka setting of the output producer (the worker's --output-config)")
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
@@ -48,7 +52,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
     pairs = args.pairs or (QUICK_PAIRS if args.quick else FULL_PAIRS)
     report.params.update(records=records, pairs=pairs, in_flight=IN_FLIGHT, base_ms=BASE_MS,
                          value_bytes=VALUE_BYTES, keys=N_KEYS, linger_ms=args.linger_ms, poll=args.poll,
-                         idempotence=args.idempotence)
+                         idempotence=args.idempotence, producer_config=args.producer_config)
     table = report.table("outputs", f"Consume-transform-produce at {IN_FLIGHT} in flight, {BASE_MS:g} ms "
                          "asyncio.sleep per record", [
                              Column("run", "run"), Column("outputs"), Column("records", fmt=","),
@@ -74,6 +78,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
                         "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
                         "--linger-ms", str(args.linger_ms), "--poll", args.poll,
                         "--idempotence", args.idempotence, "--timeout", "240"]
+                argv += [a for kv in args.producer_config for a in ("--producer-config", kv)]
                 try:
                     res = run_json_child(argv, timeout=300)
                 except ChildError as exc:
@@ -116,7 +121,7 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--outputs", choices=("on", "off"), required=True)
     parser.add_argument("--out-topic", required=True)
     parser.add_argument("--linger-ms", type=float, default=1.0)
-    parser.add_argument("--poll", choices=("thread", "loop"), default="thread")
+    parser.add_argument("--poll", choices=("thread", "loop"), default="loop")
     parser.add_argument("--idempotence", choices=("on", "off"), default="on")
     parser.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
@@ -151,7 +156,16 @@ def child_main(argv: list[str]) -> int:
         conf = output_producer_config(args.bootstrap, "bench-outputs", args.linger_ms,
                                       idempotent=args.idempotence == "on")
         conf.update(item.split("=", 1) for item in args.producer_config)
-        out = OutputProducer.from_config(conf, poll_on_loop=args.poll == "loop")
+        from confluent_kafka import Producer
+
+        # Warm up like a worker in its steady state: the idempotent producer has its producer id (its
+        # first one takes ~1 s on the embedded broker, and no output leaves before it) and the output
+        # topic's metadata. One record, not counted, before the engine starts.
+        client = Producer(conf)
+        client.produce(out_topic, b"warm-up")
+        if client.flush(30):
+            raise RuntimeError("the output producer's warm-up record was not acknowledged in 30 s")
+        out = OutputProducer(client, poll_on_loop=args.poll == "loop")
         inner = with_outputs(transform, out)
 
     async def processor(record: Record, ctx: Context) -> None:

@@ -64,7 +64,13 @@ def _rec(offset: int = 0, key: bytes = b"k") -> tuple[Record, Context]:
     return rec, Context("in", 0, offset, key, [], 0, 1)
 
 
-async def _started(fake: FakeProducer, on_loop: bool = False) -> OutputProducer:
+@pytest.fixture(params=[False, True], ids=["thread", "loop"])
+def on_loop(request: pytest.FixtureRequest) -> bool:
+    """Who serves the delivery reports: a poll thread, or the engine's loop (the worker's default)."""
+    return bool(request.param)
+
+
+async def _started(fake: FakeProducer, on_loop: bool) -> OutputProducer:
     out = OutputProducer(fake, poll_timeout_s=0.01, poll_on_loop=on_loop)
     out.start(asyncio.get_running_loop())
     return out
@@ -78,7 +84,6 @@ def test_config_is_idempotent_with_security_and_overrides() -> None:
     assert plain["enable.idempotence"] is False and plain["max.in.flight.requests.per.connection"] == 1
 
 
-@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
 def test_async_processor_returns_only_after_every_output_is_acknowledged(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
@@ -101,11 +106,11 @@ def test_async_processor_returns_only_after_every_output_is_acknowledged(on_loop
     asyncio.run(main())
 
 
-def test_a_refused_output_fails_the_attempt() -> None:
+def test_a_refused_output_fails_the_attempt(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
         fake.refuse.add("bad")
-        out = await _started(fake)
+        out = await _started(fake, on_loop)
 
         async def proc(record: Record, ctx: Context) -> None:
             ctx.produce("good", b"1")
@@ -118,11 +123,11 @@ def test_a_refused_output_fails_the_attempt() -> None:
     asyncio.run(main())
 
 
-def test_sync_processor_waits_on_its_thread() -> None:
+def test_sync_processor_waits_on_its_thread(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
         fake.open.clear()
-        out = await _started(fake)
+        out = await _started(fake, on_loop)
 
         def proc(record: Record, ctx: Context) -> None:
             ctx.produce("out", b"x", headers=[("h", b"1")])
@@ -144,11 +149,11 @@ def test_sync_processor_waits_on_its_thread() -> None:
     asyncio.run(main())
 
 
-def test_no_outputs_no_wait_and_marks_kept() -> None:
+def test_no_outputs_no_wait_and_marks_kept(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
         fake.open.clear()  # nothing would ever be acknowledged
-        out = await _started(fake)
+        out = await _started(fake, on_loop)
 
         @needs_state
         async def proc(record: Record, ctx: Context) -> None:
@@ -163,11 +168,11 @@ def test_no_outputs_no_wait_and_marks_kept() -> None:
     asyncio.run(main())
 
 
-def test_a_full_queue_waits_then_sends() -> None:
+def test_a_full_queue_waits_then_sends(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
         fake.full = 3
-        out = await _started(fake)
+        out = await _started(fake, on_loop)
 
         async def proc(record: Record, ctx: Context) -> None:
             ctx.produce("out", b"x")
@@ -179,10 +184,10 @@ def test_a_full_queue_waits_then_sends() -> None:
     asyncio.run(main())
 
 
-def test_many_concurrent_attempts_each_wait_for_their_own_outputs() -> None:
+def test_many_concurrent_attempts_each_wait_for_their_own_outputs(on_loop: bool) -> None:
     async def main() -> None:
         fake = FakeProducer()
-        out = await _started(fake)
+        out = await _started(fake, on_loop)
         done: list[int] = []
 
         async def proc(record: Record, ctx: Context) -> None:
@@ -199,6 +204,84 @@ def test_many_concurrent_attempts_each_wait_for_their_own_outputs() -> None:
         await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(300))), 10)
         assert sorted(done) == list(range(300))
         assert len(fake.sent) == sum(i % 4 for i in range(300))
+        out.close(1)
+
+    asyncio.run(main())
+
+
+class CountingProducer(FakeProducer):
+    """A fake that, like the real client, tells how many outputs are not yet reported (``len``), and
+    counts its polls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.queue)
+
+    def poll(self, timeout: float) -> int:
+        self.polls += 1
+        return super().poll(timeout)
+
+
+def test_the_loop_polls_only_while_outputs_are_out() -> None:
+    """Loop mode: no thread; polls run while an output waits for its report and stop once none is out
+    (an idle worker does not poll); a send from a processor thread arms the loop's poller again."""
+
+    async def main() -> None:
+        fake = CountingProducer()
+        before = threading.active_count()
+        out = await _started(fake, True)
+
+        async def proc(record: Record, ctx: Context) -> None:
+            ctx.produce("out", b"x")
+
+        fake.open.clear()
+        task = asyncio.ensure_future(with_outputs(proc, out)(*_rec()))
+        await asyncio.sleep(0.05)
+        assert not task.done() and out.polling and fake.polls > 3  # polled while the report is held
+        assert threading.active_count() == before  # no poll thread
+        fake.open.set()
+        await asyncio.wait_for(task, 5)
+        await asyncio.sleep(0.02)
+        polls = fake.polls
+        await asyncio.sleep(0.05)
+        assert not out.polling and fake.polls == polls, "polled with nothing out"
+
+        def sync_proc(record: Record, ctx: Context) -> None:
+            ctx.produce("out", b"y")
+
+        await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+            None, with_outputs(sync_proc, out), *_rec(1)), 5)
+        assert [v for _, v, _, _ in fake.sent] == [b"x", b"y"] and fake.polls > polls
+        out.close(1)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_producer_never_started_serves_its_first_and_only_output(sync: bool) -> None:
+    """Without ``start``: the first send picks who serves reports (the caller's loop, or a thread for a
+    sync processor's thread) and serves that very output: an attempt with one output completes."""
+
+    async def main() -> None:
+        fake = CountingProducer()
+        out = OutputProducer(fake, poll_timeout_s=0.01)
+
+        async def proc(record: Record, ctx: Context) -> None:
+            ctx.produce("out", b"only")
+
+        def sync_proc(record: Record, ctx: Context) -> None:
+            ctx.produce("out", b"only")
+
+        if sync:
+            run = with_outputs(sync_proc, out)
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, run, *_rec()), 5)
+        else:
+            await asyncio.wait_for(with_outputs(proc, out)(*_rec()), 5)
+        assert [v for _, v, _, _ in fake.sent] == [b"only"]
         out.close(1)
 
     asyncio.run(main())
