@@ -132,7 +132,9 @@ async def operator_factory(
     (not started); worker control URLs come from the fleet double unless ``control_url`` is given."""
     runners: list[OperatorRunner] = []
 
-    def make(tick_s: float = 0.5, control_url: Any = None, **kwargs: Any) -> OperatorRunner:
+    def make(
+        tick_s: float = 0.5, control_url: Any = None, login: Any = None, **kwargs: Any
+    ) -> OperatorRunner:
         def handlers(kube: KubeClient) -> OperatorHandlers:
             options: dict[str, Any] = {
                 "platform": KubernetesPlatform(kube, control_url=control_url or fleet.control_url),
@@ -148,7 +150,7 @@ async def operator_factory(
             options.update(kwargs)
             return OperatorHandlers(kube, **options)
 
-        runner = OperatorRunner(api[1], handlers, token=OPERATOR_TOKEN)
+        runner = OperatorRunner(api[1], handlers, token=OPERATOR_TOKEN, login=login)
         runners.append(runner)
         return runner
 

@@ -24,7 +24,7 @@ from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.spec.control_pki import ControlTlsSettings
 from multilane.operator.spec.network import NetworkPolicySettings, parse_labels
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "kopf_login", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,6 +160,16 @@ async def _standby_health(liveness: str) -> Any:
     return runner
 
 
+def kopf_login(**kwargs: Any) -> Any:
+    """kopf's login handler (an explicit registry has no default one): like kopf's default, the
+    kubernetes client's in-cluster config, else the kubeconfig, read again on every call. kopf calls it
+    again after a 401, so a rotated token (the projected token file, a kubeconfig ``tokenFile``)
+    is picked up without a restart (``tests/operator/test_tokens.py``)."""
+    import kopf
+
+    return kopf.login_via_client(**kwargs)
+
+
 async def _main(args: argparse.Namespace) -> int:
     import kopf
 
@@ -181,13 +191,7 @@ async def _main(args: argparse.Namespace) -> int:
     async with KubeClient(KubeSettings.load()) as kube:
         registry = kopf.OperatorRegistry()
 
-        # An explicit registry has no default login handlers: log in like kopf's default does
-        # (the kubernetes client's in-cluster config, else the kubeconfig).
-        @kopf.on.login(registry=registry)
-        def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-            info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
-            return info
-
+        kopf.on.login(registry=registry)(kopf_login)
         OperatorHandlers(kube, settings=settings, metrics=metrics).register(registry)
         kopf_settings = kopf.OperatorSettings()
         configure_kopf(kopf_settings)
