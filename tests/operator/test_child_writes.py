@@ -13,7 +13,7 @@ import pytest
 
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
-from multilane.operator.k8s.writes import apply_child, conditional_patch
+from multilane.operator.k8s.writes import conditional_patch
 from multilane.operator.spec.children import ConsumerRef
 from tests.operator.conftest import NS
 
@@ -55,7 +55,7 @@ async def test_a_child_changed_since_read_is_re_read_and_decided_again(
         return {"metadata": {"labels": {"ours": "yes", "count": str(len(labels))}}}
 
     race_after_reads(kube, monkeypatch, [{"metadata": {"labels": {"theirs": "yes"}}}])
-    written = await apply_child(kube, SERVICES, f"{SERVICES}/svc", _service("svc"), decide)
+    written = await conditional_patch(kube, f"{SERVICES}/svc", decide)
     # The first write (decided on a read without "theirs") got 409; the second decision saw it.
     assert seen == [{}, {"theirs": "yes"}]
     assert written is not None and written["metadata"]["labels"] == {
@@ -95,13 +95,16 @@ async def test_a_child_that_keeps_changing_is_given_up_not_overwritten(
     assert stored["metadata"]["labels"] == {"n": "2"}
 
 
-async def test_the_replica_write_of_a_stale_view_fails_the_pass(
+async def test_the_replica_write_re_reads_on_churn_and_fails_the_pass_on_a_changed_basis(
     kube: KubeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``ensure_workers`` patches replicas conditional on the StatefulSet its pass read: another writer's
-    scale in between answers 409 (the pass fails, the next one decides again), and theirs stays."""
+    """``ensure_workers`` patches replicas conditional on the StatefulSet's resourceVersion: a change
+    that leaves the replicas alone (the controllers' status and label writes) costs a re-read; another
+    writer's scale between the pass's read and its write fails the pass (KubeConflictError, the next
+    pass decides again), and theirs stays."""
     sts_collection = api_path("apps/v1", "statefulsets", NS)
     labels = {"app": "w"}
+    containers = [{"name": "c", "image": "i"}]
     sts = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -110,18 +113,21 @@ async def test_the_replica_write_of_a_stale_view_fails_the_pass(
             "replicas": 1,
             "serviceName": "w",
             "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "c", "image": "i"}]},
-            },
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": containers}},
         },
     }
     await kube.create(sts_collection, sts)
     platform = KubernetesPlatform(kube)
     ref = ConsumerRef("w", NS, "uid-w")
+    # Churn after the pass's read and after the write's read: the first write gets 409, re-reads.
+    race_after_reads(kube, monkeypatch, [{"metadata": {"labels": {"churn": str(i)}}} for i in range(2)])
+    await platform.ensure_workers(ref, 2)
+    stored = await KubeClient.get(kube, f"{sts_collection}/w") or {}
+    assert stored["spec"]["replicas"] == 2 and stored["metadata"]["labels"]["churn"] == "1"
+    # Another writer scales between the pass's read and its write: refused, theirs stays.
     race_after_reads(kube, monkeypatch, [{"spec": {"replicas": 5}}])
     with pytest.raises(KubeConflictError):
-        await platform.ensure_workers(ref, 2)
+        await platform.ensure_workers(ref, 3)
     assert ((await KubeClient.get(kube, f"{sts_collection}/w") or {})["spec"])["replicas"] == 5
-    await platform.ensure_workers(ref, 2)  # the next pass, from a fresh read
-    assert ((await KubeClient.get(kube, f"{sts_collection}/w") or {})["spec"])["replicas"] == 2
+    await platform.ensure_workers(ref, 3)  # the next pass, from a fresh read
+    assert ((await KubeClient.get(kube, f"{sts_collection}/w") or {})["spec"])["replicas"] == 3

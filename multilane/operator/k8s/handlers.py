@@ -67,7 +67,7 @@ from multilane.operator.k8s.certs import ControlCertManager
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION, apply_stateful_set, recreate_allowed
-from multilane.operator.k8s.writes import apply_child, conditional_patch, patch_to
+from multilane.operator.k8s.writes import conditional_patch
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.platform import Platform, WorkerReplacer
@@ -491,8 +491,13 @@ class OperatorHandlers:
             }[kind]
             collection = api_path(api_version, plural, ref.namespace)
             path = api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"])
-            # create, or patch conditional on the child as read (409: re-read, never overwrite)
-            await apply_child(self.kube, collection, path, manifest, patch_to(ch.patch_body(manifest)))
+            # Create, or merge-patch to the manifest: a function of the spec alone, decided on no read
+            # of the child (and the chart grants no get on these kinds), so there is no resourceVersion
+            # to carry; the writes decided on a read carry theirs (k8s/writes.py).
+            try:
+                await self.kube.create(collection, manifest)
+            except KubeConflictError:
+                await self.kube.patch(path, ch.patch_body(manifest))
         if ch.snapshot_cronjob(ref, raw_spec) is None:
             # Scheduled snapshots off: suspend a CronJob left from an earlier spec. Not deleted: the
             # operator holds no delete on cronjobs (least privilege); it goes with its owner.

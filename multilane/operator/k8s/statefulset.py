@@ -15,7 +15,7 @@ from typing import Any
 
 from multilane.operator.controller import EventRecord
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, api_path
-from multilane.operator.k8s.writes import with_version
+from multilane.operator.k8s.writes import conditional_patch, replicas_of, while_same
 from multilane.operator.spec.children import (
     ConsumerRef,
     statefulset_immutable_changes,
@@ -46,7 +46,8 @@ async def apply_stateful_set(
     1. Absent: create it.
     2. Being deleted (an earlier recreate waits for its orphaning): wait for the next pass.
     3. No immutable field changes: merge-patch the fields an update may change, conditional on the
-       ``resourceVersion`` of ``existing`` (:mod:`multilane.operator.k8s.writes`).
+       ``resourceVersion``, while the replicas are those of ``existing`` (decided from them;
+       :mod:`multilane.operator.k8s.writes`).
     4. Immutable fields would change and no opt-in: hold the StatefulSet as it is (the control
        loop still scales it and moves partitions); the message names the fields.
     5. Opt-in (annotation ``multilane.dev/recreate-on-immutable-change: "true"``): delete it with
@@ -70,10 +71,10 @@ async def apply_stateful_set(
     if (existing.get("metadata") or {}).get("deletionTimestamp"):
         return f"StatefulSet {ref.name} is being recreated: waiting for the old one to be deleted"
     changed = statefulset_immutable_changes(existing, manifest)
-    # 3. Nothing immutable changes: update, conditional on the StatefulSet as read (the replicas were
-    # decided from it; a 409 fails this reconcile, and the next one reads and decides again).
+    # 3. Nothing immutable changes: update, conditional on the StatefulSet, while its replicas are those
+    # read (decided from them; else KubeConflictError fails this reconcile and the next decides again).
     if not changed:
-        await kube.patch(path, with_version(statefulset_update(manifest), existing))
+        await conditional_patch(kube, path, while_same(existing, replicas_of, statefulset_update(manifest)))
         return None
     fields = ", ".join(changed)
     # 4. No opt-in: hold.

@@ -1,20 +1,26 @@
-"""Conditional writes of the operator's children: every patch of an existing child carries the
-``resourceVersion`` its decision was based on, so a child another writer changed since (a previous
-leader waking up, a user's ``kubectl edit``) answers 409 and is never overwritten. Does I/O
-(Kubernetes API).
+"""Conditional writes of the operator's children: a patch decided on what the operator read of a
+child carries that read's ``resourceVersion``, so a child another writer changed since (a previous
+leader waking up, a user's ``kubectl scale``) answers 409 and is never overwritten. Does I/O
+(Kubernetes API). Users: the StatefulSet's update and replicas, the snapshot CronJob's suspension,
+the control-TLS Secret (:mod:`multilane.operator.k8s.certs`, its own loop of the same steps).
 
-:func:`apply_child` (the children of a reconcile), in steps:
+:func:`conditional_patch`, in steps:
 
-1. Create the child; done unless it exists (409 AlreadyExists).
-2. Read it (GET).
-3. Decide the patch from what was read (``decide(current)``; None: nothing to write).
-4. Merge-patch it with ``metadata.resourceVersion`` = the one read in step 2. A 409 (it changed since
-   step 2): back to step 2 and decide again, at most ``attempts`` rounds; then
+1. Read the child (GET).
+2. Decide the patch from what was read (``decide(current)``; None: nothing to write).
+3. Merge-patch it with ``metadata.resourceVersion`` = the one read in step 1. A 409 (it changed since
+   step 1): back to step 1 and decide again, at most ``attempts`` rounds; then
    :class:`~multilane.operator.k8s.kube.KubeConflictError` (the pass fails; the next one re-reads).
 
-:func:`conditional_patch` is steps 2-4 alone (a child that must exist already). Writes decided on a
-view read earlier (the control loop's replicas, from the watch) use :func:`with_version`: their 409
-fails the pass, and the next pass decides again from a fresh view.
+The children that are a function of the spec alone (ServiceAccount, Role, RoleBinding, Service,
+PodDisruptionBudget, NetworkPolicy, the CronJob's manifest) are merge-patched to their manifest on
+no read (the chart grants no ``get`` on most of them): there is no decision on their state to be
+stale.
+
+A write decided on a view read earlier (the control loop's replicas, from the watch; the StatefulSet
+a reconcile read first) decides with :func:`while_same`: re-read and written while the field its decision started from
+is unchanged, so the controllers' status writes (which change the ``resourceVersion`` too) cost a
+re-read, and a changed field fails the pass: the next one decides again from a fresh view.
 """
 
 from __future__ import annotations
@@ -25,16 +31,32 @@ from typing import Any
 
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError
 
-__all__ = ["apply_child", "conditional_patch", "patch_to", "with_version"]
+__all__ = ["conditional_patch", "replicas_of", "while_same", "with_version"]
 
 log = logging.getLogger(__name__)
 
 Decide = Callable[[Mapping[str, Any]], Mapping[str, Any] | None]
 
 
-def patch_to(patch: Mapping[str, Any]) -> Decide:
-    """The decision of a child whose wanted state does not depend on what is there (its manifest)."""
-    return lambda _current: patch
+def replicas_of(obj: Mapping[str, Any] | None) -> Any:
+    return ((obj or {}).get("spec") or {}).get("replicas")
+
+
+def while_same(
+    read: Mapping[str, Any] | None, basis: Callable[[Any], Any], patch: Mapping[str, Any]
+) -> Decide:
+    """The decision ``patch``, made from ``read``, holds while ``basis`` of the child is what it was in
+    ``read`` (e.g. the replicas a scaling decision started from): other changes (the controllers'
+    status writes, which change the resourceVersion too) only cost a re-read; a changed basis raises
+    :class:`KubeConflictError`, so the caller's pass fails and the next one decides again."""
+    before = basis(read)
+
+    def decide(current: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        if basis(current) != before:
+            raise KubeConflictError(409, f"changed since the decision: {before!r} -> {basis(current)!r}")
+        return patch
+
+    return decide
 
 
 def with_version(patch: Mapping[str, Any], read: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -49,31 +71,19 @@ def with_version(patch: Mapping[str, Any], read: Mapping[str, Any] | None) -> di
 async def conditional_patch(
     kube: KubeClient, path: str, decide: Decide, attempts: int = 3
 ) -> dict[str, Any] | None:
-    """Steps 2-4. The object as written (or as read, when nothing was to write); None: it is absent."""
+    """Steps 1-3. The object as written (or as read, when nothing was to write); None: it is absent."""
     for attempt in range(attempts):
-        # 2. Read.
+        # 1. Read.
         current = await kube.get(path)
         if current is None:
             return None
-        # 3. Decide from what was read.
+        # 2. Decide from what was read.
         patch = decide(current)
         if patch is None:
             return current
-        # 4. Write, conditional on the read.
+        # 3. Write, conditional on the read.
         try:
             return await kube.patch(path, with_version(patch, current))
         except KubeConflictError:
             log.info("%s changed since read (attempt %d): re-reading", path, attempt + 1)
     raise KubeConflictError(409, f"{path} kept changing; not overwritten")
-
-
-async def apply_child(
-    kube: KubeClient, collection: str, path: str, manifest: Mapping[str, Any], decide: Decide
-) -> dict[str, Any] | None:
-    """Steps 1-4: create ``manifest``, or patch the existing child by ``decide``."""
-    # 1. Create.
-    try:
-        return await kube.create(collection, manifest)
-    except KubeConflictError:
-        pass  # it exists
-    return await conditional_patch(kube, path, decide)
