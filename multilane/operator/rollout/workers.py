@@ -90,6 +90,9 @@ class WorkerControlClient:
         self._stale_session: aiohttp.ClientSession | None = None  # closed by the next call
 
     async def close(self) -> None:
+        if self._stale_session is not None:
+            await self._stale_session.close()
+            self._stale_session = None
         if self._session is not None:
             await self._session.close()
             self._session = None
