@@ -18,9 +18,10 @@ no read (the chart grants no ``get`` on most of them): there is no decision on t
 stale.
 
 A write decided on a view read earlier (the control loop's replicas, from the watch; the StatefulSet
-a reconcile read first) decides with :func:`while_same`: re-read and written while the field its decision started from
-is unchanged, so the controllers' status writes (which change the ``resourceVersion`` too) cost a
-re-read, and a changed field fails the pass: the next one decides again from a fresh view.
+a reconcile read first) decides with :func:`while_same`: re-read and written while the field its
+decision started from is unchanged, so the controllers' status writes (which change the
+``resourceVersion`` too) cost a re-read, and a changed field fails the pass: the next one decides
+again from a fresh view.
 """
 
 from __future__ import annotations
