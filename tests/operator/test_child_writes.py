@@ -6,6 +6,7 @@ re-read and the decision made again, never overwritten; the control loop's repli
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
+from multilane.operator.k8s.statefulset import apply_stateful_set
 from multilane.operator.k8s.writes import conditional_patch
 from multilane.operator.spec.children import ConsumerRef
 from tests.operator.conftest import NS
@@ -131,3 +133,45 @@ async def test_the_replica_write_re_reads_on_churn_and_fails_the_pass_on_a_chang
     assert ((await KubeClient.get(kube, f"{sts_collection}/w") or {})["spec"])["replicas"] == 5
     await platform.ensure_workers(ref, 3)  # the next pass, from a fresh read
     assert ((await KubeClient.get(kube, f"{sts_collection}/w") or {})["spec"])["replicas"] == 3
+
+
+async def test_a_statefulset_update_decides_its_replicas_again_after_a_409(
+    kube: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile's StatefulSet update (``apply_stateful_set``, step 3) carries the resourceVersion
+    of its read; another writer's scale in between answers 409, and the retry decides the replicas from
+    the new read: the template change lands, the other writer's count stays."""
+    sts_collection = api_path("apps/v1", "statefulsets", NS)
+    labels = {"app": "u"}
+    sts: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "u"},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "u",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "i:1"}]},
+            },
+        },
+    }
+    existing = await kube.create(sts_collection, sts)
+    desired = copy.deepcopy(sts)
+    desired["spec"]["template"]["spec"]["containers"][0]["image"] = "i:2"
+    race_after_reads(kube, monkeypatch, [{"spec": {"replicas": 4}}])
+    decided: list[int] = []
+
+    def replicas_for(current: Mapping[str, Any] | None) -> int:
+        decided.append(int(((current or {}).get("spec") or {}).get("replicas") or 0))
+        return decided[-1]
+
+    held = await apply_stateful_set(
+        kube, ConsumerRef("u", NS, "uid-u"), desired, existing, {}, lambda _: None, replicas_for
+    )
+    assert held is None
+    stored = await KubeClient.get(kube, f"{sts_collection}/u") or {}
+    assert decided == [1, 4]  # decided on the first read, 409, decided again on the second
+    assert stored["spec"]["replicas"] == 4
+    assert stored["spec"]["template"]["spec"]["containers"][0]["image"] == "i:2"

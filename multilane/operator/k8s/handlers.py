@@ -459,15 +459,20 @@ class OperatorHandlers:
             await self.certs.ensure(ref)  # the control port's certificates, before the pods mount them
         sts_path = api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
         existing = await self.kube.get(sts_path)
-        if existing is not None:
-            replicas = int((existing.get("spec") or {}).get("replicas") or 0)
-        else:
-            replicas = spec.replicas or int(
-                (status.get("lastDecision") or {}).get("replicas") or spec.min_replicas
-            )
-        if spec.replicas is not None and spec.replicas > replicas:
-            replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
-        replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
+
+        def replicas_for(current: Mapping[str, Any] | None) -> int:
+            """The replicas decided from the StatefulSet as read (again on a 409)."""
+            if current is not None:
+                replicas = int((current.get("spec") or {}).get("replicas") or 0)
+            else:
+                replicas = spec.replicas or int(
+                    (status.get("lastDecision") or {}).get("replicas") or spec.min_replicas
+                )
+            if spec.replicas is not None and spec.replicas > replicas:
+                replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
+            return min(max(replicas, spec.min_replicas if current is None else 0), spec.max_replicas)
+
+        replicas = replicas_for(existing)
         manifests = [self._with_tls(ref, m) for m in ch.children(ref, raw_spec, replicas)]
         if self.settings.network_policy is not None:
             manifests.append(network_policy(ref, self.settings.network_policy))
@@ -475,7 +480,7 @@ class OperatorHandlers:
             kind = manifest["kind"]
             if kind == "StatefulSet":
                 held = await apply_stateful_set(
-                    self.kube, ref, manifest, existing, body, lambda record: _event(body, record)
+                    self.kube, ref, manifest, existing, body, lambda r: _event(body, r), replicas_for
                 )
                 continue
             api_version = manifest["apiVersion"]
