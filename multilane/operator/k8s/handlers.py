@@ -12,7 +12,8 @@ registry:
      the topics exist (Kafka admin, short timeout; an unreachable broker is a problem, not a crash).
   4. On any problem: condition Ready=False / Degraded=True with the reason, a Warning Event per problem,
      and return without touching a child (never a half-applied change). The timer re-checks later.
-  5. Apply the children: the control-token Secret only if missing (never overwritten), then
+  5. Apply the children: the control-token Secret only if missing (never overwritten), the
+     control-TLS Secret (issued or rotated, :mod:`multilane.operator.k8s.certs`; unless disabled), then
      ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet, with a snapshot
      schedule the CronJob NAME-snapshot, and the NetworkPolicy NAME-workers unless disabled
      (create, or merge-patch when they exist; the StatefulSet keeps the replicas the operator
