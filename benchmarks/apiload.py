@@ -46,6 +46,7 @@ from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.sources import MetricSample, QueryContext
 from multilane.operator.spec import children as ch
 from multilane.operator.spec.children import ConsumerRef
+from multilane.operator.spec.control_pki import ControlTlsSettings
 from multilane.testing.fleet import WorkerFleetDouble
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import BUILTINS, ApiServerEmulator
@@ -174,7 +175,7 @@ async def _measure(consumers: int, window_s: float, settle_s: float = 10.0) -> d
             return OperatorHandlers(
                 kube,
                 platform=KubernetesPlatform(kube, control_url=lambda ref, pod: f"fake://{pod}"),
-                settings=HandlerSettings(tick_s=5.0),
+                settings=HandlerSettings(tick_s=5.0, control_tls=ControlTlsSettings(enabled=False)),
                 metrics=OperatorMetrics(),
                 control_factory=lambda token: fleet,
                 admin_factory=lambda config: _Admin(),  # type: ignore[arg-type, return-value]

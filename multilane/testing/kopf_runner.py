@@ -26,10 +26,16 @@ class OperatorRunner:
     after it started in its loop, which must not include the test's servers and doubles."""
 
     def __init__(
-        self, url: str, make_handlers: Callable[[KubeClient], OperatorHandlers], token: str = ""
+        self,
+        url: str,
+        make_handlers: Callable[[KubeClient], OperatorHandlers],
+        token: str = "",
+        login: Callable[..., Any] | None = None,
     ) -> None:
         self.url = url
         self.token = token  # bearer token of the operator's service account ("" : none)
+        # kopf's login handler (e.g. the product's multilane.operator.k8s.cli.kopf_login); None: ``token``
+        self.login = login
         self.make_handlers = make_handlers
         self.handlers: OperatorHandlers | None = None
         self.starts = 0
@@ -50,9 +56,10 @@ class OperatorRunner:
         self.handlers = handlers = self.make_handlers(kube)
         registry = kopf.OperatorRegistry()
 
-        @kopf.on.login(registry=registry)
         def _login(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=self.url, insecure=True, token=self.token or None)
+
+        kopf.on.login(registry=registry)(self.login or _login)
 
         handlers.register(registry)
         settings = kopf.OperatorSettings()

@@ -26,7 +26,8 @@ What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
 3. **Volumes.** Each ``volumeMount`` becomes a host directory; arguments that name a path under a
    ``mountPath``, and env values equal to one, are rewritten to it (other env values are left
    alone: the tests pass host paths, such as the processors' event log, in ``spec.workload.env``).
-   ``secret`` volumes: the Secret's ``items`` written out (``defaultMode``); ``emptyDir``: a
+   ``secret`` volumes: the Secret's ``items`` written out (``defaultMode``), and again when the Secret
+   changes (:mod:`multilane.testing.pod_network`); ``emptyDir``: a
    directory per pod (kept across container restarts, new for a new pod); a
    ``volumeClaimTemplates`` claim: one directory per claim and ordinal under ``ROOT/pvc/`` that
    outlives its pods, like a PersistentVolumeClaim (the worker's state store).
@@ -35,7 +36,8 @@ What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
    headless Service's DNS names are replaced by a router: ``http://127.0.0.1:ROUTER/NS/POD/...``
    forwards to the pod's control port (502 when its process does not answer), so worker control
    URLs come from the operator's ``MULTILANE_CONTROL_URL_TEMPLATE`` hook (or
-   :meth:`control_url`).
+   :meth:`control_url`). For TLS to a pod (the certificates name the pods' DNS names), a client
+   resolves those names with :meth:`resolver` and connects to the pod's port directly.
 5. **Service account.** ``KUBERNETES_SERVICE_HOST``/``PORT`` point at a TLS front of the emulated API
    server (a self-signed certificate for 127.0.0.1, one front per pod so that a test can cut one
    pod's API access: :meth:`cut_api`); the token and ``ca.crt`` are written to a per-pod directory
@@ -62,7 +64,6 @@ CrashLoopBackOff's growing delay, NetworkPolicy, and a pod's own IP (all pods ar
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
 import datetime as dt
@@ -84,6 +85,8 @@ import aiohttp.web
 
 from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.testing.broker import free_port
+from multilane.testing.pod_network import PodDnsResolver, SecretVolume
+from multilane.testing.pod_network import secret_data as _secret_data
 from multilane.testing.tls_front import TlsFront, self_signed_cert
 
 __all__ = ["PodProcess", "StatefulSetProcessDouble"]
@@ -100,14 +103,6 @@ def template_revision(sts_name: str, template: dict[str, Any]) -> str:
     """``NAME-HASH``: the revision of a pod template, as the StatefulSet controller names it."""
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
     return f"{sts_name}-{digest}"
-
-
-def _secret_data(secret: dict[str, Any] | None) -> dict[str, bytes]:
-    """A Secret's keys as the kubelet sees them: ``data`` (base64) merged with ``stringData`` (which a
-    real API server folds into ``data`` on write; the emulator keeps it as written)."""
-    out = {k: base64.b64decode(v) for k, v in ((secret or {}).get("data") or {}).items()}
-    out.update({k: str(v).encode() for k, v in ((secret or {}).get("stringData") or {}).items()})
-    return out
 
 
 @dataclass
@@ -132,6 +127,7 @@ class PodProcess:
     revision: str = ""  # its controller-revision-hash
     blocked: str = ""  # why no process is started: "ErrImagePull" or "Unschedulable" ("" = none)
     reported: dict[str, Any] | None = None  # the status last written
+    secret_volumes: list[SecretVolume] = field(default_factory=list)  # refreshed while it runs
 
     @property
     def pid(self) -> int:
@@ -178,6 +174,8 @@ class StatefulSetProcessDouble:
         self._runner: aiohttp.web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._deleting: dict[str, asyncio.Task[None]] = {}
+        self.secret_sync_s = 2.0  # mounted Secrets are refreshed this often (the kubelet: ~1 min)
+        self._secrets_synced = 0.0
 
     # ---- public ----------------------------------------------------------------------------------
 
@@ -189,6 +187,16 @@ class StatefulSetProcessDouble:
     def control_url(self, ref: Any, pod: str) -> str:
         """``KubernetesPlatform(control_url=...)``: the router URL of ``pod``."""
         return f"http://127.0.0.1:{self.router_port}/{getattr(ref, 'namespace', self.namespace)}/{pod}"
+
+    def resolver(self) -> PodDnsResolver:
+        """The pods' DNS names under their headless Service -> this host's port of the pod (for a
+        client that calls the pods by name: TLS with the names' certificates)."""
+
+        def host_port(pod: str, port: int) -> int | None:
+            p = self.pods.get(pod)
+            return p.ports.get(port) if p is not None and p.running() else None
+
+        return PodDnsResolver(host_port)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
@@ -242,6 +250,11 @@ class StatefulSetProcessDouble:
         while True:
             try:
                 await self.sync_once()
+                if time.monotonic() - self._secrets_synced >= self.secret_sync_s:
+                    self._secrets_synced = time.monotonic()
+                    for pod in list(self.pods.values()):
+                        for volume in pod.secret_volumes:
+                            await volume.sync(self.kube)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the next pass retries; say why
@@ -486,15 +499,12 @@ class StatefulSetProcessDouble:
             vol = volumes.get(m["name"])
             if vol is not None and "secret" in vol:
                 host = pod.dir / f"secret-{m['name']}"
-                host.mkdir(exist_ok=True)
-                secret_name = vol["secret"]["secretName"]
-                secret = await self.kube.get(api_path("v1", "secrets", self.namespace, secret_name))
-                data = _secret_data(secret)
-                items = vol["secret"].get("items") or [{"key": k, "path": k} for k in data]
-                for item in items:
-                    target = host / item["path"]
-                    target.write_bytes(data.get(item["key"], b""))
-                    target.chmod(int(vol["secret"].get("defaultMode", 0o644)))
+                volume = SecretVolume(
+                    host, self.namespace, vol["secret"]["secretName"], vol["secret"].get("items"),
+                    int(vol["secret"].get("defaultMode", 0o644)),
+                )  # fmt: skip
+                await volume.sync(self.kube)
+                pod.secret_volumes = [v for v in pod.secret_volumes if v.host != host] + [volume]
             elif vol is not None and "emptyDir" in vol:
                 host = pod.dir / f"emptydir-{m['name']}"
                 host.mkdir(exist_ok=True)

@@ -119,6 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--control-tls-key", default=None, help="PEM key of --control-tls-cert")
     a("--control-tls-client-ca", default=None,
       help="PEM CA of the client certificates the control port accepts (mutual TLS; needed with TLS)")
+    a("--control-tls-reload-s", type=float,
+      default=float(os.environ.get("MULTILANE_CONTROL_TLS_RELOAD_S", "30")),
+      help="check the TLS files for a rotation this often (or $MULTILANE_CONTROL_TLS_RELOAD_S; default 30)")
     a("--bind-host", default=None,
       help=f"address of the control and metrics endpoints (default: ${POD_IP_ENV}, which the operator sets"
            " from the pod's IP, else 127.0.0.1)")
@@ -522,12 +525,17 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
             ssl_context=tls.context if tls else None, supervisor=supervisor,
         )  # fmt: skip
         if tls is not None:
-            reloader = asyncio.create_task(tls.run_reloader(), name="control-tls-reloader")
+            reloader = asyncio.create_task(
+                tls.run_reloader(args.control_tls_reload_s), name="control-tls-reloader"
+            )
             reloader.add_done_callback(lambda _: None)  # lives until the loop ends (rotation)
             background.append(reloader)
         control_port = await control.start()
     if args.metrics_port:
-        metrics = MetricsServer(engine.metrics, host=bind_host(args.bind_host), port=args.metrics_port)
+        metrics = MetricsServer(
+            engine.metrics, host=bind_host(args.bind_host), port=args.metrics_port,
+            probes=control.probes() if control is not None else None,
+        )  # fmt: skip
         metrics_port = await metrics.start()
     try:
         # 3. broker and topics, engine, lease

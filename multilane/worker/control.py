@@ -138,6 +138,11 @@ class ControlServer:
             app.router.add_post(f"/v1/{verb}", self._learner(verb))
         return app
 
+    def probes(self) -> dict[str, Handler]:
+        """``/healthz`` and ``/readyz``, also served on the metrics port (plain HTTP): with TLS on this
+        port, the kubelet's probes (no client certificate) go there."""
+        return {"/healthz": self._healthz, "/readyz": self._readyz}
+
     async def start(self) -> int:
         """Bind and serve; returns the bound port (useful with port 0)."""
         self._runner = web.AppRunner(self.app(), access_log=None)

@@ -10,7 +10,7 @@ engines can live in one process (tests). Metric names are fixed in docs/architec
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -184,8 +184,16 @@ class WorkerMetrics:
 class MetricsServer:
     """Serves ``GET /metrics`` (aiohttp, on the engine's loop, so scrapes read consistent counters)."""
 
-    def __init__(self, metrics: WorkerMetrics, host: str = "0.0.0.0", port: int = 9464) -> None:
+    def __init__(
+        self,
+        metrics: WorkerMetrics,
+        host: str = "0.0.0.0",
+        port: int = 9464,
+        probes: Mapping[str, Callable[[Any], Awaitable[Any]]] | None = None,
+    ) -> None:
         self.metrics = metrics
+        # path -> GET handler served beside /metrics (the control endpoint's /healthz and /readyz)
+        self.probes = dict(probes or {})
         self.host = host
         self.port = port
         self._runner: Any = None
@@ -198,6 +206,8 @@ class MetricsServer:
 
         app = web.Application()
         app.router.add_get("/metrics", handle)
+        for path, probe in self.probes.items():
+            app.router.add_get(path, probe)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -23,6 +23,7 @@ from multilane.operator.k8s.handlers import HandlerSettings, OperatorHandlers
 from multilane.operator.k8s.kube import KubeClient, KubeSettings, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.spec.control_pki import ControlTlsSettings
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import ApiServerEmulator, emulated_api_server
@@ -38,6 +39,7 @@ RELEASE_NS = "multilane-system"
 # The chart's RBAC, rendered as the scenarios need it: the defaults, with the consumers' namespace
 # granted the control Secrets explicitly (what a user installing the chart does, docs/security.md).
 RBAC_VALUES: dict[str, Any] = {"rbac": {"secretNamespaces": [NS]}}
+NO_TLS = ControlTlsSettings(enabled=False)
 
 
 class RbacSession:
@@ -130,11 +132,17 @@ async def operator_factory(
     (not started); worker control URLs come from the fleet double unless ``control_url`` is given."""
     runners: list[OperatorRunner] = []
 
-    def make(tick_s: float = 0.5, control_url: Any = None, **kwargs: Any) -> OperatorRunner:
+    def make(
+        tick_s: float = 0.5, control_url: Any = None, login: Any = None, **kwargs: Any
+    ) -> OperatorRunner:
         def handlers(kube: KubeClient) -> OperatorHandlers:
             options: dict[str, Any] = {
                 "platform": KubernetesPlatform(kube, control_url=control_url or fleet.control_url),
-                "settings": HandlerSettings(tick_s=tick_s, kafka_timeout_s=3.0, release_deadline_s=2.0),
+                # plain HTTP to the workers: the fleet double and the pods' HTTP router speak no TLS
+                # (tests/operator/test_control_tls_k8s.py runs the control port on mutual TLS)
+                "settings": HandlerSettings(
+                    tick_s=tick_s, kafka_timeout_s=3.0, release_deadline_s=2.0, control_tls=NO_TLS
+                ),
                 "metrics": OperatorMetrics(),
                 "source_factory": lambda spec, config: source,
                 "token_factory": lambda: TOKEN,
@@ -142,7 +150,7 @@ async def operator_factory(
             options.update(kwargs)
             return OperatorHandlers(kube, **options)
 
-        runner = OperatorRunner(api[1], handlers, token=OPERATOR_TOKEN)
+        runner = OperatorRunner(api[1], handlers, token=OPERATOR_TOKEN, login=login)
         runners.append(runner)
         return runner
 

@@ -38,7 +38,7 @@ from multilane.testing.checkers import ProducedRecord
 from multilane.testing.loadgen import RateProfile, produce_paced
 from multilane.testing.pods import StatefulSetProcessDouble
 from multilane.testing.processors import append_kill_marker, read_event_log
-from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, OperatorRunner, cr_path
+from tests.operator.conftest import CR_COLLECTION, NO_TLS, NS, TOKEN, OperatorRunner, cr_path
 
 PARTITIONS = 4
 PROCESSOR = "multilane.demo.processors:stateful_io"
@@ -156,7 +156,9 @@ class K8sHarness:
 
         kwargs.setdefault("control_factory", lambda token: FaultyControl(token, record))
         kwargs.setdefault(
-            "settings", HandlerSettings(tick_s=0.5, kafka_timeout_s=3.0, release_deadline_s=10.0)
+            "settings",
+            # plain HTTP: the pods' router speaks no TLS (test_control_tls_k8s.py runs mutual TLS)
+            HandlerSettings(tick_s=0.5, kafka_timeout_s=3.0, release_deadline_s=10.0, control_tls=NO_TLS),
         )
         return self.make_operator(tick_s=0.5, control_url=self.double.control_url, **kwargs)
 

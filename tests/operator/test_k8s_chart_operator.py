@@ -79,6 +79,8 @@ async def test_chart_rendered_operator_drives_a_stateful_scale_up(k8s: K8sHarnes
         "operator": {
             "healthPort": health,
             "extraEnv": [{"name": "MULTILANE_CONTROL_URL_TEMPLATE", "value": h.double.control_url_template}],
+            # the pods' HTTP router speaks no TLS (test_control_tls_k8s.py runs mutual TLS)
+            "extraArgs": ["--no-control-tls"],
         },
         "metrics": {"port": metrics},
     }

@@ -17,7 +17,7 @@ import pytest
 from multilane.operator.k8s.handlers import HandlerSettings
 from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
 from multilane.testing.broker import EmbeddedBroker
-from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, consumer_body, cr_path
+from tests.operator.conftest import CR_COLLECTION, NO_TLS, NS, TOKEN, consumer_body, cr_path
 from tests.operator.doubles import (
     StatefulSetControllerDouble,
     StaticSource,
@@ -171,7 +171,11 @@ async def test_missing_credentials_and_unreachable_broker_are_conditions(
 ) -> None:
     # The explicit grant (docs/security.md): this operator reads the credentials Secret itself.
     settings = HandlerSettings(
-        tick_s=0.5, kafka_timeout_s=3.0, release_deadline_s=2.0, read_kafka_credentials=True
+        tick_s=0.5,
+        kafka_timeout_s=3.0,
+        release_deadline_s=2.0,
+        read_kafka_credentials=True,
+        control_tls=NO_TLS,
     )
     runner = operator_factory(settings=settings)
     await runner.start()

@@ -62,6 +62,12 @@ async def test_the_operator_is_refused_what_the_chart_does_not_grant(
     assert 'cannot list resource "secrets"' in status["message"]
     other_ns = api_path("v1", "secrets", "kube-system", "x")
     assert (await _status_of(url, OPERATOR_TOKEN, "GET", other_ns))[0] == 403
+    # Nor written there (the control-tls Secret's create and rotation patch: the consumers' namespace
+    # only, tests/operator/test_control_tls_k8s.py).
+    assert (await _status_of(url, OPERATOR_TOKEN, "PATCH", other_ns, {"data": {}}))[0] == 403
+    secret = {"metadata": {"name": "x-control-tls"}, "data": {}}
+    other_collection = api_path("v1", "secrets", "kube-system")
+    assert (await _status_of(url, OPERATOR_TOKEN, "POST", other_collection, secret))[0] == 403
     # No delete of the children that go with their owner, no cluster RBAC. (StatefulSets and pods may
     # be deleted: the opt-in recreate and the day-2 pod replacement.)
     for method, path in [

@@ -4,7 +4,11 @@ answers 401 for it, ``RbacAuthorizer.expire``) is replaced without a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -13,7 +17,7 @@ from multilane.operator.k8s.kube import KubeClient, KubeError, KubeSettings, api
 from multilane.testing.kube_api import ApiServerEmulator
 from multilane.testing.kube_rbac import RuleUsage, service_account_user
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
-from tests.operator.conftest import CR_COLLECTION, NS
+from tests.operator.conftest import CR_COLLECTION, NS, consumer_body, cr_path
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -96,3 +100,64 @@ async def test_worker_lease_keeper_rereads_an_expired_token(
     assert keeper.token_reads == 2 and keeper.renewals == 2
     # The worker may renew its own Lease only.
     assert authz.usage.used and not [d for d in authz.usage.denied if "cannot" in d]
+
+
+async def test_kopf_rereads_its_expired_token_without_a_restart(
+    api: tuple[ApiServerEmulator, str],
+    kube: KubeClient,
+    operator_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf's own requests (watches, its finalizer and annotation patches) log in through the product's
+    login handler (``multilane.operator.k8s.cli.kopf_login``: the kubernetes client's config, read again
+    on each call). Its token expires; kopf's next request gets 401, kopf calls the login handler again,
+    which reads the rotated token file; the operator handles the next ParallelConsumer without a
+    restart."""
+    from multilane.operator.k8s.cli import kopf_login
+
+    emu, url = api
+    authz = emu.authorizer
+    authz.usage = RuleUsage()  # the 401 here is on purpose
+    user = next(iter(set(authz.tokens.values())))  # the operator's service account
+    token_file = tmp_path / "token"
+    token_file.write_text("kopf-token-1")  # as the kubelet writes it: no newline
+    authz.add_token("kopf-token-1", user)
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emu", "cluster": {"server": url}}],
+        "users": [{"name": "operator", "user": {"tokenFile": str(token_file)}}],
+        "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "operator"}}],
+        "current-context": "emu",
+    }
+    (tmp_path / "kubeconfig").write_text(json.dumps(kubeconfig))
+    # the kubernetes client reads $KUBECONFIG once, at import: its default location is patched instead
+    monkeypatch.setattr(
+        "kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig")
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod: the kubeconfig
+    runner = operator_factory(login=kopf_login)
+    await runner.start()
+
+    async def handled(name: str) -> bool:
+        obj = await kube.get(cr_path(name)) or {}
+        finalizers = (obj.get("metadata") or {}).get("finalizers") or []
+        return "multilane.dev/finalizer" in finalizers and bool((obj.get("status") or {}).get("conditions"))
+
+    async def wait(name: str) -> None:
+        deadline = time.monotonic() + 60
+        while not await handled(name):
+            assert time.monotonic() < deadline, f"{name} not handled by kopf within 60 s"
+            await asyncio.sleep(0.3)
+
+    await kube.create(CR_COLLECTION, consumer_body("before", "127.0.0.1:1", "t"))
+    await wait("before")
+    # The kubelet rotates the token file; the old token expires.
+    authz.add_token("kopf-token-2", user)
+    token_file.write_text("kopf-token-2")
+    authz.expire("kopf-token-1")
+    await kube.create(CR_COLLECTION, consumer_body("after", "127.0.0.1:1", "t"))
+    await wait("after")  # kopf's finalizer patch went through with the new token
+    assert any("401" in line and "kopf-token-1" in line for line in authz.usage.denied), authz.usage.denied
+    assert runner.starts == 1 and runner.running  # no restart

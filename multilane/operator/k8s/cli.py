@@ -21,9 +21,10 @@ from typing import Any
 from multilane.operator.k8s.handlers import HandlerSettings, OperatorHandlers, configure_kopf
 from multilane.operator.k8s.kube import KubeClient, KubeSettings
 from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.spec.control_pki import ControlTlsSettings
 from multilane.operator.spec.network import NetworkPolicySettings, parse_labels
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "kopf_login", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +107,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="labels (K=V,...) of the pods admitted there (default: any)",
     )
+    parser.add_argument(
+        "--no-control-tls", dest="control_tls", action="store_false",
+        help="call the workers' control port over plain HTTP + token (default: mutual TLS, certificates"
+        " in each consumer's Secret NAME-control-tls, rotated; docs/security.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--control-tls-lifetime-days", type=float, default=90.0, help="lifetime of the control certificates"
+    )
+    parser.add_argument(
+        "--control-tls-renew-fraction", type=float, default=2 / 3,
+        help="renew the control certificates once this share of their lifetime passed (default 2/3)",
+    )  # fmt: skip
     parser.add_argument("--log-format", choices=["json", "plain", "full"], default="json")
     parser.add_argument("--verbose", action="store_true")
 
@@ -147,6 +160,16 @@ async def _standby_health(liveness: str) -> Any:
     return runner
 
 
+def kopf_login(**kwargs: Any) -> Any:
+    """kopf's login handler (an explicit registry has no default one): like kopf's default, the
+    kubernetes client's in-cluster config, else the kubeconfig, read again on every call. kopf calls it
+    again after a 401, so a rotated token (the projected token file, a kubeconfig ``tokenFile``)
+    is picked up without a restart (``tests/operator/test_tokens.py``)."""
+    import kopf
+
+    return kopf.login_via_client(**kwargs)
+
+
 async def _main(args: argparse.Namespace) -> int:
     import kopf
 
@@ -156,6 +179,11 @@ async def _main(args: argparse.Namespace) -> int:
         release_deadline_s=args.release_deadline,
         read_kafka_credentials=args.read_kafka_credentials,
         network_policy=network_policy_settings(args),
+        control_tls=ControlTlsSettings(
+            enabled=args.control_tls,
+            lifetime_s=args.control_tls_lifetime_days * 86400.0,
+            renew_fraction=args.control_tls_renew_fraction,
+        ),
     )
     metrics = OperatorMetrics()
     if args.metrics_port:
@@ -163,13 +191,7 @@ async def _main(args: argparse.Namespace) -> int:
     async with KubeClient(KubeSettings.load()) as kube:
         registry = kopf.OperatorRegistry()
 
-        # An explicit registry has no default login handlers: log in like kopf's default does
-        # (the kubernetes client's in-cluster config, else the kubeconfig).
-        @kopf.on.login(registry=registry)
-        def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-            info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
-            return info
-
+        kopf.on.login(registry=registry)(kopf_login)
         OperatorHandlers(kube, settings=settings, metrics=metrics).register(registry)
         kopf_settings = kopf.OperatorSettings()
         configure_kopf(kopf_settings)

@@ -12,7 +12,8 @@ registry:
      the topics exist (Kafka admin, short timeout; an unreachable broker is a problem, not a crash).
   4. On any problem: condition Ready=False / Degraded=True with the reason, a Warning Event per problem,
      and return without touching a child (never a half-applied change). The timer re-checks later.
-  5. Apply the children: the control-token Secret only if missing (never overwritten), then
+  5. Apply the children: the control-token Secret only if missing (never overwritten), the
+     control-TLS Secret (issued or rotated, :mod:`multilane.operator.k8s.certs`; unless disabled), then
      ServiceAccount, Role, RoleBinding, Service, PodDisruptionBudget, StatefulSet, with a snapshot
      schedule the CronJob NAME-snapshot, and the NetworkPolicy NAME-workers unless disabled
      (create, or merge-patch when they exist; the StatefulSet keeps the replicas the operator
@@ -63,9 +64,11 @@ from multilane.operator.controller import ConsumerController, EventRecord
 from multilane.operator.decision.planner import format_partition
 from multilane.operator.decision.policy import PolicyState
 from multilane.operator.k8s.cache import WatchCache, register_indexes
+from multilane.operator.k8s.certs import ControlCertManager
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION, apply_stateful_set, recreate_allowed
+from multilane.operator.k8s.writes import conditional_patch
 from multilane.operator.kafka_admin import KafkaAdminClient, KafkaUnavailableError
 from multilane.operator.metrics import OperatorMetrics
 from multilane.operator.platform import Platform, WorkerReplacer
@@ -79,6 +82,7 @@ from multilane.operator.rollout.handoff import (
 from multilane.operator.rollout.protocol import Rollout
 from multilane.operator.sources import KafkaSource, MetricSource, PrometheusSource
 from multilane.operator.spec import children as ch
+from multilane.operator.spec import control_pki
 from multilane.operator.spec.conditions import condition, now_iso, set_condition
 from multilane.operator.spec.network import NetworkPolicySettings, network_policy
 from multilane.operator.spec.status_memory import StatusMemory
@@ -121,6 +125,8 @@ class HandlerSettings:
     network_policy: NetworkPolicySettings | None = field(default_factory=NetworkPolicySettings)
     secret_ttl_s: float = 300.0  # the credentials Secret is read again after this (and on reconcile)
     status_heartbeat_s: float = 60.0  # volatile status fields (lag, rates, policy) at least this often
+    # mutual TLS on the workers' control port, its certificates and their rotation (k8s/certs.py)
+    control_tls: control_pki.ControlTlsSettings = field(default_factory=control_pki.ControlTlsSettings)
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -185,7 +191,8 @@ class OperatorHandlers:
         self.token_factory = token_factory
         self._locks: dict[str, asyncio.Lock] = {}
         self._sources: dict[str, tuple[Any, MetricSource]] = {}
-        self._controls: dict[str, tuple[str, WorkerControl]] = {}
+        # uid -> (token, metered control, the control it wraps)
+        self._controls: dict[str, tuple[str, WorkerControl, WorkerControl]] = {}
         # uid -> (control, config, executor): one executor per consumer while its inputs stay the same
         self._handoffs: dict[str, tuple[WorkerControl, HandoffConfig, HandoffExecutor]] = {}
         self._last_errors: dict[str, str] = {}  # uid -> last control-loop error (Events only on change)
@@ -196,6 +203,7 @@ class OperatorHandlers:
         # control loop's status writes are conditional on it (see _patch_status)
         self._seen_rv: dict[str, str] = {}
         self.status_memory = StatusMemory(self.settings.status_heartbeat_s)
+        self.certs = ControlCertManager(kube, self.settings.control_tls)  # the control port's TLS
         # uid -> (monotonic time read, Secret or None): the credentials Secret between reconciles
         self._secrets: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._rendered: dict[str, tuple[Any, str]] = {}  # uid -> (spec, its template hash)
@@ -235,7 +243,7 @@ class OperatorHandlers:
 
     async def close(self) -> None:
         """Close the worker-control clients (HTTP sessions)."""
-        for _, control in list(self._controls.values()):
+        for _, control, _ in list(self._controls.values()):
             closer = getattr(control, "close", None)
             if closer is not None:
                 await closer()
@@ -258,6 +266,7 @@ class OperatorHandlers:
         self._secrets.pop(ref.uid, None)
         self._rendered.pop(ref.uid, None)
         self._specs.pop(ref.uid, None)
+        self.certs.forget(ref.uid)
         self.status_memory.forget(ref.uid)
         forget = getattr(self.platform, "forget", None)
         if forget is not None:
@@ -447,25 +456,32 @@ class OperatorHandlers:
                 await self.kube.create(secrets_path, ch.control_token_secret(ref, self.token_factory()))
             except KubeConflictError:
                 pass  # someone (an earlier pass) created it: keep theirs
+        if self.settings.control_tls.enabled:
+            await self.certs.ensure(ref)  # the control port's certificates, before the pods mount them
         sts_path = api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
         existing = await self.kube.get(sts_path)
-        if existing is not None:
-            replicas = int((existing.get("spec") or {}).get("replicas") or 0)
-        else:
-            replicas = spec.replicas or int(
-                (status.get("lastDecision") or {}).get("replicas") or spec.min_replicas
-            )
-        if spec.replicas is not None and spec.replicas > replicas:
-            replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
-        replicas = min(max(replicas, spec.min_replicas if existing is None else 0), spec.max_replicas)
-        manifests = ch.children(ref, raw_spec, replicas)
+
+        def replicas_for(current: Mapping[str, Any] | None) -> int:
+            """The replicas decided from the StatefulSet as read (again on a 409)."""
+            if current is not None:
+                replicas = int((current.get("spec") or {}).get("replicas") or 0)
+            else:
+                replicas = spec.replicas or int(
+                    (status.get("lastDecision") or {}).get("replicas") or spec.min_replicas
+                )
+            if spec.replicas is not None and spec.replicas > replicas:
+                replicas = spec.replicas  # scale-ups apply at once; scale-downs go through release first
+            return min(max(replicas, spec.min_replicas if current is None else 0), spec.max_replicas)
+
+        replicas = replicas_for(existing)
+        manifests = [self._with_tls(ref, m) for m in ch.children(ref, raw_spec, replicas)]
         if self.settings.network_policy is not None:
             manifests.append(network_policy(ref, self.settings.network_policy))
         for manifest in manifests:
             kind = manifest["kind"]
             if kind == "StatefulSet":
                 held = await apply_stateful_set(
-                    self.kube, ref, manifest, existing, body, lambda record: _event(body, record)
+                    self.kube, ref, manifest, existing, body, lambda r: _event(body, r), replicas_for
                 )
                 continue
             api_version = manifest["apiVersion"]
@@ -480,21 +496,28 @@ class OperatorHandlers:
                 "NetworkPolicy": "networkpolicies",
             }[kind]
             collection = api_path(api_version, plural, ref.namespace)
+            path = api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"])
+            # Create, or merge-patch to the manifest: a function of the spec alone, decided on no read
+            # of the child (and the chart grants no get on these kinds), so there is no resourceVersion
+            # to carry; the writes decided on a read carry theirs (k8s/writes.py).
             try:
                 await self.kube.create(collection, manifest)
             except KubeConflictError:
-                await self.kube.patch(
-                    api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"]),
-                    ch.patch_body(manifest),
-                )
+                await self.kube.patch(path, ch.patch_body(manifest))
         if ch.snapshot_cronjob(ref, raw_spec) is None:
             # Scheduled snapshots off: suspend a CronJob left from an earlier spec. Not deleted: the
             # operator holds no delete on cronjobs (least privilege); it goes with its owner.
             cronjob_path = api_path("batch/v1", "cronjobs", ref.namespace, ch.snapshot_cronjob_name(ref))
-            existing_cronjob = await self.kube.get(cronjob_path)
-            if existing_cronjob is not None and not (existing_cronjob.get("spec") or {}).get("suspend"):
-                await self.kube.patch(cronjob_path, {"spec": {"suspend": True}})
+            suspend = {"spec": {"suspend": True}}
+            await conditional_patch(
+                self.kube, cronjob_path, lambda c: None if (c.get("spec") or {}).get("suspend") else suspend
+            )
         return held
+
+    def _with_tls(self, ref: ch.ConsumerRef, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest["kind"] != "StatefulSet" or not self.settings.control_tls.enabled:
+            return manifest
+        return control_pki.with_control_tls(ref, manifest)
 
     # ---- the control loop -------------------------------------------------------------------------
 
@@ -517,7 +540,10 @@ class OperatorHandlers:
         """The worker-control client with the consumer's token. The token Secret is never overwritten,
         so it is read once per consumer (and again only while it is missing)."""
         if ref.uid in self._controls:
-            return self._controls[ref.uid][1]
+            _, control, inner = self._controls[ref.uid]
+            if self.settings.control_tls.enabled:
+                await self.certs.wire(ref, inner)  # a due rotation step; the current client context
+            return control
         secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret))
         if secret is None:
             return None
@@ -531,8 +557,11 @@ class OperatorHandlers:
             return None
         cached = self._controls.get(ref.uid)
         if cached is None or cached[0] != token:
-            cached = (token, self.metrics.control(self.control_factory(token), ref.namespace, ref.name))
+            inner = self.control_factory(token)
+            cached = (token, self.metrics.control(inner, ref.namespace, ref.name), inner)
             self._controls[ref.uid] = cached
+        if self.settings.control_tls.enabled:
+            await self.certs.wire(ref, cached[2])  # a due rotation step; the current client context
         return cached[1]
 
     async def tick(self, body: Mapping[str, Any], fresh: bool = True) -> None:
@@ -616,7 +645,7 @@ class OperatorHandlers:
             spec, _ = validate_spec(raw)
             if spec is None:
                 return False
-            template = ch.stateful_set(ref, dict(raw or {}), 0)["spec"]["template"]
+            template = self._with_tls(ref, ch.stateful_set(ref, dict(raw or {}), 0))["spec"]["template"]
             cached = (copy.deepcopy(raw), template["metadata"]["annotations"][ch.TEMPLATE_HASH_ANNOTATION])
             self._rendered[ref.uid] = cached
         return applied != cached[1]

@@ -25,6 +25,7 @@ from typing import Any
 
 from multilane.operator.k8s.cache import WatchCache
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, api_path
+from multilane.operator.k8s.writes import conditional_patch, replicas_of, while_same
 from multilane.operator.platform import WorkerInfo, parse_time
 from multilane.operator.spec.children import (
     CONSUMER_LABEL,
@@ -86,8 +87,13 @@ class KubernetesPlatform:
         return await self.kube.get(self._sts_path(ref))
 
     async def ensure_workers(self, ref: ConsumerRef, replicas: int) -> None:
-        written = await self.kube.patch(self._sts_path(ref), {"spec": {"replicas": replicas}})
-        self.cache.remember(ref, written)
+        """Conditional on the StatefulSet's ``resourceVersion``, while its replicas are those the pass's
+        view decided from (else KubeConflictError: the next pass decides again;
+        ``multilane/operator/k8s/writes.py``)."""
+        decide = while_same(await self._statefulset(ref), replicas_of, {"spec": {"replicas": replicas}})
+        written = await conditional_patch(self.kube, self._sts_path(ref), decide)
+        if written is not None:
+            self.cache.remember(ref, written)
 
     async def current_workers(self, ref: ConsumerRef) -> int:
         sts = await self._statefulset(ref)

@@ -15,6 +15,7 @@ from typing import Any
 
 from multilane.operator.controller import EventRecord
 from multilane.operator.k8s.kube import KubeClient, KubeConflictError, api_path
+from multilane.operator.k8s.writes import conditional_patch, replicas_of, while_same
 from multilane.operator.spec.children import (
     ConsumerRef,
     statefulset_immutable_changes,
@@ -39,12 +40,15 @@ async def apply_stateful_set(
     existing: Mapping[str, Any] | None,
     body: Mapping[str, Any],
     on_event: Callable[[EventRecord], None],
+    replicas_for: Callable[[Mapping[str, Any] | None], int] | None = None,
 ) -> str | None:
     """Create or update the worker StatefulSet; returns the message of a held immutable change.
 
     1. Absent: create it.
     2. Being deleted (an earlier recreate waits for its orphaning): wait for the next pass.
-    3. No immutable field changes: merge-patch the fields an update may change.
+    3. No immutable field changes: merge-patch the fields an update may change, conditional on the
+       ``resourceVersion`` of a fresh read, the replicas decided from that read by ``replicas_for``
+       (a 409 re-reads and decides again; :mod:`multilane.operator.k8s.writes`).
     4. Immutable fields would change and no opt-in: hold the StatefulSet as it is (the control
        loop still scales it and moves partitions); the message names the fields.
     5. Opt-in (annotation ``multilane.dev/recreate-on-immutable-change: "true"``): delete it with
@@ -68,9 +72,19 @@ async def apply_stateful_set(
     if (existing.get("metadata") or {}).get("deletionTimestamp"):
         return f"StatefulSet {ref.name} is being recreated: waiting for the old one to be deleted"
     changed = statefulset_immutable_changes(existing, manifest)
-    # 3. Nothing immutable changes: update.
+    # 3. Nothing immutable changes: update, conditional on the StatefulSet as read; the replicas are
+    # decided again from each read (a 409 re-reads), so another writer's count is never overwritten.
     if not changed:
-        await kube.patch(path, statefulset_update(manifest))
+
+        def decide(current: Mapping[str, Any]) -> Mapping[str, Any]:
+            update = statefulset_update(manifest)
+            if replicas_for is not None:
+                update["spec"]["replicas"] = replicas_for(current)
+                return update
+            # no rule given: the manifest's count holds only while the read one is unchanged
+            return while_same(existing, replicas_of, update)(current) or update
+
+        await conditional_patch(kube, path, decide)
         return None
     fields = ", ".join(changed)
     # 4. No opt-in: hold.

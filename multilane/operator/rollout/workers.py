@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import aiohttp.abc
 
 from multilane.operator.decision.planner import format_partition, parse_partition
 
@@ -71,26 +72,52 @@ class WorkerControlClient:
     """One client for all workers of the operator; ``token`` is the consumer's control token."""
 
     def __init__(
-        self, token: str, timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None
+        self,
+        token: str,
+        timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+        resolver: aiohttp.abc.AbstractResolver | None = None,
     ) -> None:
         self._token = token
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        # TLS to the workers (multilane.worker.control_tls.client_context): the consumer's CA and the
-        # operator's client certificate; None: plain HTTP
+        # TLS to the workers (multilane.worker.control_tls.client_context, or the consumer's Secret:
+        # multilane.operator.k8s.certs): the consumer's CA and the operator's client certificate; None:
+        # plain HTTP
         self._ssl = ssl_context
+        # name resolution (None: the system's); the tests' pod network maps the pods' DNS names
+        self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
+        self._stale_session: aiohttp.ClientSession | None = None  # closed by the next call
 
     async def close(self) -> None:
+        if self._stale_session is not None:
+            await self._stale_session.close()
+            self._stale_session = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
+    def use_tls(self, ssl_context: ssl.SSLContext) -> None:
+        """Call the workers over TLS with ``ssl_context`` from now on (``http://`` worker URLs are
+        called as ``https://``); a new context (a rotation) takes effect on the next call, through a
+        new session (connections of the old one close)."""
+        if ssl_context is not self._ssl:
+            self._ssl = ssl_context
+            self._stale_session, self._session = self._session, None
+
     async def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        if self._stale_session is not None:
+            stale, self._stale_session = self._stale_session, None
+            await stale.close()
+        if self._ssl is not None and url.startswith("http://"):
+            url = "https://" + url[len("http://") :]
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=self._timeout,
                 headers={"Authorization": f"Bearer {self._token}"},
-                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True),
+                connector=aiohttp.TCPConnector(
+                    ssl=self._ssl if self._ssl is not None else True, resolver=self._resolver
+                ),
             )
         try:
             async with self._session.request(method, url, json=body) as resp:
