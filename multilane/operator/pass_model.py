@@ -1,5 +1,6 @@
 """What each step of a control-loop pass found, typed, the one rendering of a pass's status, and the
-decide step's pure parts (the policy's input and its decision as status). Pure, no I/O.
+decide step's pure parts (the policy's input and its decision as status). No I/O of its own (it
+imports types of modules that do: ``MetricSample``, ``AssignmentState``).
 
 :class:`~multilane.operator.controller.ConsumerController` runs a pass as four steps, each returning
 one of these: ``observe`` -> :class:`PassView`, ``decide`` -> :class:`ScalingStep`, ``act`` ->
