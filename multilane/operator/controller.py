@@ -52,7 +52,7 @@ from multilane.operator.pass_model import (
     rebalancing_before,
     render_status,
 )
-from multilane.operator.platform import Platform, WorkerInfo, WorkerReplacer, parse_time
+from multilane.operator.platform import Platform, WorkerInfo, is_replacer, parse_time
 from multilane.operator.rollout.assignment import (
     AssignmentCoordinator,
     AssignmentState,
@@ -426,7 +426,7 @@ class ConsumerController:
         self, ref: ConsumerRef, workers: Sequence[WorkerInfo], replicas: int
     ) -> ReplacementChoice:
         """Step 2's replacement choice (nothing on a platform without pod templates)."""
-        if not isinstance(self.platform, WorkerReplacer):
+        if not is_replacer(self.platform):
             return ReplacementChoice()
         return choose_replacement(workers, await self.platform.desired_revision(ref), replicas)
 
@@ -440,7 +440,7 @@ class ConsumerController:
         """Delete the replacement's worker once it owns nothing (or at once: dead, or alone)."""
         running = assignment.pending is not None or rollout_running
         victim = ready_to_delete(replacement, assignment.members, running)
-        if victim is None or not isinstance(self.platform, WorkerReplacer):
+        if victim is None or not is_replacer(self.platform):
             return None
         await self.platform.replace_worker(ref, victim)
         left = len(replacement.outdated) - 1

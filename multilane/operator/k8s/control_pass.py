@@ -30,7 +30,7 @@ from multilane.operator.k8s.handler_core import (
 from multilane.operator.k8s.kube import KubeError, api_path
 from multilane.operator.k8s.reconcile import ReconcileSteps
 from multilane.operator.k8s.statefulset import recreate_allowed
-from multilane.operator.platform import WorkerReplacer
+from multilane.operator.platform import is_replacer
 from multilane.operator.rollout.assignment import AssignmentState, WorkerControl
 from multilane.operator.rollout.handoff import HandoffConfig, HandoffControl, HandoffExecutor
 from multilane.operator.rollout.protocol import Rollout
@@ -145,7 +145,7 @@ class ControlPass(ReconcileSteps):
     async def _template_stale(self, ref: ch.ConsumerRef, body: Mapping[str, Any]) -> bool:
         """The StatefulSet's pod template is not what this operator renders for the spec (an operator
         upgrade whose ``on.resume`` did not apply yet): re-apply, so the pods are replaced."""
-        if not isinstance(self.platform, WorkerReplacer):
+        if not is_replacer(self.platform):
             return False
         applied = await self.platform.desired_revision(ref)
         if applied is None:
