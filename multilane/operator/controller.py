@@ -2,24 +2,28 @@
 through what it is given (a :class:`Platform`, a :class:`WorkerControl`, a :class:`MetricSource`, a
 persist callback), so the Kubernetes handlers and a local subprocess platform share it.
 
-A pass (:meth:`ConsumerController.tick`), numbered as in the code:
+A pass (:meth:`ConsumerController.tick`) is four named steps, numbered as in the code; each is a
+method that returns what it found, typed (:mod:`multilane.operator.pass_model`), and the status
+merge-patch is rendered in one place (:func:`~multilane.operator.pass_model.render_status`):
 
-1. Scaling, when due (``interval_s`` since the last decision): sample the metric source. A source
-   that is unreachable or answers nonsense holds the last decision (condition Degraded with reason
-   ``MetricsUnavailable``/``MetricsInvalid``); otherwise feed :class:`AutoscalePolicy` and record the
-   decision (``status.lastDecision``, the new PolicyState, and an Event when it changes replicas or
-   factor: a hold posts none).
-2. Replicas: scale up at once (``ensure_workers``); scale down only after the assignment no longer
-   gives partitions to the workers that go away (release before removal). Day-2 replacement (a
-   platform that is a :class:`WorkerReplacer`): one worker on an outdated pod template is kept out
-   of the eligible workers, so step 3 moves its partitions to warm owners; it is deleted once it owns
-   nothing and no change runs (:mod:`multilane.operator.rollout.replacement`).
-3. Assignment: one step of the :class:`AssignmentCoordinator` protocol over the workers that stay
-   (or, when a :class:`~multilane.operator.handoff.HandoffExecutor` is given -- state enabled -- one
-   step of its restore-before-handoff rollout, persisted in ``status.rollout``); when no change is
-   pending, ``sync`` re-pushes the assignment and the factor where a worker disagrees (restarted
-   workers).
-4. Status: replicas, factor, lag, rates, conditions Ready/Scaling/Rebalancing/Degraded.
+1. ``observe`` -> :class:`PassView`: the clock, the last decision's size within the spec's bounds,
+   the workers and which are alive.
+2. ``decide`` -> :class:`ScalingStep`: scaling, when due (``interval_s`` since the last decision):
+   sample the metric source. A source that is unreachable or answers nonsense holds the last
+   decision (condition Degraded with reason ``MetricsUnavailable``/``MetricsInvalid``); otherwise feed
+   :class:`AutoscalePolicy` and record the decision (``status.lastDecision``, the new PolicyState, and
+   an Event when it changes replicas or factor: a hold posts none).
+3. ``act`` -> :class:`ActStep`: replicas up at once (``ensure_workers``), down only after the
+   assignment no longer gives partitions to the workers that go away (release before removal).
+   Day-2 replacement (a platform that is a :class:`WorkerReplacer`): one worker on an outdated pod
+   template is kept out of the eligible workers, so its partitions move to warm owners; it is deleted
+   once it owns nothing and no change runs (:mod:`multilane.operator.rollout.replacement`).
+   Assignment: one step of the :class:`AssignmentCoordinator` protocol over the workers that stay
+   (or, when a :class:`~multilane.operator.rollout.handoff.HandoffExecutor` is given -- state enabled
+   -- one step of its restore-before-handoff rollout, persisted in ``status.rollout``); when no change
+   is pending, ``sync`` re-pushes the assignment and the factor where a worker disagrees.
+4. ``report`` -> :class:`ConsumerStatus`: replicas, factor, lag, rates, conditions
+   Scaling/Rebalancing/Degraded/Ready.
 """
 
 from __future__ import annotations
@@ -30,17 +34,25 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from multilane.operator.decision.planner import AssignmentPlanner, parse_partition
-from multilane.operator.decision.policy import (
-    AutoscalePolicy,
-    Decision,
-    Observation,
-    PolicyConfig,
-    PolicyState,
+from multilane.operator.decision.planner import AssignmentPlanner
+from multilane.operator.decision.policy import AutoscalePolicy, Decision, PolicyConfig, PolicyState
+from multilane.operator.pass_model import (
+    ActStep,
+    ConditionValue,
+    ConsumerStatus,
+    DecidingPolicy,
+    EventRecord,
+    PassView,
+    SampleStatus,
+    ScalingStep,
+    decide_scaling,
+    policy_config,
+    rebalancing_before,
+    render_status,
 )
-from multilane.operator.platform import Platform, WorkerInfo, WorkerReplacer, parse_time
+from multilane.operator.platform import Platform, WorkerInfo, is_replacer, parse_time
 from multilane.operator.rollout.assignment import (
     AssignmentCoordinator,
     AssignmentState,
@@ -60,19 +72,12 @@ from multilane.operator.sources import (
     QueryContext,
 )
 from multilane.operator.spec.children import ConsumerRef
-from multilane.operator.spec.conditions import condition, now_iso, set_condition
+from multilane.operator.spec.conditions import condition, now_iso
 from multilane.operator.spec.validation import ConsumerSpec
 
 __all__ = ["ConsumerController", "DecidingPolicy", "EventRecord", "TickResult", "policy_config"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    type: str  # "Normal" | "Warning"
-    reason: str
-    message: str
 
 
 @dataclass
@@ -87,41 +92,9 @@ class TickResult:
     # For the operator's metrics (multilane.operator.metrics.OperatorMetrics.observe_tick):
     decision: Decision | None = None  # the policy's decision of this pass
     decided_from: tuple[int, int] | None = None  # (replicas, factor) of the previous decision
-    decision_s: float | None = None  # step 1 when it ran: sample, workers' busy lanes, policy
+    decision_s: float | None = None  # step 2 when it ran: sample, workers' busy lanes, policy
     source_error: str | None = None  # "MetricsUnavailable" / "MetricsInvalid" when the sample failed
     handoffs: list[HandoffRecord] = field(default_factory=list)  # moves completed in this pass
-
-
-class DecidingPolicy(Protocol):
-    """What the controller calls: :class:`AutoscalePolicy` or a baseline with the same shape."""
-
-    def decide(self, obs: Observation, state: PolicyState) -> tuple[Decision, PolicyState]: ...
-
-
-def policy_config(spec: ConsumerSpec, partitions: int) -> PolicyConfig:
-    """The policy's bounds; a fixed ``spec.scaling.replicas`` (scale subresource) pins replicas."""
-    min_r, max_r = spec.min_replicas, spec.max_replicas
-    if spec.replicas is not None:
-        min_r = max_r = spec.replicas
-    return PolicyConfig(
-        partitions=max(1, partitions),
-        min_replicas=min_r,
-        max_replicas=max_r,
-        min_factor=spec.min_factor,
-        max_factor=spec.max_factor,
-        target_catchup_s=spec.target_catchup_s,
-        max_lag=spec.max_lag,
-        target_utilisation=spec.target_utilisation,
-        scale_down_delay_s=spec.scale_down_delay_s,
-        stabilisation_s=spec.stabilisation_s,
-        max_lanes_per_replica=spec.max_lanes_per_replica,
-    )
-
-
-def _global_index(partitions: Sequence[str]) -> dict[str, int]:
-    """Topics in order, partitions in order: one index per partition for the policy."""
-    ordered = sorted(partitions, key=parse_partition)
-    return {p: i for i, p in enumerate(ordered)}
 
 
 class ConsumerController:
@@ -155,110 +128,192 @@ class ConsumerController:
         source: MetricSource,
         persist_assignment: Persist,
     ) -> TickResult:
-        result = TickResult()
-        conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
-        now = self.clock()
-        stamp = now_iso()
+        """One pass: the four steps of the module docstring, each a method returning what it found."""
+        # 1. Observe.
+        view = await self.observe(ref, spec, status)
+        # 2. Decide.
+        scaling = await self.decide(ref, spec, status, view, policy_state, partitions, source)
+        # 3. Act.
+        acted = await self.act(ref, spec, status, view, scaling, partitions, persist_assignment)
+        # 4. Report.
+        report = self.report(view, scaling, acted, partitions)
+        return TickResult(
+            status=render_status(report, view.conditions, view.stamp),
+            events=[*scaling.events, *acted.events],
+            policy_state=scaling.policy_state,
+            decided=scaling.last_decision is not None,
+            changed=scaling.changed,
+            decision=scaling.decision,
+            decided_from=scaling.decided_from,
+            decision_s=scaling.decision_s,
+            source_error=scaling.degraded.reason if scaling.degraded else None,
+            handoffs=acted.handoffs,
+        )
+
+    async def observe(self, ref: ConsumerRef, spec: ConsumerSpec, status: Mapping[str, Any]) -> PassView:
+        """Step 1: what the pass starts from.
+
+        1. The clock, and the size of the last decision within the spec's bounds (a pinned
+           ``spec.scaling.replicas`` wins).
+        2. The workers the platform runs, and which of them are alive.
+        """
+        # 1. clock and size
         last = dict(status.get("lastDecision") or {})
-        target_replicas = int(last.get("replicas") or spec.replicas or spec.min_replicas)
+        replicas = int(last.get("replicas") or spec.replicas or spec.min_replicas)
         if spec.replicas is not None:
-            target_replicas = spec.replicas  # pinned through the scale subresource
+            replicas = spec.replicas  # pinned through the scale subresource
         factor = int(status.get("factor") or last.get("factor") or spec.min_factor)
-        target_replicas = min(max(target_replicas, spec.min_replicas), spec.max_replicas)
-        factor = min(max(factor, spec.min_factor), spec.max_factor)
+        now, stamp = self.clock(), now_iso()
+        # 2. workers
         workers = await self.platform.list_workers(ref)
-        alive = [w for w in workers if w.alive]
+        return PassView(
+            now=now,
+            stamp=stamp,
+            last=last,
+            replicas=min(max(replicas, spec.min_replicas), spec.max_replicas),
+            factor=min(max(factor, spec.min_factor), spec.max_factor),
+            workers=workers,
+            alive=[w for w in workers if w.alive],
+            conditions=list(status.get("conditions") or []),
+        )
 
-        # 1. Scaling, when due.
-        degraded: tuple[str, str] | None = None
-        decided_at = parse_time(last.get("time"))
+    async def decide(
+        self,
+        ref: ConsumerRef,
+        spec: ConsumerSpec,
+        status: Mapping[str, Any],
+        view: PassView,
+        policy_state: PolicyState,
+        partitions: Sequence[str],
+        source: MetricSource,
+    ) -> ScalingStep:
+        """Step 2: scaling, when due (``interval_s`` since the last decision); else the observed size.
+
+        1. Sample the metric source. Unreachable or nonsense: hold the last decision, Degraded
+           (``MetricsUnavailable`` / ``MetricsInvalid``), a Warning Event on the transition only.
+        2. No rates yet (warming up): the sample's figures only.
+        3. Feed the policy (with the workers' busy lanes); an Event only when the decision changes
+           replicas or factor.
+        """
+        step = ScalingStep(replicas=view.replicas, factor=view.factor)
+        decided_at = parse_time(view.last.get("time"))
         last_time = decided_at.timestamp() if decided_at else 0.0
-        if now - last_time >= spec.interval_s:
-            decision_started = time.monotonic()
-            ctx = QueryContext(ref.namespace, ref.name, spec.consumer_group, list(partitions))
-            try:
-                sample = await source.sample(ctx)
-            except MetricsUnavailableError as exc:
-                degraded = (
-                    "MetricsUnavailable",
-                    f"metric source unreachable, holding the last decision: {exc}",
-                )
-            except MetricsInvalidError as exc:
-                degraded = (
-                    "MetricsInvalid",
-                    f"metric source answered nonsense, holding the last decision: {exc}",
-                )
+        if view.now - last_time < spec.interval_s:
+            return step
+        decision_started = time.monotonic()
+        # 1. sample
+        ctx = QueryContext(ref.namespace, ref.name, spec.consumer_group, list(partitions))
+        try:
+            sample = await source.sample(ctx)
+        except MetricsUnavailableError as exc:
+            step.degraded = ConditionValue(
+                "Degraded",
+                True,
+                "MetricsUnavailable",
+                f"metric source unreachable, holding the last decision: {exc}",
+            )
+        except MetricsInvalidError as exc:
+            step.degraded = ConditionValue(
+                "Degraded",
+                True,
+                "MetricsInvalid",
+                f"metric source answered nonsense, holding the last decision: {exc}",
+            )
+        else:
+            step.sample = SampleStatus(sample.total_lag, sample.input_rate, sample.processing_rate)
+            if sample.input_rate is None or sample.processing_rate is None:
+                # 2. warming up
+                log.info("%s/%s: metrics warming up (no rates yet)", ref.namespace, ref.name)
             else:
-                result.status.update(self._sample_status(sample))
-                if sample.input_rate is None or sample.processing_rate is None:
-                    log.info("%s/%s: metrics warming up (no rates yet)", ref.namespace, ref.name)
-                else:
-                    decision_status, event, state, result.decision = self._decide(
-                        spec,
-                        partitions,
-                        sample,
-                        policy_state,
-                        target_replicas,
-                        factor,
-                        len(alive),
-                        now,
-                        stamp,
-                        busy_lanes=await self._busy_lanes(alive, sample),
-                        rebalancing=_rebalancing(status, workers, target_replicas),
-                    )
-                    result.status["lastDecision"] = decision_status
-                    if result.decision.changed:  # Events only for changes, never for a hold
-                        result.events.append(event)
-                    result.policy_state = state
-                    result.decided = True
-                    # the size decided before (bounds and a pinned count may have moved it since)
-                    result.decided_from = (
-                        int(last.get("replicas") or target_replicas),
-                        int(last.get("factor") or factor),
-                    )
-                    result.decision_s = time.monotonic() - decision_started
-                    result.changed = (int(decision_status["replicas"]), int(decision_status["factor"])) != (
-                        target_replicas,
-                        factor,
-                    )
-                    target_replicas = int(decision_status["replicas"])
-                    factor = int(decision_status["factor"])
-            result.source_error = degraded[0] if degraded else None
-            previous = condition(conditions, "Degraded") or {}
-            if degraded and (previous.get("status") != "True" or previous.get("reason") != degraded[0]):
-                result.events.append(EventRecord("Warning", degraded[0], degraded[1]))  # on transition only
+                # 3. the policy
+                decided, event, step.policy_state, step.decision = decide_scaling(
+                    self.policy_factory,
+                    spec,
+                    partitions,
+                    sample,
+                    policy_state,
+                    view.replicas,
+                    view.factor,
+                    len(view.alive),
+                    view.now,
+                    view.stamp,
+                    busy_lanes=await self._busy_lanes(view.alive, sample),
+                    rebalancing=rebalancing_before(status, view.workers, view.replicas),
+                )
+                step.last_decision = decided
+                if step.decision.changed:  # Events only for changes, never for a hold
+                    step.events.append(event)
+                # the size decided before (bounds and a pinned count may have moved it since)
+                step.decided_from = (
+                    int(view.last.get("replicas") or view.replicas),
+                    int(view.last.get("factor") or view.factor),
+                )
+                step.decision_s = time.monotonic() - decision_started
+                step.changed = (decided.replicas, decided.factor) != (view.replicas, view.factor)
+                step.replicas, step.factor = decided.replicas, decided.factor
+        previous = condition(view.conditions, "Degraded") or {}
+        degraded = step.degraded
+        if degraded and (previous.get("status") != "True" or previous.get("reason") != degraded.reason):
+            step.events.append(
+                EventRecord("Warning", degraded.reason, degraded.message)
+            )  # on transition only
+        return step
 
-        # 2. Replicas: up at once, down after release.
+    async def act(
+        self,
+        ref: ConsumerRef,
+        spec: ConsumerSpec,
+        status: Mapping[str, Any],
+        view: PassView,
+        scaling: ScalingStep,
+        partitions: Sequence[str],
+        persist_assignment: Persist,
+    ) -> ActStep:
+        """Step 3: workers and assignment.
+
+        1. Scale up at once (``ensure_workers``).
+        2. Day-2 replacement (a :class:`WorkerReplacer` platform): one worker on an outdated pod
+           template is kept out of the eligible workers, so step 3 moves its partitions away.
+        3. One assignment step: the :class:`AssignmentCoordinator` protocol over the workers that stay,
+           or one step of the restore-before-handoff rollout (a handoff executor: state enabled).
+        4. No change pending: ``sync`` re-pushes assignment and factor where a worker disagrees.
+        5. Delete the replaced worker once it owns nothing.
+        6. Scale down only once the workers that go away own no partition (release before removal).
+        """
+        target, events = scaling.replicas, []
         assignment = AssignmentState.from_status(status.get("assignment"))
         current = await self.platform.current_workers(ref)
-        if target_replicas > current:
-            await self.platform.ensure_workers(ref, target_replicas)
-            result.events.append(EventRecord("Normal", "ScaledUp", f"workers {current} -> {target_replicas}"))
-        stays = {w.name for w in workers if w.ordinal < target_replicas}
-        replacement = await self._replacement(ref, workers, target_replicas)
+        # 1. up at once
+        if target > current:
+            await self.platform.ensure_workers(ref, target)
+            events.append(EventRecord("Normal", "ScaledUp", f"workers {current} -> {target}"))
+        # 2. replacement
+        stays = {w.name for w in view.workers if w.ordinal < target}
+        replacement = await self._replacement(ref, view.workers, target)
         if replacement.drain:
             stays.discard(replacement.drain)  # its partitions move to warm owners first
-
-        # 3. Assignment.
+        # 3. assignment step
         coordinator = AssignmentCoordinator(
             self.control,
             AssignmentPlanner(max_moves=spec.max_moves),
             persist_assignment,
             release_deadline_s=self.release_deadline_s,
         )
+        rollout: Rollout | None = None
+        handoffs: list[HandoffRecord] = []
         if self.handoff is not None:
             rollout_status = status.get("rollout")
             hstep = await self.handoff.step(
                 assignment,
                 Rollout.from_dict(rollout_status) if rollout_status else None,
-                workers,
+                view.workers,
                 partitions,
                 eligible=stays,
-                replicas=target_replicas,
+                replicas=target,
             )
-            result.status["rollout"] = hstep.rollout.to_dict() if hstep.rollout is not None else None
-            result.events.extend(EventRecord(k, r, m) for k, r, m in hstep.events)
-            result.handoffs = list(hstep.handoffs)
+            rollout = hstep.rollout
+            events.extend(EventRecord(k, r, m) for k, r, m in hstep.events)
+            handoffs = list(hstep.handoffs)
             step = StepResult(
                 state=hstep.assignment,
                 in_progress=hstep.in_progress,
@@ -266,16 +321,15 @@ class ConsumerController:
                 moves=len(hstep.handoffs),
                 blocked=hstep.blocked,
             )
-            rollout_running = hstep.rollout is not None
         else:
-            step = await coordinator.step(assignment, workers, partitions, eligible=stays)
-            rollout_running = False
+            step = await coordinator.step(assignment, view.workers, partitions, eligible=stays)
         assignment = step.state
+        # 4. sync
         sync_problems: list[str] = []
         if assignment.pending is None:
-            sync_problems = await coordinator.sync(assignment, alive, factor)
+            sync_problems = await coordinator.sync(assignment, view.alive, scaling.factor)
         if step.committed:
-            result.events.append(
+            events.append(
                 EventRecord(
                     "Normal",
                     "Rebalanced",
@@ -283,69 +337,96 @@ class ConsumerController:
                     f"({step.moves} partition(s) moved)",
                 )
             )
-        await self._replace(ref, replacement, assignment, rollout_running, result)
-        leaving_own = any(assignment.members.get(w.name) for w in workers if w.name not in stays)
-        if target_replicas < current and assignment.pending is None and not leaving_own:
-            await self.platform.ensure_workers(ref, target_replicas)
-            result.events.append(
-                EventRecord("Normal", "ScaledDown", f"workers {current} -> {target_replicas}")
-            )
+        # 5. replaced worker
+        replaced = await self._replace(ref, replacement, assignment, rollout is not None)
+        if replaced is not None:
+            events.append(replaced)
+        # 6. down after release
+        leaving_own = any(assignment.members.get(w.name) for w in view.workers if w.name not in stays)
+        if target < current and assignment.pending is None and not leaving_own:
+            await self.platform.ensure_workers(ref, target)
+            events.append(EventRecord("Normal", "ScaledDown", f"workers {current} -> {target}"))
+        return ActStep(
+            current=current,
+            assignment=assignment,
+            blocked=step.blocked,
+            handoff=self.handoff is not None,
+            rollout=rollout,
+            sync_problems=sync_problems,
+            handoffs=handoffs,
+            events=events,
+        )
 
-        # 4. Status.
+    @staticmethod
+    def report(
+        view: PassView, scaling: ScalingStep, acted: ActStep, partitions: Sequence[str]
+    ) -> ConsumerStatus:
+        """Step 4: the status, typed (rendered by :func:`render_status`).
+
+        1. Scaling: the platform runs another count, or a worker of the decided size is not alive.
+        2. Rebalancing: an assignment change is pending or a rollout runs.
+        3. Degraded: the metric source failed, else workers unreachable by ``sync``, else AsExpected.
+        4. Ready: every partition assigned, no change pending, every worker in sync.
+        """
+        assignment, factor, alive = acted.assignment, scaling.factor, len(view.alive)
+        target = scaling.replicas
         covered = {p for ps in assignment.members.values() for p in ps}
-        all_assigned = bool(partitions) and set(partitions) <= covered and assignment.pending is None
-        scaling = target_replicas != current or any(
-            not w.alive for w in workers if w.ordinal < target_replicas
-        )
-        conditions = set_condition(
-            conditions,
+        # 1. Scaling
+        resizing = target != acted.current or any(not w.alive for w in view.workers if w.ordinal < target)
+        scaling_condition = ConditionValue(
             "Scaling",
-            scaling,
-            "ScalingWorkers" if scaling else "Stable",
-            f"{len(alive)} of {target_replicas} workers alive" if scaling else f"{target_replicas} workers",
-            now=stamp,
+            resizing,
+            "ScalingWorkers" if resizing else "Stable",
+            f"{alive} of {target} workers alive" if resizing else f"{target} workers",
         )
-        rebalancing = assignment.pending is not None or rollout_running
-        conditions = set_condition(
-            conditions,
+        # 2. Rebalancing
+        rebalancing = acted.rebalancing
+        rebalancing_condition = ConditionValue(
             "Rebalancing",
             rebalancing,
             "HandoffInProgress" if rebalancing else "Assigned",
-            step.blocked or ("change pending" if rebalancing else f"generation {assignment.generation}"),
-            now=stamp,
+            acted.blocked or ("change pending" if rebalancing else f"generation {assignment.generation}"),
         )
-        if degraded:
-            conditions = set_condition(conditions, "Degraded", True, degraded[0], degraded[1], now=stamp)
-        elif sync_problems:
-            conditions = set_condition(
-                conditions, "Degraded", True, "WorkerUnreachable", "; ".join(sync_problems)[:1000], now=stamp
+        # 3. Degraded
+        if scaling.degraded:
+            degraded = scaling.degraded
+        elif acted.sync_problems:
+            degraded = ConditionValue(
+                "Degraded", True, "WorkerUnreachable", "; ".join(acted.sync_problems)[:1000]
             )
         else:
-            conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
-        ready = all_assigned and not sync_problems
+            degraded = ConditionValue("Degraded", False, "AsExpected", "")
+        # 4. Ready
+        all_assigned = bool(partitions) and set(partitions) <= covered and assignment.pending is None
+        ready = all_assigned and not acted.sync_problems
         reason = "AllPartitionsAssigned" if ready else ("Rebalancing" if rebalancing else "WaitingForWorkers")
         message = (
             f"{len(covered)} partitions on {len(assignment.members)} workers, factor {factor}"
             if ready
-            else step.blocked
-            or f"{len(alive)} workers alive, {len(covered)}/{len(partitions)} partitions assigned"
+            else acted.blocked
+            or f"{alive} workers alive, {len(covered)}/{len(partitions)} partitions assigned"
         )
-        conditions = set_condition(conditions, "Ready", ready, reason, message, now=stamp)
-        result.status.update(
-            {
-                "replicas": len(alive),
-                "factor": factor,
-                "conditions": conditions,
-                "assignment": assignment.to_status(),
-            }
+        return ConsumerStatus(
+            replicas=alive,
+            factor=factor,
+            assignment=assignment,
+            conditions=(
+                scaling_condition,
+                rebalancing_condition,
+                degraded,
+                ConditionValue("Ready", ready, reason, message),
+            ),
+            sample=scaling.sample,
+            last_decision=scaling.last_decision,
+            handoff=acted.handoff,
+            rollout=acted.rollout,
         )
-        return result
 
     async def _replacement(
         self, ref: ConsumerRef, workers: Sequence[WorkerInfo], replicas: int
     ) -> ReplacementChoice:
         """Step 2's replacement choice (nothing on a platform without pod templates)."""
-        if not isinstance(self.platform, WorkerReplacer):
+        if not is_replacer(self.platform):
             return ReplacementChoice()
         return choose_replacement(workers, await self.platform.desired_revision(ref), replicas)
 
@@ -355,13 +436,12 @@ class ConsumerController:
         replacement: ReplacementChoice,
         assignment: AssignmentState,
         rollout_running: bool,
-        result: TickResult,
-    ) -> None:
+    ) -> EventRecord | None:
         """Delete the replacement's worker once it owns nothing (or at once: dead, or alone)."""
         running = assignment.pending is not None or rollout_running
         victim = ready_to_delete(replacement, assignment.members, running)
-        if victim is None or not isinstance(self.platform, WorkerReplacer):
-            return
+        if victim is None or not is_replacer(self.platform):
+            return None
         await self.platform.replace_worker(ref, victim)
         left = len(replacement.outdated) - 1
         how = (
@@ -369,10 +449,8 @@ class ConsumerController:
             if replacement.delete_now
             else "deleted after handing its partitions to warm owners"
         )
-        result.events.append(
-            EventRecord(
-                "Normal", "WorkerReplaced", f"{victim} ran an outdated pod template: {how} ({left} more)"
-            )
+        return EventRecord(
+            "Normal", "WorkerReplaced", f"{victim} ran an outdated pod template: {how} ({left} more)"
         )
 
     async def _busy_lanes(self, alive: Sequence[WorkerInfo], sample: MetricSample) -> float | None:
@@ -408,82 +486,3 @@ class ConsumerController:
             return None
         # 3. per-lane rate of the workers, applied to the source's rate
         return float(sample.processing_rate) * busy / rate
-
-    @staticmethod
-    def _sample_status(sample: MetricSample) -> dict[str, Any]:
-        out: dict[str, Any] = {"lag": sample.total_lag}
-        if sample.input_rate is not None:
-            out["inputRate"] = round(sample.input_rate, 3)
-        if sample.processing_rate is not None:
-            out["processingRate"] = round(sample.processing_rate, 3)
-        return out
-
-    def _decide(
-        self,
-        spec: ConsumerSpec,
-        partitions: Sequence[str],
-        sample: MetricSample,
-        state: PolicyState,
-        replicas: int,
-        factor: int,
-        alive: int,
-        now: float,
-        stamp: str,
-        busy_lanes: float | None = None,
-        rebalancing: bool = False,
-    ) -> tuple[dict[str, Any], EventRecord, PolicyState, Decision]:
-        index = _global_index(partitions)
-        obs = Observation(
-            now=now,
-            lag_by_partition={index[p]: v for p, v in sample.lag.items() if p in index},
-            input_rate=float(sample.input_rate or 0.0),
-            processing_rate=float(sample.processing_rate or 0.0),
-            replicas=replicas,
-            factor=factor,
-            busy_lanes=busy_lanes,
-            rebalancing=rebalancing,
-            ready_replicas=alive,
-        )
-        policy = self.policy_factory(policy_config(spec, len(partitions)))
-        decision, new_state = policy.decide(obs, state)
-        inputs = {k: v for k, v in decision.inputs.items() if _json_safe(v)}
-        inputs.update({"aliveWorkers": alive, "totalLag": sample.total_lag, "rebalancing": rebalancing})
-        status = {
-            "time": stamp,
-            "replicas": decision.replicas,
-            "factor": decision.factor,
-            "rule": decision.rule,
-            "reason": decision.reason,
-            "inputs": inputs,
-            "warnings": list(decision.warnings),
-        }
-        verb = "scale" if decision.changed else "hold"
-        event = EventRecord(
-            "Normal",
-            "ScalingDecision",
-            f"{verb} [{decision.rule}]: replicas {replicas}->{decision.replicas}, factor "
-            f"{factor}->{decision.factor}: {decision.reason}",
-        )
-        return status, event, new_state, decision
-
-
-def _rebalancing(status: Mapping[str, Any], workers: Sequence[WorkerInfo], replicas: int) -> bool:
-    """Pods are starting or partitions moving, as of the last pass: an assignment change is pending
-    (``status.assignment.pending``), a restore-before-handoff rollout runs (``status.rollout``), or a
-    worker the decided size includes is not alive (starting or restarting)."""
-    if AssignmentState.from_status(status.get("assignment")).pending is not None or status.get("rollout"):
-        return True
-    alive = {w.ordinal for w in workers if w.alive}
-    return any(i not in alive for i in range(replicas))
-
-
-def _json_safe(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, str | int | bool) or value is None:
-        return True
-    if isinstance(value, list | tuple):
-        return all(_json_safe(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())
-    return False

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from multilane.operator.spec.children import ConsumerRef
 
-__all__ = ["Platform", "WorkerInfo", "WorkerReplacer", "parse_time"]
+__all__ = ["Platform", "WorkerInfo", "WorkerReplacer", "is_replacer", "parse_time"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,20 @@ class WorkerReplacer(Protocol):
 
     async def replace_worker(self, ref: ConsumerRef, name: str) -> None:
         """Delete the worker; the platform starts it again on the desired template."""
+
+
+def is_replacer(platform: object) -> TypeGuard[WorkerReplacer]:
+    """``isinstance(platform, WorkerReplacer)`` for platforms whose methods are their class's, answered
+    once per class: a runtime ``Protocol`` check walks the protocol's members on every call, and a
+    pass asks several times."""
+    cls = type(platform)
+    known = _REPLACER_CLASSES.get(cls)
+    if known is None:
+        known = _REPLACER_CLASSES[cls] = issubclass(cls, WorkerReplacer)
+    return known
+
+
+_REPLACER_CLASSES: dict[type, bool] = {}  # class -> whether it is a WorkerReplacer (is_replacer's)
 
 
 def parse_time(value: str | None) -> dt.datetime | None:

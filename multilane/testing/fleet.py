@@ -1,19 +1,97 @@
-"""``WorkerFleetDouble``: in-memory workers that follow the control protocol (assignment pushes fenced
-by generation, learners that catch up after a few status reads, releases answering their committed
-offset), for tests and for the control-plane benchmark at sizes no machine runs as processes. No I/O.
+"""In-memory workers that follow the control protocol, for tests and for the control-plane benchmark at
+sizes no machine runs as processes. No I/O.
 
-Workers are addressed as ``fake://NAME``; :func:`fleet_infos` gives the :class:`WorkerInfo` list.
+- :class:`FleetWorker`: what one worker's engine holds for the control protocol (generation, active
+  partitions, learners, factor) and the protocol's rules: assignment pushes fenced by generation that
+  answer the released partitions' committed offsets, learners that catch up after a few status reads,
+  the ``/v1/status`` document. The one implementation of those rules; both fleet doubles use it.
+- :class:`WorkerFleetDouble`: the operator's :class:`~multilane.operator.rollout.assignment.WorkerControl`
+  (and handoff) interface over many of them, called in-process; workers are addressed as
+  ``fake://NAME`` (:func:`fleet_infos` gives the :class:`WorkerInfo` list). Records every call; checks
+  that no partition is ever active on two workers. The operator tests' HTTP double
+  (``tests/operator/doubles.py``, ``WorkerFleet``) serves the same workers over the worker control
+  HTTP API.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from multilane.operator.platform import WorkerInfo
 from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
-__all__ = ["WorkerFleetDouble", "fleet_infos"]
+__all__ = ["FleetWorker", "WorkerFleetDouble", "fleet_infos"]
+
+COMMITTED_OFFSET = 100  # what every released partition answers as its committed offset
+
+
+def _split(partition: str) -> tuple[str, int]:
+    topic, _, index = partition.rpartition("/")
+    return topic, int(index)
+
+
+@dataclass
+class FleetWorker:
+    """One worker's side of the control protocol (see the module docstring)."""
+
+    name: str
+    generation: int = 0  # invariant: only grows (a push with a lower one is fenced)
+    partitions: set[str] = field(default_factory=set)  # active partitions, "topic/index"
+    learning: dict[str, int] = field(default_factory=dict)  # partition -> status reads until caught up
+    factor: int = 1
+
+    def push(self, generation: int, partitions: Iterable[str]) -> list[ReleasedPartition]:
+        """An assignment push: fenced by generation; the partitions it takes away answer their
+        committed offset; a partition granted stops learning."""
+        if generation < self.generation:
+            raise WorkerFencedError(f"{self.name}: {generation} < {self.generation}")
+        self.generation = generation
+        want = set(partitions)
+        released = [ReleasedPartition(p, COMMITTED_OFFSET) for p in sorted(self.partitions - want)]
+        for p in want - self.partitions:
+            self.learning.pop(p, None)
+        self.partitions = want
+        return released
+
+    def learn(self, partitions: Iterable[str], ticks: int) -> None:
+        for p in partitions:
+            self.learning.setdefault(p, ticks)
+
+    def status(self) -> dict[str, Any]:
+        """The ``/v1/status`` document; each read brings every learner one step closer."""
+        learners = []
+        for p, left in list(self.learning.items()):
+            self.learning[p] = max(0, left - 1)
+            topic, index = _split(p)
+            learners.append(
+                {"topic": topic, "partition": index, "phase": "learning", "restore_lag": left * 1000}
+            )
+        return {
+            "worker_id": self.name,
+            "generation": self.generation,
+            "factor": self.factor,
+            "mode": "key",
+            "paused": False,
+            "partitions": [
+                {
+                    "topic": _split(p)[0],
+                    "partition": _split(p)[1],
+                    "phase": "active",
+                    "committed": COMMITTED_OFFSET,
+                    "position": COMMITTED_OFFSET,
+                    "high_watermark": COMMITTED_OFFSET,
+                    "lag": 0,
+                    "in_flight": 0,
+                    "restore_lag": 0,
+                }
+                for p in sorted(self.partitions)
+            ],
+            "learners": learners,
+            "processed_total": 0,
+            "processing_rate": 0.0,
+        }
 
 
 class WorkerFleetDouble:
@@ -22,69 +100,58 @@ class WorkerFleetDouble:
     ever active on two workers."""
 
     def __init__(self, names: Iterable[str], learn_ticks: int = 1) -> None:
-        self.active: dict[str, set[str]] = {n: set() for n in names}
-        self.learning: dict[str, dict[str, int]] = {n: {} for n in names}
-        self.generation: dict[str, int] = dict.fromkeys(self.active, 0)
+        self.workers: dict[str, FleetWorker] = {n: FleetWorker(n) for n in names}
         self.dead: set[str] = set()
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
         self.learn_ticks = learn_ticks
+
+    @property
+    def active(self) -> dict[str, set[str]]:
+        """Worker -> its active partitions (read-only view)."""
+        return {n: w.partitions for n, w in self.workers.items()}
 
     @staticmethod
     def name(url: str) -> str:
         return url.removeprefix("fake://")
 
-    def _check(self, w: str) -> None:
+    def _worker(self, url: str) -> FleetWorker:
+        w = self.name(url)
         if w in self.dead:
             raise WorkerUnreachableError(f"{w} is dead")
+        return self.workers[w]
 
     async def status(self, base_url: str) -> dict[str, Any]:
-        w = self.name(base_url)
-        self._check(w)
-        learners = []
-        for p, left in list(self.learning[w].items()):
-            self.learning[w][p] = max(0, left - 1)
-            t, i = p.split("/")
-            learners.append(
-                {"topic": t, "partition": int(i), "phase": "learning", "restore_lag": left * 1000}
-            )
-        parts = [
-            {"topic": p.split("/")[0], "partition": int(p.split("/")[1]), "phase": "active"}
-            for p in self.active[w]
-        ]
-        return {"generation": self.generation[w], "factor": 1, "partitions": parts, "learners": learners}
+        return self._worker(base_url).status()
 
     async def assign(
         self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
     ) -> list[ReleasedPartition]:
-        w = self.name(base_url)
-        self._check(w)
-        if generation < self.generation[w]:
-            raise WorkerFencedError(f"{w}: {generation} < {self.generation[w]}")
-        self.generation[w] = generation
+        worker = self._worker(base_url)
         want = set(partitions)
-        released = [ReleasedPartition(p, 100) for p in sorted(self.active[w] - want)]
-        for p in want - self.active[w]:
-            others = [o for o, ps in self.active.items() if o != w and o not in self.dead and p in ps]
-            assert not others, f"{p} granted to {w} while active on {others}"
-            self.learning[w].pop(p, None)
-        self.active[w] = want
-        self.calls.append(("assign", w, tuple(sorted(want))))
+        if generation >= worker.generation:
+            for p in want - worker.partitions:
+                others = [
+                    o
+                    for o, ow in self.workers.items()
+                    if o != worker.name and o not in self.dead and p in ow.partitions
+                ]
+                assert not others, f"{p} granted to {worker.name} while active on {others}"
+        released = worker.push(generation, want)
+        self.calls.append(("assign", worker.name, tuple(sorted(want))))
         return released
 
     async def set_factor(self, base_url: str, factor: int) -> int:
         return factor
 
     async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
-        w = self.name(base_url)
-        self._check(w)
+        worker = self._worker(base_url)
         ps = tuple(partitions)
-        for p in ps:
-            self.learning[w].setdefault(p, self.learn_ticks)
-        self.calls.append(("learn", w, ps))
+        worker.learn(ps, self.learn_ticks)
+        self.calls.append(("learn", worker.name, ps))
 
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
         for p in partitions:
-            self.learning[self.name(base_url)].pop(p, None)
+            self.workers[self.name(base_url)].learning.pop(p, None)
 
     async def resume(self, base_url: str) -> bool:
         return False

@@ -1,5 +1,5 @@
 """``OperatorRunner``: the real kopf operator (``kopf.operator(...)`` with
-:class:`~multilane.operator.handlers.OperatorHandlers`) in a thread with its own event loop, against
+:class:`~multilane.operator.k8s.handlers.OperatorHandlers`) in a thread with its own event loop, against
 an API server URL (the emulated one: :mod:`multilane.testing.kube_api`). Used by the operator tests
 and the burst benchmark's ``operator`` variant. Does I/O (HTTP to the API server, threads).
 """

@@ -2,7 +2,8 @@
 the burst benchmark's ``operator`` variant, with a real ``multilane worker`` process per pod. A test
 double, not a cluster. Does I/O (processes, files, HTTP, TLS).
 
-What it emulates (every ``interval_s``, for the StatefulSets of one namespace):
+What it emulates (every ``interval_s``, for the StatefulSets of one namespace); the containers (steps
+2, 3 and 5, and the pod status of steps 6 and 7) are :class:`~multilane.testing.kubelet.KubeletDouble`'s:
 
 1. **StatefulSet controller.** Pods ``NAME-0 .. NAME-(replicas-1)`` are created from
    ``spec.template`` (labels, annotations, spec; the label ``controller-revision-hash`` names the
@@ -70,13 +71,10 @@ import datetime as dt
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +83,12 @@ import aiohttp.web
 
 from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.testing.broker import free_port
-from multilane.testing.pod_network import PodDnsResolver, SecretVolume
-from multilane.testing.pod_network import secret_data as _secret_data
+from multilane.testing.kubelet import KubeletDouble, PodProcess
+from multilane.testing.pod_network import PodDnsResolver
 from multilane.testing.tls_front import TlsFront, self_signed_cert
 
 __all__ = ["PodProcess", "StatefulSetProcessDouble"]
 
-_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)\)")
 REVISION_LABEL = "controller-revision-hash"
 
 
@@ -103,43 +100,6 @@ def template_revision(sts_name: str, template: dict[str, Any]) -> str:
     """``NAME-HASH``: the revision of a pod template, as the StatefulSet controller names it."""
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
     return f"{sts_name}-{digest}"
-
-
-@dataclass
-class PodProcess:
-    """One pod: its object's name and the (current) container process."""
-
-    name: str
-    ordinal: int
-    sts: str
-    dir: Path
-    ports: dict[int, int]  # containerPort -> host port
-    named_ports: dict[str, int]  # port name -> containerPort
-    front: TlsFront
-    proc: subprocess.Popen[bytes] | None = None
-    pids: list[int] = field(default_factory=list)  # every incarnation, in order
-    restarts: int = 0
-    terminating: bool = False
-    exited_at: float | None = None
-    ready: bool | None = None
-    started_at: float = 0.0
-    spec: dict[str, Any] = field(default_factory=dict)  # the pod's own spec (the template it was made from)
-    revision: str = ""  # its controller-revision-hash
-    blocked: str = ""  # why no process is started: "ErrImagePull" or "Unschedulable" ("" = none)
-    reported: dict[str, Any] | None = None  # the status last written
-    secret_volumes: list[SecretVolume] = field(default_factory=list)  # refreshed while it runs
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def host_port(self, name_or_port: str | int) -> int:
-        container = self.named_ports[name_or_port] if isinstance(name_or_port, str) else name_or_port
-        return self.ports[container]
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
 
 class StatefulSetProcessDouble:
@@ -170,6 +130,7 @@ class StatefulSetProcessDouble:
         self._failed_create: set[str] = set()  # pods whose FailedCreate Event was posted
         self.router_port = free_port()
         self._cert, self._key = self_signed_cert(root)
+        self.kubelet = KubeletDouble(kube, namespace, root, self._cert)  # steps 2, 3 and 5
         self._task: asyncio.Task[None] | None = None
         self._runner: aiohttp.web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -445,103 +406,6 @@ class StatefulSetProcessDouble:
     def _api_port(self) -> int:
         return int(self.api_url.rsplit(":", 1)[1].split("/")[0])
 
-    async def _launch(self, pod: PodProcess, template: dict[str, Any]) -> None:
-        spec = template["spec"]
-        container = spec["containers"][0]
-        mounts = await self._volumes(pod, spec, container)
-        env = await self._env(pod, container)
-
-        def rewrite(value: str) -> str:
-            for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
-                if value == mount or value.startswith(mount.rstrip("/") + "/"):
-                    return host + value[len(mount) :]
-            return value
-
-        env = {k: mounts.get(v, v) for k, v in env.items()}  # only a value that names a mount itself
-        # The kubelet's service-account and API-server wiring (step 5 of the module docstring).
-        sa_dir = pod.dir / "serviceaccount"
-        sa_dir.mkdir(exist_ok=True)
-        (sa_dir / "token").write_text(f"token-of-{pod.name}")
-        (sa_dir / "ca.crt").write_text(self._cert.read_text())
-        (sa_dir / "namespace").write_text(self.namespace)
-        env.update(
-            KUBERNETES_SERVICE_HOST="127.0.0.1",
-            KUBERNETES_SERVICE_PORT=str(pod.front.port),
-            MULTILANE_SERVICE_ACCOUNT_DIR=str(sa_dir),
-        )
-        argv = [*container.get("command", []), *container.get("args", [])]
-        argv = [_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
-        out: list[str] = []
-        for i, arg in enumerate(argv):
-            if i > 0 and argv[i - 1].startswith("--") and argv[i - 1].endswith("port") and arg.isdigit():
-                arg = str(pod.ports.get(int(arg), int(arg)))
-            out.append(rewrite(arg))
-        if out and out[0] == "multilane":
-            out = [sys.executable, "-m", "multilane", *out[1:]]
-        base = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        log = (pod.dir / f"log-{pod.restarts:03d}").open("ab")
-        pod.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the test's loop owns it)
-            out, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=str(pod.dir),
-        )  # fmt: skip
-        log.close()
-        pod.pids.append(pod.proc.pid)
-        pod.exited_at = None
-        pod.ready = None
-        pod.started_at = time.monotonic()
-
-    async def _volumes(
-        self, pod: PodProcess, spec: dict[str, Any], container: dict[str, Any]
-    ) -> dict[str, str]:
-        volumes = {v["name"]: v for v in spec.get("volumes") or []}
-        mounts: dict[str, str] = {}
-        for m in container.get("volumeMounts") or []:
-            vol = volumes.get(m["name"])
-            if vol is not None and "secret" in vol:
-                host = pod.dir / f"secret-{m['name']}"
-                volume = SecretVolume(
-                    host, self.namespace, vol["secret"]["secretName"], vol["secret"].get("items"),
-                    int(vol["secret"].get("defaultMode", 0o644)),
-                )  # fmt: skip
-                await volume.sync(self.kube)
-                pod.secret_volumes = [v for v in pod.secret_volumes if v.host != host] + [volume]
-            elif vol is not None and "emptyDir" in vol:
-                host = pod.dir / f"emptydir-{m['name']}"
-                host.mkdir(exist_ok=True)
-            else:  # a claim of volumeClaimTemplates: outlives the pod
-                host = self.root / "pvc" / f"{m['name']}-{pod.name}"
-                host.mkdir(parents=True, exist_ok=True)
-            mounts[m["mountPath"]] = str(host)
-        return mounts
-
-    async def _env(self, pod: PodProcess, container: dict[str, Any]) -> dict[str, str]:
-        env: dict[str, str] = {}
-        secrets: dict[str, dict[str, str]] = {}
-
-        async def secret(name: str) -> dict[str, str]:
-            if name not in secrets:
-                obj = await self.kube.get(api_path("v1", "secrets", self.namespace, name))
-                secrets[name] = {k: v.decode() for k, v in _secret_data(obj).items()}
-            return secrets[name]
-
-        for source in container.get("envFrom") or []:
-            if "secretRef" in source:
-                for k, v in (await secret(source["secretRef"]["name"])).items():
-                    env[source.get("prefix", "") + k] = v
-        for item in container.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), str(item["value"]))
-                continue
-            ref = item.get("valueFrom") or {}
-            if "fieldRef" in ref:
-                path = ref["fieldRef"]["fieldPath"]
-                env[item["name"]] = {"metadata.name": pod.name, "metadata.namespace": self.namespace,
-                                      "status.podIP": "127.0.0.1"}[path]  # fmt: skip
-            elif "secretKeyRef" in ref:
-                key = ref["secretKeyRef"]
-                env[item["name"]] = (await secret(key["name"]))[key["key"]]
-        return env
-
     async def _report(self, pod: PodProcess, obj: dict[str, Any] | None) -> None:
         """Readiness probe (GET of the probe's path on its port) -> the pod's status, when it changed."""
         if obj is None:
@@ -562,7 +426,7 @@ class StatefulSetProcessDouble:
             except (aiohttp.ClientError, TimeoutError, KeyError):
                 ready = False
         pod.ready = ready
-        status = self._pod_status(pod, ready)
+        status = KubeletDouble.pod_status(pod, ready)
         if status == pod.reported:
             return
         pod.reported = status
@@ -573,38 +437,6 @@ class StatefulSetProcessDouble:
         with contextlib.suppress(Exception):
             path = api_path("v1", "pods", self.namespace, pod.name, "status")
             await self.kube.patch(path, {"status": status})
-
-    @staticmethod
-    def _pod_status(pod: PodProcess, ready: bool) -> dict[str, Any]:
-        """The pod's status as a kubelet (and, for Unschedulable, the scheduler) reports it."""
-        container: dict[str, Any] = {"name": "worker", "ready": ready, "restartCount": pod.restarts}
-        conditions: list[dict[str, Any]] = []
-        if pod.blocked == "Unschedulable":
-            message = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
-            conditions.append(
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
-            )
-            return {"phase": "Pending", "conditions": conditions}
-        conditions.append({"type": "PodScheduled", "status": "True"})
-        if pod.blocked:  # a pull failure: ErrImagePull first, then the back-off
-            reason = "ErrImagePull" if pod.reported is None else "ImagePullBackOff"
-            image = (pod.spec.get("containers") or [{}])[0].get("image")
-            container["state"] = {
-                "waiting": {"reason": reason, "message": f'Back-off pulling image "{image}"'}
-            }
-            container["started"] = False
-        else:
-            container["started"] = pod.running()
-            container["state"] = (
-                {"running": {}} if pod.running() else {"waiting": {"reason": "ContainerCreating"}}
-            )
-        conditions.append({"type": "Ready", "status": "True" if ready else "False"})
-        return {
-            "phase": "Running" if pod.running() else "Pending",
-            "podIP": "127.0.0.1",
-            "conditions": conditions,
-            "containerStatuses": [container],
-        }
 
     async def _delete_pod(self, name: str, grace_s: float) -> None:
         """Graceful deletion: deletionTimestamp, SIGTERM, SIGKILL after the grace period, object gone."""
@@ -627,21 +459,15 @@ class StatefulSetProcessDouble:
         finally:
             self._deleting.pop(name, None)
 
+    async def _launch(self, pod: PodProcess, template: dict[str, Any]) -> None:
+        await self.kubelet.launch(pod, template)
+
     @staticmethod
     def _kill(pod: PodProcess, sig: int) -> None:
-        if pod.proc is not None and pod.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pod.proc.pid, sig)
+        KubeletDouble.kill(pod, sig)
 
     async def _reap(self, pod: PodProcess, grace_s: float) -> None:
-        if pod.proc is None:
-            return
-        deadline = time.monotonic() + grace_s
-        while pod.proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 (a process)
-            await asyncio.sleep(0.1)
-        if pod.proc.poll() is None:
-            self._kill(pod, signal.SIGKILL)
-            await asyncio.to_thread(pod.proc.wait)
+        await KubeletDouble.reap(pod, grace_s)
 
     # ---- the pod network -------------------------------------------------------------------------
 

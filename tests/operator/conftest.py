@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from multilane.operator.k8s.handlers import HandlerSettings, OperatorHandlers
 from multilane.operator.k8s.kube import KubeClient, KubeSettings, api_path
 from multilane.operator.k8s.platform import KubernetesPlatform
 from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.rollout.workers import WorkerControlClient
 from multilane.operator.spec.control_pki import ControlTlsSettings
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.kopf_runner import OperatorRunner
@@ -184,3 +186,79 @@ CR_COLLECTION = api_path("multilane.dev/v1alpha1", "parallelconsumers", NS)
 
 def cr_path(name: str, sub: str | None = None) -> str:
     return api_path("multilane.dev/v1alpha1", "parallelconsumers", NS, name, sub)
+
+
+async def get_status(kube: KubeClient, name: str = "demo") -> dict[str, Any]:
+    obj = await kube.get(cr_path(name))
+    return dict((obj or {}).get("status") or {})
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in status.get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    return {}
+
+
+async def events(kube: KubeClient, reason: str | None = None) -> list[dict[str, Any]]:
+    items = await kube.list(api_path("v1", "events", NS))
+    return [e for e in items if reason is None or e.get("reason") == reason]
+
+
+@dataclass
+class OperatorScenario:
+    """The set-up the operator scenarios share (one fixture, ``scenario``): the emulated API server's
+    client, the broker and its 4-partition topic, the worker-fleet and StatefulSet doubles, the
+    metric-source double and the operator factory."""
+
+    kube: KubeClient
+    broker: EmbeddedBroker
+    topic: str
+    fleet: WorkerFleet
+    sts_controller: StatefulSetControllerDouble
+    source: StaticSource
+    operator_factory: Callable[..., OperatorRunner]
+
+    @property
+    def partitions(self) -> list[str]:
+        return sorted(f"{self.topic}/{i}" for i in range(4))
+
+    def body(self, name: str = "demo", **scaling: Any) -> dict[str, Any]:
+        """A ParallelConsumer NAME on the broker's topic (``consumer_body``)."""
+        return consumer_body(name, self.broker.bootstrap, self.topic, **scaling)
+
+    async def start_operator(self, *, plain_control: bool = False, **kwargs: Any) -> OperatorRunner:
+        """A started operator; ``plain_control``: worker control without the learner API (the fleet
+        double has none), so no restore-before-handoff."""
+        if plain_control:
+            kwargs.setdefault("control_factory", lambda token: WorkerControlClient(token))
+        runner = self.operator_factory(**kwargs)
+        await runner.start()
+        return runner
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        created = await self.kube.create(CR_COLLECTION, body)
+        assert created is not None
+        return created
+
+    async def status(self, name: str = "demo") -> dict[str, Any]:
+        return await get_status(self.kube, name)
+
+    async def condition(self, type_: str, name: str = "demo") -> dict[str, Any]:
+        return cond(await self.status(name), type_)
+
+    async def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        return await events(self.kube, reason)
+
+
+@pytest_asyncio.fixture
+async def scenario(
+    kube: KubeClient,
+    broker: EmbeddedBroker,
+    topic: str,
+    fleet: WorkerFleet,
+    sts_controller: StatefulSetControllerDouble,
+    source: StaticSource,
+    operator_factory: Callable[..., OperatorRunner],
+) -> OperatorScenario:
+    return OperatorScenario(kube, broker, topic, fleet, sts_controller, source, operator_factory)

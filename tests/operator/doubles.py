@@ -2,8 +2,10 @@
 
 - :class:`WorkerFleet`: an aiohttp server that implements the documented worker control HTTP contract
   (docs/architecture.md "Worker control API") for many workers at ``/w/<name>``, and records every
-  call. It is a double of the workers' HTTP interface only: no Kafka, no engine. Each worker runs the
-  real :class:`multilane.worker.lease.LeaseKeeper` against the emulated API server.
+  call. It is a double of the workers' HTTP interface only: no Kafka, no engine; each worker's side of
+  the protocol is a :class:`multilane.testing.fleet.FleetWorker` (the rules the in-process
+  ``WorkerFleetDouble`` uses too). Each worker runs the real :class:`multilane.worker.lease.LeaseKeeper`
+  against the emulated API server.
 - :class:`StatefulSetControllerDouble`: does what Kubernetes' StatefulSet controller and kubelet would
   do for the operator's StatefulSet: creates pods ``NAME-0..N-1`` (labels from the pod template and
   ``controller-revision-hash``) and
@@ -21,14 +23,15 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import aiohttp.web
 
-from multilane.operator.decision.planner import format_partition
+from multilane.operator.decision.planner import format_partition, parse_partition
 from multilane.operator.k8s.kube import KubeClient, api_path
+from multilane.operator.rollout.workers import WorkerFencedError
 from multilane.operator.sources import (
     MetricSample,
     MetricsInvalidError,
@@ -36,17 +39,16 @@ from multilane.operator.sources import (
     QueryContext,
 )
 from multilane.testing.broker import free_port
+from multilane.testing.fleet import FleetWorker
 from multilane.testing.kube_rules import revision_hash_label
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
 
 
 @dataclass
-class FakeWorker:
-    name: str
-    token: str
-    generation: int = 0
-    partitions: set[str] = field(default_factory=set)
-    factor: int = 1
+class FakeWorker(FleetWorker):
+    """A :class:`FleetWorker` (the control protocol's rules) behind the HTTP API, with its faults."""
+
+    token: str = ""
     reachable: bool = True
     hang_s: float = 0.0  # delay every answer (a slow or stuck worker)
     processing: bool = True  # False after the LeaseKeeper's on_lost
@@ -152,27 +154,25 @@ class WorkerFleet:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return answer(401, {"error": "unauthorized"})
         if path == "/v1/status" and request.method == "GET":
-            return answer(200, self._status(worker))
+            return answer(200, worker.status())
         if path == "/v1/assignment" and request.method == "POST":
             generation = int(body["generation"])
-            if generation < worker.generation:
+            try:
+                released = worker.push(
+                    generation,
+                    {format_partition(p["topic"], int(p["partition"])) for p in body["partitions"]},
+                )
+            except WorkerFencedError:
                 return answer(409, {"error": "stale generation", "generation": worker.generation})
-            new = {format_partition(p["topic"], int(p["partition"])) for p in body["partitions"]}
-            released = sorted(worker.partitions - new)
-            worker.generation = generation
-            worker.partitions = new
             worker.processing = True
             return answer(
                 200,
                 {
                     "generation": generation,
                     "released": [
-                        {
-                            "topic": p.rpartition("/")[0],
-                            "partition": int(p.rpartition("/")[2]),
-                            "committed_offset": 100,
-                        }
-                        for p in released
+                        {"topic": t, "partition": i, "committed_offset": r.committed_offset}
+                        for r in released
+                        for t, i in [parse_partition(r.partition)]
                     ],
                 },
             )
@@ -180,32 +180,6 @@ class WorkerFleet:
             worker.factor = int(body["factor"])
             return answer(200, {"factor": worker.factor})
         return answer(404, {"error": f"no route {path}"})
-
-    @staticmethod
-    def _status(worker: FakeWorker) -> dict[str, Any]:
-        return {
-            "worker_id": worker.name,
-            "generation": worker.generation,
-            "factor": worker.factor,
-            "mode": "key",
-            "paused": False,
-            "partitions": [
-                {
-                    "topic": p.rpartition("/")[0],
-                    "partition": int(p.rpartition("/")[2]),
-                    "phase": "active",
-                    "committed": 100,
-                    "position": 100,
-                    "high_watermark": 100,
-                    "lag": 0,
-                    "in_flight": 0,
-                    "restore_lag": 0,
-                }
-                for p in sorted(worker.partitions)
-            ],
-            "processed_total": 0,
-            "processing_rate": 0.0,
-        }
 
 
 class StatefulSetControllerDouble:

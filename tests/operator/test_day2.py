@@ -17,9 +17,8 @@ from multilane.operator.k8s.handlers import RECREATE_ANNOTATION
 from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.operator.rollout.workers import WorkerControlClient
 from multilane.testing.broker import EmbeddedBroker
-from tests.operator.conftest import CR_COLLECTION, NS, consumer_body, cr_path
-from tests.operator.doubles import StatefulSetControllerDouble, WorkerFleet, partitions_of, wait_for
-from tests.operator.test_lifecycle import cond, events, get_status
+from tests.operator.conftest import CR_COLLECTION, NS, OperatorScenario, cond, consumer_body, cr_path
+from tests.operator.doubles import partitions_of, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -27,31 +26,25 @@ STS = api_path("apps/v1", "statefulsets", NS)
 PVCS = api_path("v1", "persistentvolumeclaims", NS)
 
 
-def stateful_body(name: str, bootstrap: str, topic: str, size: str = "1Gi", **scaling: Any) -> dict[str, Any]:
-    body = consumer_body(name, bootstrap, topic, **scaling)
+def stateful_body(scenario: OperatorScenario, name: str, size: str = "1Gi", **scaling: Any) -> dict[str, Any]:
+    body = scenario.body(name, **scaling)
     body["spec"]["state"] = {"enabled": True, "storage": {"size": size}}
     return body
 
 
 async def test_immutable_change_is_held_degraded_and_the_loop_runs_on_then_opt_in_recreates(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    operator_factory: Any,
+    scenario: OperatorScenario,
 ) -> None:
     """Issue 22 item 1: a storage-size change would change the StatefulSet's volumeClaimTemplates,
     which kube-apiserver refuses (422). The operator holds the StatefulSet, sets Degraded with reason
     ImmutableFieldChange naming the field (one Event), still scales and assigns, and another consumer
     is unaffected. The opt-in annotation then recreates the StatefulSet (orphan delete): the pods and
     the volumes stay, no partition is left unassigned."""
+    kube, fleet, partitions = scenario.kube, scenario.fleet, scenario.partitions
     # Plain worker control (the fleet double has no learner API): no restore-before-handoff here.
-    runner = operator_factory(control_factory=lambda token: WorkerControlClient(token))
-    await runner.start()
-    await kube.create(CR_COLLECTION, stateful_body("demo", broker.bootstrap, topic, minReplicas=1))
-    await kube.create(CR_COLLECTION, consumer_body("other", broker.bootstrap, topic, minReplicas=1))
-    partitions = sorted(f"{topic}/{i}" for i in range(4))
+    await scenario.start_operator(plain_control=True)
+    await scenario.create(stateful_body(scenario, "demo", minReplicas=1))
+    await scenario.create(scenario.body("other", minReplicas=1))
 
     def assigned(pods: set[str]) -> bool:
         a = {w: ps for w, ps in fleet.assignment().items() if w.startswith("demo-")}
@@ -83,7 +76,7 @@ async def test_immutable_change_is_held_degraded_and_the_loop_runs_on_then_opt_i
     await kube.patch(cr_path("demo"), {"spec": {"state": {"storage": {"size": "2Gi"}}}})
 
     async def degraded() -> dict[str, Any] | None:
-        c = cond(await get_status(kube), "Degraded")
+        c = await scenario.condition("Degraded")
         return c if c.get("reason") == "ImmutableFieldChange" and c.get("status") == "True" else None
 
     held = await wait_for(degraded, timeout=30, what="Degraded=ImmutableFieldChange")
@@ -97,11 +90,11 @@ async def test_immutable_change_is_held_degraded_and_the_loop_runs_on_then_opt_i
     await wait_for(lambda: assigned({"demo-0", "demo-1"}), timeout=60, what="demo scaled to 2 and assigned")
     assert (await kube.get(f"{STS}/demo") or {})["spec"]["replicas"] == 2
     assert await degraded() is not None
-    assert len(await events(kube, "ImmutableFieldChange")) == 1  # one Event, not one per pass
+    assert len(await scenario.events("ImmutableFieldChange")) == 1  # one Event, not one per pass
 
     # Another consumer is unaffected.
     async def other_ready() -> dict[str, Any] | None:
-        status = await get_status(kube, "other")
+        status = await scenario.status("other")
         return status if cond(status, "Ready").get("status") == "True" else None
 
     other = await wait_for(other_ready, timeout=60, what="other consumer Ready")
@@ -117,34 +110,27 @@ async def test_immutable_change_is_held_degraded_and_the_loop_runs_on_then_opt_i
     new = await wait_for(recreated, timeout=30, what="StatefulSet recreated")
     assert new["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
     assert new["spec"]["replicas"] == 2
-    await wait_for(lambda: _not_degraded(kube), timeout=30, what="Degraded cleared")
+    await wait_for(lambda: _not_degraded(scenario), timeout=30, what="Degraded cleared")
     assert (await kube.get(api_path("v1", "pods", NS, "demo-0")) or {})["metadata"]["uid"] == pod_uid
     volume = await kube.get(f"{PVCS}/state-demo-0")
     assert volume is not None and not volume["metadata"].get("ownerReferences")  # orphaned, not deleted
     assert assigned({"demo-0", "demo-1"}) and not fleet.removed_with
-    assert await events(kube, "StatefulSetRecreated")
+    assert await scenario.events("StatefulSetRecreated")
 
 
-async def _not_degraded(kube: KubeClient) -> bool:
-    return cond(await get_status(kube), "Degraded").get("status") == "False"
+async def _not_degraded(scenario: OperatorScenario) -> bool:
+    return (await scenario.condition("Degraded")).get("status") == "False"
 
 
-async def test_pvc_retention_maps_onto_the_statefulset(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    operator_factory: Any,
-) -> None:
+async def test_pvc_retention_maps_onto_the_statefulset(scenario: OperatorScenario) -> None:
     """Issue 22 item 4: spec.state.pvcRetention becomes the StatefulSet's
     persistentVolumeClaimRetentionPolicy (a field an update may change: no recreate), and each worker
     gets the consumer's uid to stamp its state directory with."""
-    runner = operator_factory(control_factory=lambda token: WorkerControlClient(token))
-    await runner.start()
-    body = stateful_body("keep", broker.bootstrap, topic)
+    kube = scenario.kube
+    await scenario.start_operator(plain_control=True)
+    body = stateful_body(scenario, "keep")
     body["spec"]["state"]["pvcRetention"] = {"whenDeleted": "Retain"}
-    cr = await kube.create(CR_COLLECTION, body)
+    cr = await scenario.create(body)
     sts = await wait_for(lambda: kube.get(f"{STS}/keep"), what="StatefulSet")
     assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {
         "whenDeleted": "Retain",
@@ -163,7 +149,7 @@ async def test_pvc_retention_maps_onto_the_statefulset(
 
     await wait_for(updated, timeout=30, what="retention updated in place")
     assert (await kube.get(f"{STS}/keep") or {})["metadata"]["uid"] == uid
-    assert cond(await get_status(kube, "keep"), "Degraded").get("reason") != "ImmutableFieldChange"
+    assert (await scenario.condition("Degraded", "keep")).get("reason") != "ImmutableFieldChange"
 
 
 async def test_finalizer_holds_a_deletion_without_operator_and_the_runbook_step_releases_it(
@@ -175,6 +161,7 @@ async def test_finalizer_holds_a_deletion_without_operator_and_the_runbook_step_
     children then go through owner references. With the operator running (the documented order:
     delete the ParallelConsumers, then uninstall) the deletion completes on its own
     (test_lifecycle.py::test_delete_removes_children_through_owner_references)."""
+    # No StatefulSet or worker double here: nothing but the finalizer is under test.
     runner = operator_factory(control_factory=lambda token: WorkerControlClient(token))
     await runner.start()
     await kube.create(CR_COLLECTION, consumer_body("fin", broker.bootstrap, topic))

@@ -28,9 +28,8 @@ import yaml
 
 from multilane.operator.k8s.kube import KubeClient
 from multilane.testing.broker import EmbeddedBroker
-from tests.operator.conftest import CR_COLLECTION, CRD_PATH, NS, consumer_body
+from tests.operator.conftest import CR_COLLECTION, CRD_PATH, NS, cond, consumer_body, get_status
 from tests.operator.doubles import StatefulSetControllerDouble, StaticSource, WorkerFleet, wait_for
-from tests.operator.test_lifecycle import cond, get_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 

@@ -17,7 +17,17 @@ import pytest
 from multilane.operator.k8s.handlers import HandlerSettings
 from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
 from multilane.testing.broker import EmbeddedBroker
-from tests.operator.conftest import CR_COLLECTION, NO_TLS, NS, TOKEN, consumer_body, cr_path
+from tests.operator.conftest import (
+    CR_COLLECTION,
+    NO_TLS,
+    NS,
+    TOKEN,
+    cond,
+    consumer_body,
+    cr_path,
+    events,
+    get_status,
+)
 from tests.operator.doubles import (
     StatefulSetControllerDouble,
     StaticSource,
@@ -37,23 +47,6 @@ CHILDREN = [
     ("rbac.authorization.k8s.io/v1", "rolebindings", "demo-worker"),
     ("v1", "secrets", "demo-control-token"),
 ]
-
-
-async def get_status(kube: KubeClient, name: str = "demo") -> dict[str, Any]:
-    obj = await kube.get(cr_path(name))
-    return dict((obj or {}).get("status") or {})
-
-
-def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    for c in status.get("conditions") or []:
-        if c["type"] == type_:
-            return dict(c)
-    return {}
-
-
-async def events(kube: KubeClient, reason: str | None = None) -> list[dict[str, Any]]:
-    items = await kube.list(api_path("v1", "events", NS))
-    return [e for e in items if reason is None or e.get("reason") == reason]
 
 
 async def test_create_builds_children_assigns_partitions_and_reports_status(

@@ -10,32 +10,19 @@ from typing import Any
 
 import pytest
 
-from multilane.operator.k8s.kube import KubeClient
-from multilane.testing.broker import EmbeddedBroker
-from tests.operator.conftest import CR_COLLECTION, consumer_body, cr_path
-from tests.operator.doubles import StatefulSetControllerDouble, WorkerFleet, partitions_of, wait_for
-from tests.operator.test_lifecycle import cond, get_status
+from tests.operator.conftest import OperatorScenario, cond, cr_path
+from tests.operator.doubles import partitions_of, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 
-async def test_operator_killed_mid_change_resumes_from_status(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    operator_factory: Any,
-) -> None:
-    parts = [f"{topic}/{i}" for i in range(4)]
-    first = operator_factory()
-    await first.start()
-    await kube.create(
-        CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic, replicas=2, maxReplicas=4)
-    )
+async def test_operator_killed_mid_change_resumes_from_status(scenario: OperatorScenario) -> None:
+    kube, fleet, parts = scenario.kube, scenario.fleet, scenario.partitions
+    first = await scenario.start_operator()
+    await scenario.create(scenario.body(replicas=2, maxReplicas=4))
 
     async def ready() -> dict[str, Any] | None:
-        status = await get_status(kube)
+        status = await scenario.status()
         return status if cond(status, "Ready").get("status") == "True" else None
 
     before = await wait_for(ready, timeout=60, what="Ready")
@@ -48,7 +35,7 @@ async def test_operator_killed_mid_change_resumes_from_status(
     await kube.patch(cr_path("demo"), {"spec": {"scaling": {"replicas": 3}}})
 
     async def pending() -> dict[str, Any] | None:
-        assignment = (await get_status(kube)).get("assignment") or {}
+        assignment = (await scenario.status()).get("assignment") or {}
         return assignment.get("pending")
 
     change = await wait_for(pending, timeout=60, what="a pending change in status")
@@ -62,11 +49,10 @@ async def test_operator_killed_mid_change_resumes_from_status(
         fleet.workers[name].reachable = True
     fleet.calls.clear()
 
-    second = operator_factory()
-    await second.start()
+    second = await scenario.start_operator()
 
     async def finished() -> dict[str, Any] | None:
-        assignment = (await get_status(kube)).get("assignment") or {}
+        assignment = (await scenario.status()).get("assignment") or {}
         return (
             assignment
             if assignment.get("generation") == change["generation"] and not assignment.get("pending")

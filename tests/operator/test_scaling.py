@@ -13,16 +13,8 @@ from typing import Any
 import pytest
 
 from multilane.operator.k8s.kube import KubeClient, api_path
-from multilane.testing.broker import EmbeddedBroker
-from tests.operator.conftest import CR_COLLECTION, NS, consumer_body, cr_path
-from tests.operator.doubles import (
-    StatefulSetControllerDouble,
-    StaticSource,
-    WorkerFleet,
-    partitions_of,
-    wait_for,
-)
-from tests.operator.test_lifecycle import cond, events, get_status
+from tests.operator.conftest import NS, OperatorScenario, cond, cr_path, get_status
+from tests.operator.doubles import WorkerFleet, partitions_of, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -39,18 +31,11 @@ def balanced_over(fleet: WorkerFleet, n: int, partitions: list[str]) -> bool:
 
 
 async def test_spec_replicas_and_factor_changes_reach_statefulset_and_workers(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    operator_factory: Any,
+    scenario: OperatorScenario,
 ) -> None:
-    parts = [f"{topic}/{i}" for i in range(4)]
-    await operator_factory().start()
-    await kube.create(
-        CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic, replicas=2, maxReplicas=4)
-    )
+    kube, fleet, parts = scenario.kube, scenario.fleet, scenario.partitions
+    await scenario.start_operator()
+    await scenario.create(scenario.body(replicas=2, maxReplicas=4))
     await wait_for(lambda: balanced_over(fleet, 2, parts), timeout=60, what="2 workers")
 
     # Scale up through the spec (what the scale subresource writes): StatefulSet first, then handoff.
@@ -74,23 +59,16 @@ async def test_spec_replicas_and_factor_changes_reach_statefulset_and_workers(
     assert status["replicas"] == 1
 
 
-async def test_autoscaling_decision_scales_and_is_recorded(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    source: StaticSource,
-    operator_factory: Any,
-) -> None:
+async def test_autoscaling_decision_scales_and_is_recorded(scenario: OperatorScenario) -> None:
+    kube, fleet, source = scenario.kube, scenario.fleet, scenario.source
     # A big backlog growing faster than it is processed: the policy must add lanes (and pods to hold them).
-    source.lag = {f"{topic}/{i}": 250_000 for i in range(4)}
+    source.lag = dict.fromkeys(scenario.partitions, 250_000)
     source.input_rate, source.processing_rate = 1000.0, 100.0
-    await operator_factory().start()
-    await kube.create(CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic, maxReplicas=4))
+    await scenario.start_operator()
+    await scenario.create(scenario.body(maxReplicas=4))
 
     async def scaled() -> dict[str, Any] | None:
-        status = await get_status(kube)
+        status = await scenario.status()
         last = status.get("lastDecision") or {}
         return status if last.get("factor", 1) > 1 else None
 
@@ -99,7 +77,7 @@ async def test_autoscaling_decision_scales_and_is_recorded(
     assert last["reason"] and last["time"] and "totalLag" in last["inputs"]
     assert last["inputs"]["totalLag"] == 1_000_000
     assert status["lag"] == 1_000_000 and status["inputRate"] == 1000.0
-    assert await wait_for(lambda: events(kube, "ScalingDecision"), what="decision event")
+    assert await wait_for(lambda: scenario.events("ScalingDecision"), what="decision event")
     await wait_for(lambda: _eq(sts_replicas(kube), last["replicas"]), what="sts follows the decision")
     await wait_for(
         lambda: (
@@ -115,35 +93,26 @@ async def test_autoscaling_decision_scales_and_is_recorded(
     assert obj["status"]["policy"], obj["status"]
 
 
-async def test_unreachable_metric_source_holds_and_sets_condition(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    source: StaticSource,
-    operator_factory: Any,
-) -> None:
-    await operator_factory().start()
-    await kube.create(
-        CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic, minReplicas=2, maxReplicas=4)
-    )
+async def test_unreachable_metric_source_holds_and_sets_condition(scenario: OperatorScenario) -> None:
+    kube, source = scenario.kube, scenario.source
+    await scenario.start_operator()
+    await scenario.create(scenario.body(minReplicas=2, maxReplicas=4))
     await wait_for(lambda: _ready(kube), timeout=60, what="Ready")
-    before = await get_status(kube)
+    before = await scenario.status()
 
     source.fail(unavailable=True)
-    source.lag = {f"{topic}/{i}": 10_000_000 for i in range(4)}  # would scale up if it were believed
+    source.lag = dict.fromkeys(scenario.partitions, 10_000_000)  # would scale up if it were believed
 
     async def degraded() -> dict[str, Any] | None:
-        c = cond(await get_status(kube), "Degraded")
+        c = await scenario.condition("Degraded")
         return c if c.get("reason") == "MetricsUnavailable" else None
 
     await wait_for(degraded, timeout=30, what="Degraded=MetricsUnavailable")
-    assert await wait_for(lambda: events(kube, "MetricsUnavailable"), what="Warning event")
+    assert await wait_for(lambda: scenario.events("MetricsUnavailable"), what="Warning event")
     samples = source.samples
     await asyncio.sleep(3)
     assert source.samples > samples  # still trying
-    after = await get_status(kube)
+    after = await scenario.status()
     assert after.get("lastDecision") == before.get("lastDecision")  # held
     assert await sts_replicas(kube) == 2
 
@@ -151,34 +120,26 @@ async def test_unreachable_metric_source_holds_and_sets_condition(
     source.lag = None
 
     async def recovered() -> bool:
-        return cond(await get_status(kube), "Degraded").get("status") == "False"
+        return (await scenario.condition("Degraded")).get("status") == "False"
 
     await wait_for(recovered, timeout=30, what="Degraded=False")
 
 
-async def test_pause_annotation_holds_everything(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    sts_controller: StatefulSetControllerDouble,
-    operator_factory: Any,
-) -> None:
-    await operator_factory().start()
-    await kube.create(
-        CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic, replicas=2, maxReplicas=4)
-    )
+async def test_pause_annotation_holds_everything(scenario: OperatorScenario) -> None:
+    kube = scenario.kube
+    await scenario.start_operator()
+    await scenario.create(scenario.body(replicas=2, maxReplicas=4))
     await wait_for(lambda: _eq(sts_replicas(kube), 2), what="sts 2")
     await kube.patch(cr_path("demo"), {"metadata": {"annotations": {"multilane.dev/paused": "true"}}})
 
     async def paused() -> bool:
-        return cond(await get_status(kube), "Paused").get("status") == "True"
+        return (await scenario.condition("Paused")).get("status") == "True"
 
     await wait_for(paused, what="Paused=True")
     await kube.patch(cr_path("demo"), {"spec": {"scaling": {"replicas": 3}}})
     await asyncio.sleep(3)
     assert await sts_replicas(kube) == 2  # held
-    assert await wait_for(lambda: events(kube, "Paused"), what="Paused event")
+    assert await wait_for(lambda: scenario.events("Paused"), what="Paused event")
 
     await kube.patch(cr_path("demo"), {"metadata": {"annotations": {"multilane.dev/paused": None}}})
     await wait_for(lambda: _eq(sts_replicas(kube), 3), timeout=30, what="applied after unpause")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from multilane.operator.spec import children as ch
+from multilane.testing import kube_rules
 
 REF = ch.ConsumerRef(name="orders", namespace="team-a", uid="1234")
 SPEC: dict[str, Any] = {
@@ -267,6 +269,15 @@ def test_statefulset_update_sends_only_mutable_fields() -> None:
         "replicas", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy"
     }
     assert set(patch["metadata"]) == {"labels", "ownerReferences"}
+
+
+def test_the_operators_mutable_statefulset_fields_are_the_api_servers() -> None:
+    """Two lists on purpose (the API-server double must not trust the operator): they must agree, and
+    the double's refusal message names the same fields."""
+    assert list(ch.STATEFULSET_MUTABLE) == list(kube_rules.STATEFULSET_MUTABLE)
+    assert len(set(ch.STATEFULSET_MUTABLE)) == len(ch.STATEFULSET_MUTABLE)
+    named = set(re.findall(r"'([A-Za-z]+)'", kube_rules._FORBIDDEN_STS))
+    assert named == set(kube_rules.STATEFULSET_MUTABLE)
 
 
 def test_worker_lease_duration_follows_the_spec() -> None:

@@ -53,3 +53,28 @@ def test_workers_beyond_the_decided_size_are_left_to_the_scale_down() -> None:
 
 def test_unknown_readiness_counts_as_ready_when_alive() -> None:
     assert choose_replacement([w(0, "old"), w(1, ready=None)], "new", 2).drain == "c-0"
+
+
+def test_is_replacer_answers_as_the_runtime_protocol_check() -> None:
+    """The per-class answer (a pass asks it several times) is isinstance's for every platform kind."""
+    from multilane.operator.k8s.platform import KubernetesPlatform
+    from multilane.operator.local.platform import LocalPlatform
+    from multilane.operator.platform import WorkerReplacer, is_replacer
+
+    class Replacer:
+        async def desired_revision(self, ref: object) -> str | None:
+            return None
+
+        async def replace_worker(self, ref: object, name: str) -> None:
+            return None
+
+    class Plain:
+        async def desired_revision(self, ref: object) -> str | None:
+            return None
+
+    assert is_replacer(Replacer()) and not is_replacer(Plain()) and not is_replacer(object())
+    for obj in (Replacer(), Plain(), object(), Replacer()):
+        assert is_replacer(obj) == isinstance(obj, WorkerReplacer)
+    for cls in (KubernetesPlatform, LocalPlatform):
+        assert is_replacer(cls.__new__(cls)) == issubclass(cls, WorkerReplacer)
+    assert is_replacer(KubernetesPlatform.__new__(KubernetesPlatform))
