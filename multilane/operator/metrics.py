@@ -387,10 +387,15 @@ class MeteredWorkerControl:
         return answer
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         try:
-            return await self.inner.assign(base_url, generation, partitions, release_deadline_s)
+            return await self.inner.assign(base_url, generation, partitions, release_deadline_s, progress)
         except WorkerFencedError:
             self.on_fence("generation_refused")
             raise

@@ -7,7 +7,7 @@ Workers are addressed as ``fake://NAME``; :func:`fleet_infos` gives the :class:`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from multilane.operator.platform import WorkerInfo
@@ -54,7 +54,12 @@ class WorkerFleetDouble:
         return {"generation": self.generation[w], "factor": 1, "partitions": parts, "learners": learners}
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         w = self.name(base_url)
         self._check(w)

@@ -135,6 +135,10 @@ async def roll_image(
     v = await finish(h, runner, limit_s=limit_s)  # nothing lost: every checker, the restored state
     print(f"image-change: produced {v.produced}, processed {v.processed}, replayed {v.replayed}")
     pauses = sorted(m.pause_s for m in moves)
+    for m in sorted(moves, key=lambda m: m.pause_s):
+        gap = m.pause_s - (m.release_s or 0) - (m.promote_s or 0)
+        print(f"  {m.partition[-3:]} {m.source}->{m.target} pause {m.pause_s:.3f} release {m.release_s} "
+              f"promote {m.promote_s} between {gap:.3f} released_at {m.released_at}")
     print(f"image-change: pauses median {pauses[len(pauses) // 2]:.3f}s, longest {pauses[-5:]}")
     assert longest < pause_bound_s, pauses[-5:]
 

@@ -117,6 +117,9 @@ class HandoffExecutor:
         self.clock = clock
         self.max_rounds = max_rounds
         self._released: dict[tuple[str, str], int | None] = {}  # (source, partition) -> final offset
+        # partition -> the progress record its source released with (handed to the promotion: the
+        # target need not read the progress topic inside the pause); dropped once promoted
+        self._progress: dict[str, str] = {}
         self._release_started: dict[str, float] = {}  # partition -> monotonic time of the release
         self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
         self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
@@ -421,6 +424,7 @@ class HandoffExecutor:
         fenced, answers = await self._push(by_source, assignment, by_name, "release", result)
         for source, (released, took) in answers.items():
             offsets = {r.partition: r.committed_offset for r in released}
+            self._progress.update({r.partition: r.progress for r in released if r.progress is not None})
             for p in by_source[source]:
                 self._call_s[("release", p)] = took
                 # 3. remembered for the next observation: the rollout promotes the target
@@ -450,12 +454,14 @@ class HandoffExecutor:
             assignment = AssignmentState(generation=assignment.generation, members=members)
             await self.persist(assignment, rollout)
         # 2. opening a learning partition promotes it (tail applied, processing from the commit)
-        fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result)
+        progress = self._progress
+        fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result, progress)
         for target, (_released, took) in answers.items():
             for p in by_target[target]:
                 self._call_s[("promote", p)] = took
                 self._wall[("promoted", p)] = time.time()
                 self._pause_end[p] = time.monotonic()
+                self._progress.pop(p, None)
                 for key in [k for k in self._released if k[1] == p]:
                     del self._released[key]
         return (
@@ -469,19 +475,23 @@ class HandoffExecutor:
         by_name: Mapping[str, WorkerInfo],
         verb: str,
         result: HandoffStep,
+        progress: Mapping[str, str] | None = None,
     ) -> tuple[bool, dict[str, tuple[list[ReleasedPartition], float]]]:
         """Push ``assignment`` to every worker of ``parts_by_worker`` at once. Returns whether one of
         them fenced the push (a higher generation is needed) and, per worker that answered, its
-        released partitions and the call's duration (s). Failures set ``result.blocked``."""
+        released partitions and the call's duration (s). Failures set ``result.blocked``.
+        ``progress``: partition -> released progress record, sent with the worker's partitions."""
 
         async def one(worker: str) -> tuple[str, list[ReleasedPartition] | None, float, bool]:
             t0 = time.monotonic()
+            hints = {p: progress[p] for p in parts_by_worker[worker] if progress and p in progress}
             try:
                 released = await self.control.assign(
                     by_name[worker].control_url,
                     assignment.generation,
                     assignment.members.get(worker, ()),
                     self.config.release_deadline_s,
+                    **({"progress": hints} if hints else {}),
                 )
             except WorkerFencedError as exc:
                 result.blocked = f"{worker}: {exc}"
