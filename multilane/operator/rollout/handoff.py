@@ -180,9 +180,15 @@ class HandoffExecutor:
             for _ in range(self.max_rounds):
                 before = rollout
                 rollout, actions = self.coordinator.step(rollout, obs, self.clock())
-                if rollout != before:
+                # a promotion round writes the rollout with its members (one status write in the
+                # pause, not two); a round that also learns writes it first, as any other
+                kinds = {a.kind for a in actions}
+                late = rollout != before and ActionKind.PROMOTE in kinds and ActionKind.LEARN not in kinds
+                if rollout != before and not late:
                     await self.persist(assignment, rollout)
-                assignment = await self._execute(actions, assignment, rollout, by_name, replicas, result)
+                assignment = await self._execute(
+                    actions, assignment, rollout, by_name, replicas, result, late
+                )
                 progressed = rollout != before or any(
                     a.kind in (ActionKind.RELEASE, ActionKind.PROMOTE) for a in actions
                 )
@@ -291,10 +297,13 @@ class HandoffExecutor:
         by_name: Mapping[str, WorkerInfo],
         replicas: int,
         result: HandoffStep,
+        persist_rollout: bool = False,
     ) -> AssignmentState:
         """Carry out one round of actions, batched (steps 1-5): one call per worker and kind, the
         calls to different workers at once, so that ``max_concurrent_warmups`` moves advance together
-        instead of one after the other.
+        instead of one after the other. ``persist_rollout``: the round's rollout is not written yet
+        (step 2 writes it with the promoted members, before any call of the round that changes
+        ownership).
 
         1. ``LEARN``: one ``/v1/learn`` per target with all its partitions.
         2. ``PROMOTE``: the targets' members (persisted first), then one push per target. First: these
@@ -318,7 +327,11 @@ class HandoffExecutor:
         await self._each(learn, by_name, self.control.learn, "learn")
         # 2.
         if ActionKind.PROMOTE in kinds:
-            assignment = await self._promote(kinds[ActionKind.PROMOTE], assignment, rollout, by_name, result)
+            assignment = await self._promote(
+                kinds[ActionKind.PROMOTE], assignment, rollout, by_name, result, persist_rollout
+            )
+        elif persist_rollout:
+            await self.persist(assignment, rollout)
         # 3.
         if ActionKind.RELEASE in kinds:
             assignment = await self._release(kinds[ActionKind.RELEASE], assignment, rollout, by_name, result)
@@ -440,19 +453,21 @@ class HandoffExecutor:
         rollout: Rollout,
         by_name: Mapping[str, WorkerInfo],
         result: HandoffStep,
+        persist_rollout: bool = False,
     ) -> AssignmentState:
-        """Promote every partition of ``actions`` on its target (steps 1-2)."""
+        """Promote every partition of ``actions`` on its target (steps 1-2). ``persist_rollout``:
+        write ``rollout`` in step 1 even when no member changes."""
         by_target = by_worker(a for a in actions if a.worker in by_name)
+        members = promote_members(assignment.members, by_target)
+        if members != assignment.members or persist_rollout:
+            # 1. intent: the partitions belong to their targets (and no longer to dead sources)
+            assignment = AssignmentState(generation=assignment.generation, members=members)
+            await self.persist(assignment, rollout)
         if not by_target:
             return assignment
         moving = {p for ps in by_target.values() for p in ps}
         for p in moving:
             self._release_started.setdefault(p, time.monotonic())
-        members = promote_members(assignment.members, by_target)
-        if members != assignment.members:
-            # 1. intent: the partitions belong to their targets (and no longer to dead sources)
-            assignment = AssignmentState(generation=assignment.generation, members=members)
-            await self.persist(assignment, rollout)
         # 2. opening a learning partition promotes it (tail applied, processing from the commit)
         progress = self._progress
         fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result, progress)
