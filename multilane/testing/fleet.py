@@ -27,6 +27,8 @@ class WorkerFleetDouble:
         self.generation: dict[str, int] = dict.fromkeys(self.active, 0)
         self.dead: set[str] = set()
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+        # per assignment push: the worker and the progress records it was handed (partition -> record)
+        self.progress_received: list[tuple[str, dict[str, str]]] = []
         self.learn_ticks = learn_ticks
 
     @staticmethod
@@ -67,7 +69,9 @@ class WorkerFleetDouble:
             raise WorkerFencedError(f"{w}: {generation} < {self.generation[w]}")
         self.generation[w] = generation
         want = set(partitions)
-        released = [ReleasedPartition(p, 100) for p in sorted(self.active[w] - want)]
+        # a release answers its final commit's progress record, as a worker does (issue 22)
+        released = [ReleasedPartition(p, 100, f"progress-of-{p}") for p in sorted(self.active[w] - want)]
+        self.progress_received.append((w, dict(progress or {})))
         for p in want - self.active[w]:
             others = [o for o, ps in self.active.items() if o != w and o not in self.dead and p in ps]
             assert not others, f"{p} granted to {w} while active on {others}"

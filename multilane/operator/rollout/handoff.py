@@ -372,7 +372,13 @@ class HandoffExecutor:
         await asyncio.gather(*(one(w, ps) for w, ps in sorted(calls.items())))
 
     def _record_done(self, rollout: Rollout, result: HandoffStep) -> None:
-        """Moves that reached DONE become :class:`HandoffRecord` s and ``HandedOff`` events."""
+        """Moves that reached DONE become :class:`HandoffRecord` s and ``HandedOff`` events; what the
+        executor remembers of abandoned moves is forgotten (a later move of the partition starts anew)."""
+        for m in rollout.moves:
+            if m.phase is MovePhase.ABANDONED:
+                self._progress.pop(m.partition, None)
+                for key in [k for k in self._released if k[1] == m.partition]:
+                    del self._released[key]
         timings = (self._release_started, self._learn_started, self._pause_end, self._call_s, self._wall)
         for record in take_done_records(rollout, *timings, time.monotonic):
             self.completed.append(record)
