@@ -286,6 +286,7 @@ class Engine:
             self._dlq.close()
         await self._run_io(self._producer.flush, 10.0)
         # 4. close
+        await self._run_io(ownership.close)
         try:
             self._consumer.close()
         except Exception as exc:  # closing after a lost broker

@@ -149,6 +149,10 @@ class Ownership:
         self.io_pool = io_pool
         self._loop_io = LoopIo(config, io_pool, partitions, hooks, commits)
 
+    def close(self) -> None:
+        """Close the clients the protocol keeps (blocking; at engine stop)."""
+        self._loop_io.close()
+
     async def wait_for_closes(self, tps: Iterable[TopicPartitionId]) -> None:
         """Wait until the background state closes of ``tps`` (a release's step 5) finished."""
         await self._loop_io.wait_closes(tps)
