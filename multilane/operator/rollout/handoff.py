@@ -32,9 +32,12 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
      that assignment (it stops fetching P, lets the records already running finish within
      ``release_deadline_s``, commits with progress, answers the final committed offset, and closes
      its store afterwards; queued records go to the target through the commit and the progress);
-   - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted,
-     then the target is pushed its assignment: opening a learning partition is the promotion (it
-     applies the last changelog records and processes from the committed offset);
+     its answer carries the progress record of that final commit;
+   - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted
+     (with the rollout: one status write in the pause), then the target is pushed its assignment
+     with the progress record the source released (it need not read the progress topic): opening a
+     learning partition is the promotion (it applies the last changelog records and processes from
+     the committed offset);
    - ``REMOVE_WORKERS``: the platform is asked for the staying replica count;
    - ``EVENT``: returned to the caller (Kubernetes Event / log line).
 6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
