@@ -395,7 +395,8 @@ class MeteredWorkerControl:
         progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         try:
-            return await self.inner.assign(base_url, generation, partitions, release_deadline_s, progress)
+            hints = {"progress": progress} if progress else {}  # an inner control may not take hints
+            return await self.inner.assign(base_url, generation, partitions, release_deadline_s, **hints)
         except WorkerFencedError:
             self.on_fence("generation_refused")
             raise

@@ -5,7 +5,9 @@ callbacks of :mod:`multilane.worker.group`). Does I/O (Kafka, the state hooks).
 Add (:meth:`Ownership.add`, :meth:`Ownership.add_blocking`), numbered as in the code:
 
 1. Read the committed offsets (and metadata) from the group coordinator.
-2. Read the progress records (the progress topic, else the commit metadata) and vet them.
+2. The progress records: the one the partition's last owner released (a hint the operator passes
+   on) when it is for the committed offset, else read from the progress topic (else the commit
+   metadata); vetted either way.
 3. Open the state (``open_partition``, several partitions in parallel), after any background close
    of an earlier release of the same partition; all or nothing.
 4. Create the runtimes, start their lanes, ``incremental_assign`` at the committed offsets.
@@ -17,7 +19,8 @@ Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbere
    owner through the committed offset and the progress record), up to the deadline.
 3. Stop the lanes (records still running are abandoned and replayed by the next owner); give the
    thread-pool batches until the deadline to return.
-4. Final synchronous commit with progress.
+4. Final synchronous commit with progress (the answer carries that progress record when the commit
+   and its progress write succeeded and nothing was abandoned: the next owner's hint).
 5. Close the state: clean only when nothing running was abandoned and the commit succeeded; in
    operator mode after the answer (in the background).
 6. ``incremental_unassign`` (operator mode) and forget the partitions.
