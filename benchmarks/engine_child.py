@@ -292,7 +292,7 @@ def worker_ignoring_progress(argv: Sequence[str]) -> int:
         print("Ownership.load_progress is gone: cannot ignore progress", file=sys.stderr)
         return 2
 
-    def no_progress(self: Any, tp: Any, committed: Any) -> None:
+    def no_progress(self: Any, tp: Any, committed: Any, hint: Any = None) -> None:
         return None
 
     Ownership.load_progress = no_progress  # type: ignore[method-assign]

@@ -387,10 +387,16 @@ class MeteredWorkerControl:
         return answer
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         try:
-            return await self.inner.assign(base_url, generation, partitions, release_deadline_s)
+            hints = {"progress": progress} if progress else {}  # an inner control may not take hints
+            return await self.inner.assign(base_url, generation, partitions, release_deadline_s, **hints)
         except WorkerFencedError:
             self.on_fence("generation_refused")
             raise

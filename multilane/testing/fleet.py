@@ -15,7 +15,7 @@ sizes no machine runs as processes. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,10 @@ class FleetWorker:
             raise WorkerFencedError(f"{self.name}: {generation} < {self.generation}")
         self.generation = generation
         want = set(partitions)
-        released = [ReleasedPartition(p, COMMITTED_OFFSET) for p in sorted(self.partitions - want)]
+        # a release answers its final commit's progress record, as a worker does (issue 22)
+        released = [
+            ReleasedPartition(p, COMMITTED_OFFSET, f"progress-of-{p}") for p in sorted(self.partitions - want)
+        ]
         for p in want - self.partitions:
             self.learning.pop(p, None)
         self.partitions = want
@@ -103,6 +106,8 @@ class WorkerFleetDouble:
         self.workers: dict[str, FleetWorker] = {n: FleetWorker(n) for n in names}
         self.dead: set[str] = set()
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+        # per assignment push: the worker and the progress records it was handed (partition -> record)
+        self.progress_received: list[tuple[str, dict[str, str]]] = []
         self.learn_ticks = learn_ticks
 
     @property
@@ -124,7 +129,12 @@ class WorkerFleetDouble:
         return self._worker(base_url).status()
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         worker = self._worker(base_url)
         want = set(partitions)
@@ -137,6 +147,7 @@ class WorkerFleetDouble:
                 ]
                 assert not others, f"{p} granted to {worker.name} while active on {others}"
         released = worker.push(generation, want)
+        self.progress_received.append((worker.name, dict(progress or {})))
         self.calls.append(("assign", worker.name, tuple(sorted(want))))
         return released
 

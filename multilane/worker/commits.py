@@ -154,6 +154,7 @@ class CommitCycle:
                 return lost
         # 3. progress records (wait for each acknowledgement)
         store = self._store
+        unwritten: list[PartitionRuntime] = []
         if store is not None:
             waits = [(i.part, store.write(i.part.topic, i.part.partition, i.encoded))
                      for i in batch.items if i.encoded is not None]
@@ -161,10 +162,13 @@ class CommitCycle:
                 try:
                     await asyncio.wait_for(fut, self._progress_timeout_s)
                 except (KafkaException, TimeoutError) as exc:
+                    unwritten.append(part)
                     log.warning("progress record for %s/%d not written (%s); committing without it",
                                 part.topic, part.partition, exc)
         # 4. commit
         self._commit(batch, started, synchronous=final)
+        for part in unwritten:
+            part.last_progress = None  # not what the progress topic holds (and written again next cycle)
         return lost
 
     def run_blocking(self, parts: Sequence[PartitionRuntime], producer: Any,
@@ -194,15 +198,19 @@ class CommitCycle:
                 return lost
         # 3. progress records (flush the producer)
         if self._store is not None:
-            futs = [self._store.write(i.part.topic, i.part.partition, i.encoded) for i in batch.items
+            futs = [(i, self._store.write(i.part.topic, i.part.partition, i.encoded)) for i in batch.items
                     if i.encoded is not None]
             if futs:
                 producer.flush(timeout_s)
-            for f in futs:
-                if not f.done() or f.exception() is not None:
-                    log.warning("progress record not written before revoke commit; committing without it")
+            unwritten = [i.part for i, f in futs if not f.done() or f.exception() is not None]
+            if unwritten:
+                log.warning("progress record not written before revoke commit; committing without it")
+        else:
+            unwritten = []
         # 4. commit
         self._commit(batch, started, synchronous=True)
+        for part in unwritten:
+            part.last_progress = None
         return lost
 
     def _commit(self, batch: CommitBatch, started: float, *, synchronous: bool) -> None:

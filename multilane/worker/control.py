@@ -29,6 +29,7 @@ from aiohttp import web
 from confluent_kafka import KafkaException
 
 from multilane.worker.engine import Engine, EngineError, FencingError
+from multilane.worker.ownership import decode_progress_hint
 from multilane.worker.readiness import ReadinessFacts, readiness
 from multilane.worker.state.errors import StateError, StatePhaseError
 
@@ -88,6 +89,24 @@ def _partitions(body: dict[str, Any], field: str = "partitions") -> list[tuple[s
                 or isinstance(part, bool) or part < 0:
             raise _BadRequestError(f"bad partition {item!r}: needs topic (str) and partition (int >= 0)")
         out.append((topic, part))
+    return out
+
+
+def _progress_hints(body: dict[str, Any]) -> dict[tuple[str, int], bytes]:
+    """The optional ``progress`` of an assignment: ``[{topic, partition, progress}]``, the progress
+    records (base64) the partitions' last owners released."""
+    raw = body.get("progress", [])
+    if not isinstance(raw, list):
+        raise _BadRequestError("'progress' must be a list of {topic, partition, progress} objects")
+    out = {}
+    for (topic, part), item in zip(_partitions({"progress": raw}, "progress"), raw, strict=True):
+        text = item.get("progress")
+        if not isinstance(text, str):
+            raise _BadRequestError(f"bad progress hint {item!r}: 'progress' must be a base64 string")
+        try:
+            out[(topic, part)] = decode_progress_hint(text)
+        except ValueError as exc:
+            raise _BadRequestError(f"bad progress hint for {topic}/{part}: {exc}") from None
     return out
 
 
@@ -240,7 +259,7 @@ class ControlServer:
             raise _BadRequestError("'generation' must be an int")
         parts = _partitions(body)
         deadline = _number(body, "release_deadline_s", 30.0)
-        released = await self.engine.assign(parts, generation, deadline)
+        released = await self.engine.assign(parts, generation, deadline, _progress_hints(body))
         return web.json_response({"generation": self.engine.generation,
                                   "released": [r.to_dict() for r in released]})
 

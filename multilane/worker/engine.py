@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -286,6 +286,7 @@ class Engine:
             self._dlq.close()
         await self._run_io(self._producer.flush, 10.0)
         # 4. close
+        await self._run_io(ownership.close)
         try:
             self._consumer.close()
         except Exception as exc:  # closing after a lost broker
@@ -309,14 +310,16 @@ class Engine:
     # ------------------------------------------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
-                     release_deadline_s: float = 30.0) -> list[ReleaseResult]:
+                     release_deadline_s: float = 30.0,
+                     progress: Mapping[TopicPartitionId, bytes] | None = None) -> list[ReleaseResult]:
         """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``.
 
         1. Refuse (FencingError) a generation below the current one, or, while fenced
            (:meth:`fence`), one not above the generation held when fenced; adopt the new generation.
         2. Release partitions no longer wanted (drain up to the deadline, final commit). After a
            fence: drop every fenced partition without committing, then lift the fence.
-        3. Add new partitions at their committed offset, skipping what their progress says is done.
+        3. Add new partitions at their committed offset, skipping what their progress says is done
+           (``progress``: records their last owners released, used when they fit the committed offset).
         """
         if not self.config.operator_mode:
             raise EngineError("assign() is for operator mode; standalone mode uses group rebalances")
@@ -350,7 +353,7 @@ class Engine:
             # 3. add
             new = [tp for tp in wanted if tp not in self.partitions]
             if new:
-                await ownership.add(new)
+                await ownership.add(new, progress)
             return released
 
     async def release(self, partitions: Iterable[TopicPartitionId],

@@ -5,7 +5,9 @@ callbacks of :mod:`multilane.worker.group`). Does I/O (Kafka, the state hooks).
 Add (:meth:`Ownership.add`, :meth:`Ownership.add_blocking`), numbered as in the code:
 
 1. Read the committed offsets (and metadata) from the group coordinator.
-2. Read the progress records (the progress topic, else the commit metadata) and vet them.
+2. The progress records: the one the partition's last owner released (a hint the operator passes
+   on) when it is for the committed offset, else read from the progress topic (else the commit
+   metadata); vetted either way.
 3. Open the state (``open_partition``, several partitions in parallel), after any background close
    of an earlier release of the same partition; all or nothing.
 4. Create the runtimes, start their lanes, ``incremental_assign`` at the committed offsets.
@@ -17,7 +19,8 @@ Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbere
    owner through the committed offset and the progress record), up to the deadline.
 3. Stop the lanes (records still running are abandoned and replayed by the next owner); give the
    thread-pool batches until the deadline to return.
-4. Final synchronous commit with progress.
+4. Final synchronous commit with progress (the answer carries that progress record when the commit
+   and its progress write succeeded and nothing was abandoned: the next owner's hint).
 5. Close the state: clean only when nothing running was abandoned and the commit succeeded; in
    operator mode after the answer (in the background).
 6. ``incremental_unassign`` (operator mode) and forget the partitions.
@@ -28,16 +31,18 @@ Each protocol is written once, as a coroutine over an I/O driver of
 
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from multilane.formats.progress import ProgressRecord
+from multilane.formats.progress import ProgressCodec, ProgressDecodeError, ProgressRecord
 from multilane.worker.commits import CommitCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
 from multilane.worker.control_state import ControlState
@@ -56,7 +61,7 @@ from multilane.worker.ownership_io import (
 )
 from multilane.worker.partition import PartitionRuntime, Phase
 from multilane.worker.partition_set import PartitionSet
-from multilane.worker.progress_store import ProgressStore, choose_progress
+from multilane.worker.progress_store import ProgressStore, choose_progress, vet_progress
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
 
 __all__ = ["EngineError", "FencingError", "Ownership", "ReleaseResult", "RuntimeFactory"]
@@ -80,9 +85,28 @@ class ReleaseResult:
     topic: str
     partition: int
     committed_offset: int | None  # the final committed offset (None if nothing was ever committed)
+    # The progress record committed with ``committed_offset`` (encoded), set only when the final
+    # commit and its progress write both succeeded: the operator hands it to the next owner, which
+    # then need not read the progress topic inside the pause (it vets it like a record it read).
+    progress: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "committed_offset": self.committed_offset}
+        out: dict[str, Any] = {"topic": self.topic, "partition": self.partition,
+                               "committed_offset": self.committed_offset}
+        if self.progress is not None:
+            out["progress"] = base64.b64encode(self.progress).decode("ascii")
+        return out
+
+
+def decode_progress_hint(text: str) -> bytes:
+    """A ``progress`` field of the control API (base64) as bytes; ValueError with a one-line reason."""
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise ValueError(f"progress is not base64: {exc}") from None
+
+
+ProgressHints = Mapping[TopicPartitionId, bytes]  # partition -> progress record its last owner released
 
 
 @dataclass(frozen=True)
@@ -128,31 +152,41 @@ class Ownership:
         self.io_pool = io_pool
         self._loop_io = LoopIo(config, io_pool, partitions, hooks, commits)
 
+    def close(self) -> None:
+        """Close the clients the protocol keeps (blocking; at engine stop)."""
+        self._loop_io.close()
+
     async def wait_for_closes(self, tps: Iterable[TopicPartitionId]) -> None:
         """Wait until the background state closes of ``tps`` (a release's step 5) finished."""
         await self._loop_io.wait_closes(tps)
 
     # -- add ------------------------------------------------------------------------------------------------
 
-    async def add(self, tps: list[TopicPartitionId]) -> None:
-        """Start consuming ``tps`` (operator mode, and a reopen), on the loop."""
-        await self._add(tps, self._loop_io, self.consumer)
+    async def add(self, tps: list[TopicPartitionId], hints: ProgressHints | None = None) -> None:
+        """Start consuming ``tps`` (operator mode, and a reopen), on the loop. ``hints``: progress
+        records the partitions' last owners released (used in step 2 when they fit the committed
+        offset, instead of reading the progress topic)."""
+        await self._add(tps, self._loop_io, self.consumer, hints or {})
 
     def add_blocking(self, tps: list[TopicPartitionId], consumer: Any) -> None:
         """The same protocol inside group mode's ``on_assign`` (blocks the loop's thread)."""
-        run_now(self._add(tps, self._blocking_io(consumer), consumer))
+        run_now(self._add(tps, self._blocking_io(consumer), consumer, {}))
 
     def _blocking_io(self, consumer: Any) -> BlockingIo:
         return BlockingIo(self.io_pool, self.hooks, self.commits, self.producer, consumer)
 
-    async def _add(self, tps: list[TopicPartitionId], io: OwnershipIo, consumer: Any) -> None:
+    async def _add(self, tps: list[TopicPartitionId], io: OwnershipIo, consumer: Any,
+                   hints: ProgressHints) -> None:
         """Steps 1-4 of the module docstring. If a state open fails, those opened are closed uncleanly
         and the error is raised: nothing of this call is assigned. No record of a partition is
         fetched before its state is open."""
+        t0 = time.monotonic()
         # 1. committed offsets
         committed = await io.committed(tps)
-        # 2. progress (undecodable / stale / foreign records -> warning, ignored)
-        loaded = await io.each(self.load_progress, [(tp, committed[tp]) for tp in tps])
+        t1 = time.monotonic()
+        # 2. progress (a fitting hint, else read; undecodable / stale / foreign records -> warning, ignored)
+        loaded = await io.each(self.load_progress, [(tp, committed[tp], hints.get(tp)) for tp in tps])
+        t2 = time.monotonic()
         failed = [r for r in loaded if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
@@ -162,6 +196,7 @@ class Ownership:
             await self._open_states(
                 [(tp, committed[tp][0], prog) for tp, prog in zip(tps, progress, strict=True)], io
             )
+        t3 = time.monotonic()
         # 4. start
         runtimes = [self.new_runtime(tp[0], tp[1], committed[tp][0], prog)
                     for tp, prog in zip(tps, progress, strict=True)]
@@ -173,7 +208,9 @@ class Ownership:
             for rt in runtimes
         ])  # fmt: skip
         _resume_assigned(runtimes, consumer)
-        log.info("assigned %s", [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes])
+        log.info("assigned %s in %.3fs (committed %.3fs, progress %.3fs, state %.3fs)",
+                 [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes], time.monotonic() - t0,
+                 t1 - t0, t2 - t1, t3 - t2)
 
     async def _open_states(self, items: list[tuple[TopicPartitionId, int | None, ProgressRecord | None]],
                            io: OwnershipIo) -> None:
@@ -230,6 +267,7 @@ class Ownership:
         if not parts:
             return []
         commit = commit and self.control.fenced_at is None  # a fenced worker never commits
+        t0 = time.monotonic()
         # 1. stop fetching
         for p in parts:
             p.phase = Phase.RELEASING
@@ -249,6 +287,7 @@ class Ownership:
             elif p.in_flight:
                 log.info("releasing %s/%d: %d queued records go to the next owner", p.topic, p.partition,
                          p.in_flight)
+        t_drained = time.monotonic()
         # 3. stop lanes (keep the tracker: completed work is still committed); records running on
         #    the thread pool cannot be cancelled: give them until the deadline (at least a moment)
         #    to return, so that the next owner does not run a key while we still do
@@ -258,6 +297,7 @@ class Ownership:
         pending = await io.wait_batches(batches, max(1.0, deadline - time.monotonic()))
         if pending:
             log.warning("%d thread-pool batches still running after the release deadline", pending)
+        t_stopped = time.monotonic()
         # 4. final commit
         if commit:
             try:
@@ -268,6 +308,7 @@ class Ownership:
                 clean = dict.fromkeys(clean, False)
         else:
             clean = dict.fromkeys(clean, False)
+        t_committed = time.monotonic()
         # 5. state hooks (now, or after the answer)
         if self.hooks is not None:
             for p in parts:
@@ -282,8 +323,10 @@ class Ownership:
         out = []
         for p in parts:
             self.partitions.forget(p)
-            out.append(ReleaseResult(p.topic, p.partition, p.committed))
-        log.info("released %s", [r.to_dict() for r in out])
+            out.append(ReleaseResult(p.topic, p.partition, p.committed,
+                                     _released_progress(p) if clean[id(p)] else None))
+        log.info("released %s in %.3fs (drain %.3fs, stop %.3fs, commit %.3fs)", [r.to_dict() for r in out],
+                 time.monotonic() - t0, t_drained - t0, t_stopped - t_drained, t_committed - t_stopped)
         return out
 
     def drop_lost(self, tps: list[TopicPartitionId]) -> None:
@@ -298,12 +341,22 @@ class Ownership:
             if self.hooks is not None:
                 self.hooks.close_partition(p.topic, p.partition, False)
 
-    def load_progress(self, tp: TopicPartitionId, committed: Committed) -> ProgressRecord | None:
-        """Blocking: the vetted progress record for ``tp`` (None when absent or unusable)."""
+    def load_progress(self, tp: TopicPartitionId, committed: Committed,
+                      hint: bytes | None = None) -> ProgressRecord | None:
+        """Blocking: the vetted progress record for ``tp`` (None when absent or unusable). ``hint``:
+        the record the last owner released with its final commit; used when it is for the committed
+        offset read in step 1 (vetted like a record read from the progress topic), else ignored."""
         off, meta = committed
         if off is None:
             return None
         cfg = self.config
+        if hint is not None and cfg.ordering.value != "partition":
+            rec, fault, detail = vet_progress(hint, group=cfg.group, topic=tp[0], partition=tp[1],
+                                              committed=off)
+            if rec is not None:
+                return rec
+            log.info("progress hint for %s/%d not used (%s %s); reading the progress topic", tp[0], tp[1],
+                     fault, detail)
         # the progress topic first: between commits it holds fresher records than the commit metadata
         if cfg.ordering.value != "partition":
             try:
@@ -331,6 +384,18 @@ def _resume_assigned(runtimes: list[PartitionRuntime], consumer: Any) -> None:
             consumer.resume(tps)
         except KafkaException as exc:
             log.warning("resume of newly assigned partitions failed: %s", exc)
+
+
+def _released_progress(part: PartitionRuntime) -> bytes | None:
+    """The progress record of ``part``'s final commit when it is for the committed offset (the
+    commit cycle keeps ``last_progress`` only for records whose write was acknowledged)."""
+    encoded, committed = part.last_progress, part.committed
+    if encoded is None or committed is None:
+        return None
+    try:
+        return encoded if ProgressCodec.decode(encoded).base_offset == committed else None
+    except ProgressDecodeError:
+        return None
 
 
 def _busy(part: PartitionRuntime) -> bool:

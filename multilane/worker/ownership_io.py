@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -93,15 +94,31 @@ def read_committed(tps: list[TopicPartitionId], client: Any) -> dict[TopicPartit
     return out
 
 
-def read_committed_apart(config: EngineConfig,
-                         tps: list[TopicPartitionId]) -> dict[TopicPartitionId, Committed]:
-    """Committed offsets via a separate client of the same group (blocking; an I/O thread)."""
-    client = Consumer({"bootstrap.servers": config.bootstrap_servers, "group.id": config.group,
-                       "enable.auto.commit": False, **security_config(config.consumer_overrides)})
-    try:
-        return read_committed(tps, client)
-    finally:
-        client.close()
+class CommittedReader:
+    """Committed offsets via a separate client of the same group, so that the loop keeps processing
+    meanwhile (blocking; I/O threads, one read at a time). The client is made at the first read and
+    kept until :meth:`close`: a client per read cost a connection and a coordinator lookup (~55 ms
+    against ~1 ms) inside the pause of every handoff."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._client: Any = None  # guarded by _lock; None until the first read and after close()
+
+    def read(self, tps: list[TopicPartitionId]) -> dict[TopicPartitionId, Committed]:
+        with self._lock:
+            if self._client is None:
+                cfg = self._config
+                self._client = Consumer({"bootstrap.servers": cfg.bootstrap_servers, "group.id": cfg.group,
+                                         "enable.auto.commit": False,
+                                         **security_config(cfg.consumer_overrides)})
+            return read_committed(tps, self._client)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 class OwnershipIo(Protocol):
@@ -133,6 +150,11 @@ class LoopIo:
         self._partitions = partitions
         self._hooks = hooks
         self._commits = commits
+        self._committed = CommittedReader(config)
+
+    def close(self) -> None:
+        """Close the committed-offset client (blocking; at engine stop)."""
+        self._committed.close()
 
     def call(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -141,8 +163,7 @@ class LoopIo:
         return list(await asyncio.gather(*(self.call(fn, *args) for args in calls), return_exceptions=True))
 
     def committed(self, tps: list[TopicPartitionId]) -> Awaitable[dict[TopicPartitionId, Committed]]:
-        # a short-lived client on a worker thread: the loop keeps processing meanwhile
-        return self.call(read_committed_apart, self._config, tps)
+        return self.call(self._committed.read, tps)
 
     async def wait_closes(self, tps: Iterable[TopicPartitionId]) -> None:
         pending = self._partitions.take_closing(tps)

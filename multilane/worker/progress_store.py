@@ -272,11 +272,16 @@ class ProgressStore:
         when the read position reaches the high watermark carried in a fetch response, which is exact
         even on brokers whose watermark API under-reports the end by up to one producer batch. Without
         that event, read until the reported high watermark ``hi`` is passed *and* the broker has been
-        quiet for ``quiet_s`` (or the deadline passes). ``end`` given: until an offset >= ``end``.
+        quiet for ``quiet_s`` (or the deadline passes). A partition written to all the time (every
+        worker's progress records) gives neither: there the read ends once it passed the high watermark
+        carried in its first fetch response (everything written before the read started).
+        ``end`` given: until an offset >= ``end``.
         """
+        tp = TopicPartition(self.topic, idx)
         consumer.assign([TopicPartition(self.topic, idx, start)])
         out: list[tuple[int, bytes]] = []
         last_offset = start - 1
+        fetched_end: int | None = None  # the high watermark of the first fetch response
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
             msgs = consumer.consume(num_messages=1000, timeout=0.05)
@@ -301,6 +306,11 @@ class ProgressStore:
                 if m.key() == key:
                     out.append((off, m.value()))
             if at_end:
+                return out
+            if end is None and fetched_end is None:
+                _lo, cached_hi = consumer.get_watermark_offsets(tp, cached=True)
+                fetched_end = max(hi, cached_hi) if cached_hi is not None and cached_hi >= 0 else None
+            if end is None and fetched_end is not None and last_offset >= fetched_end - 1:
                 return out
         log.warning("reading progress from %s[%d] timed out; using what was read", self.topic, idx)
         return out

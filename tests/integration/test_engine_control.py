@@ -13,10 +13,12 @@ import pytest
 from test_engine_harness import committed_offset, config, ended, produce, recorder, running, wait_for
 
 from multilane.formats.keyranges import KeyRangeMap, key_hash
+from multilane.formats.progress import ProgressCodec
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.worker.control import ControlServer
 from multilane.worker.metrics import MetricsServer
+from multilane.worker.ownership import decode_progress_hint
 
 pytestmark = pytest.mark.broker
 
@@ -81,7 +83,11 @@ def test_http_control_auth_factor_pause_fencing(broker: EmbeddedBroker, topic_na
             # same generation, partition 1 dropped: released with its committed offset
             code, ans = _http(port, "POST", "/v1/assignment", {**body, "partitions": body["partitions"][:1]})
             assert code == 200
-            assert ans["released"] == [{"topic": topic_name, "partition": 1, "committed_offset": n}]
+            released = ans["released"]
+            # the progress record of the final commit (base64), for the next owner (issue 22)
+            progress = ProgressCodec.decode(decode_progress_hint(released[0].pop("progress")))
+            assert released == [{"topic": topic_name, "partition": 1, "committed_offset": n}]
+            assert (progress.topic, progress.partition, progress.base_offset) == (topic_name, 1, n)
             # metrics endpoint: every documented metric name is exported
             metrics = MetricsServer(engine.metrics, host="127.0.0.1", port=0)
             mport = runner.call(metrics.start)

@@ -237,6 +237,7 @@ def test_metrics_status_and_learner_routes(broker: EmbeddedBroker, topic_name: s
             code, body = _http(port, "POST", "/v1/demote",
                                {"partitions": [{"topic": topic_name, "partition": 1}]})
             assert code == 200, body
+            assert body["released"][0].pop("progress")  # the final commit's record, for the next owner
             assert body["released"] == [{"topic": topic_name, "partition": 1, "committed_offset": n}]
             closes = [c for c in hooks.calls if c[0] in ("close", "demote") and c[2] == 1]
             assert closes == [("close", topic_name, 1, True), ("demote", topic_name, 1, False)], closes

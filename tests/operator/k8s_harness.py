@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,12 @@ class FaultyControl(HandoffControlClient):
         await super().learn(base_url, parts)
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         new = set(partitions)
         old = self._assigned.get(base_url)
@@ -77,7 +82,7 @@ class FaultyControl(HandoffControlClient):
             await self._fire("release", base_url, old - new)
         elif new & self._learning.get(base_url, set()):
             await self._fire("promote", base_url, new & self._learning[base_url])
-        released = await super().assign(base_url, generation, new, release_deadline_s)
+        released = await super().assign(base_url, generation, new, release_deadline_s, progress)
         self._assigned[base_url] = new
         self._learning.get(base_url, set()).difference_update(new)
         return released

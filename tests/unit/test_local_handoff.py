@@ -150,8 +150,8 @@ def test_crash_anywhere_then_resume_from_persisted_status(warmups: int, crash_af
         n = [0]
         original = fake.assign
 
-        async def crashing_assign(*args: Any) -> list[ReleasedPartition]:
-            out = await original(*args)
+        async def crashing_assign(*args: Any, **kwargs: Any) -> list[ReleasedPartition]:
+            out = await original(*args, **kwargs)
             n[0] += 1
             if n[0] == crash_after_calls:
                 raise CrashError  # the operator dies right after the worker acted, before recording it
@@ -213,3 +213,21 @@ def test_spec_state_fields_drive_the_handoff_config() -> None:
     assert (spec.state_enabled, spec.acceptable_recovery_lag, spec.learner_timeout_s) == (True, 5, 30.0)
     spec, problems = validate_spec({**base, "state": {"learnerTimeoutSeconds": 0}})
     assert spec is None and any("learnerTimeoutSeconds" in p.message for p in problems)
+
+
+def test_the_promotion_hands_the_target_what_the_source_released() -> None:
+    """The progress record each source answered its release with goes to the target with the
+    promotion (the target then need not read the progress topic inside the pause; issue 22)."""
+
+    async def main() -> None:
+        fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=2), Store()
+        ex = HandoffExecutor(fake, store.persist, HandoffConfig(acceptable_recovery_lag=0))
+        await run_until_settled(ex, store, fake, ["w-0"], 1)
+        await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
+        moved = sorted(fake.active["w-1"])
+        handed = {p: r for w, hints in fake.progress_received if w == "w-1" for p, r in hints.items()}
+        assert handed == {p: f"progress-of-{p}" for p in moved}
+        assert not [h for w, h in fake.progress_received if w == "w-0" and h]  # the source gets none
+        assert not ex._progress  # forgotten once promoted
+
+    asyncio.run(main())

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,10 +87,15 @@ class LocalWorkerControl:
         return await self._client(base_url).status(base_url)
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
         client = self._client(base_url, slow=True)
-        return await client.assign(base_url, generation, partitions, release_deadline_s)
+        return await client.assign(base_url, generation, partitions, release_deadline_s, progress)
 
     async def set_factor(self, base_url: str, factor: int) -> int:
         return await self._client(base_url).set_factor(base_url, factor)

@@ -62,7 +62,12 @@ class WorkerControl(Protocol):
     async def status(self, base_url: str) -> dict[str, Any]: ...
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]: ...
 
     async def set_factor(self, base_url: str, factor: int) -> int: ...

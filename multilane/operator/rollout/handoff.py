@@ -32,9 +32,12 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
      that assignment (it stops fetching P, lets the records already running finish within
      ``release_deadline_s``, commits with progress, answers the final committed offset, and closes
      its store afterwards; queued records go to the target through the commit and the progress);
-   - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted,
-     then the target is pushed its assignment: opening a learning partition is the promotion (it
-     applies the last changelog records and processes from the committed offset);
+     its answer carries the progress record of that final commit;
+   - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted
+     (with the rollout: one status write in the pause), then the target is pushed its assignment
+     with the progress record the source released (it need not read the progress topic): opening a
+     learning partition is the promotion (it applies the last changelog records and processes from
+     the committed offset);
    - ``REMOVE_WORKERS``: the platform is asked for the staying replica count;
    - ``EVENT``: returned to the caller (Kubernetes Event / log line).
 6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
@@ -117,6 +120,9 @@ class HandoffExecutor:
         self.clock = clock
         self.max_rounds = max_rounds
         self._released: dict[tuple[str, str], int | None] = {}  # (source, partition) -> final offset
+        # partition -> the progress record its source released with (handed to the promotion: the
+        # target need not read the progress topic inside the pause); dropped once promoted
+        self._progress: dict[str, str] = {}
         self._release_started: dict[str, float] = {}  # partition -> monotonic time of the release
         self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
         self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
@@ -177,9 +183,15 @@ class HandoffExecutor:
             for _ in range(self.max_rounds):
                 before = rollout
                 rollout, actions = self.coordinator.step(rollout, obs, self.clock())
-                if rollout != before:
+                # a promotion round writes the rollout with its members (one status write in the
+                # pause, not two); a round that also learns writes it first, as any other
+                kinds = {a.kind for a in actions}
+                late = rollout != before and ActionKind.PROMOTE in kinds and ActionKind.LEARN not in kinds
+                if rollout != before and not late:
                     await self.persist(assignment, rollout)
-                assignment = await self._execute(actions, assignment, rollout, by_name, replicas, result)
+                assignment = await self._execute(
+                    actions, assignment, rollout, by_name, replicas, result, late
+                )
                 progressed = rollout != before or any(
                     a.kind in (ActionKind.RELEASE, ActionKind.PROMOTE) for a in actions
                 )
@@ -288,10 +300,13 @@ class HandoffExecutor:
         by_name: Mapping[str, WorkerInfo],
         replicas: int,
         result: HandoffStep,
+        persist_rollout: bool = False,
     ) -> AssignmentState:
         """Carry out one round of actions, batched (steps 1-5): one call per worker and kind, the
         calls to different workers at once, so that ``max_concurrent_warmups`` moves advance together
-        instead of one after the other.
+        instead of one after the other. ``persist_rollout``: the round's rollout is not written yet
+        (step 2 writes it with the promoted members, before any call of the round that changes
+        ownership).
 
         1. ``LEARN``: one ``/v1/learn`` per target with all its partitions.
         2. ``PROMOTE``: the targets' members (persisted first), then one push per target. First: these
@@ -315,7 +330,11 @@ class HandoffExecutor:
         await self._each(learn, by_name, self.control.learn, "learn")
         # 2.
         if ActionKind.PROMOTE in kinds:
-            assignment = await self._promote(kinds[ActionKind.PROMOTE], assignment, rollout, by_name, result)
+            assignment = await self._promote(
+                kinds[ActionKind.PROMOTE], assignment, rollout, by_name, result, persist_rollout
+            )
+        elif persist_rollout:
+            await self.persist(assignment, rollout)
         # 3.
         if ActionKind.RELEASE in kinds:
             assignment = await self._release(kinds[ActionKind.RELEASE], assignment, rollout, by_name, result)
@@ -356,7 +375,13 @@ class HandoffExecutor:
         await asyncio.gather(*(one(w, ps) for w, ps in sorted(calls.items())))
 
     def _record_done(self, rollout: Rollout, result: HandoffStep) -> None:
-        """Moves that reached DONE become :class:`HandoffRecord` s and ``HandedOff`` events."""
+        """Moves that reached DONE become :class:`HandoffRecord` s and ``HandedOff`` events; what the
+        executor remembers of abandoned moves is forgotten (a later move of the partition starts anew)."""
+        for m in rollout.moves:
+            if m.phase is MovePhase.ABANDONED:
+                self._progress.pop(m.partition, None)
+                for key in [k for k in self._released if k[1] == m.partition]:
+                    del self._released[key]
         timings = (self._release_started, self._learn_started, self._pause_end, self._call_s, self._wall)
         for record in take_done_records(rollout, *timings, time.monotonic):
             self.completed.append(record)
@@ -421,6 +446,7 @@ class HandoffExecutor:
         fenced, answers = await self._push(by_source, assignment, by_name, "release", result)
         for source, (released, took) in answers.items():
             offsets = {r.partition: r.committed_offset for r in released}
+            self._progress.update({r.partition: r.progress for r in released if r.progress is not None})
             for p in by_source[source]:
                 self._call_s[("release", p)] = took
                 # 3. remembered for the next observation: the rollout promotes the target
@@ -436,26 +462,30 @@ class HandoffExecutor:
         rollout: Rollout,
         by_name: Mapping[str, WorkerInfo],
         result: HandoffStep,
+        persist_rollout: bool = False,
     ) -> AssignmentState:
-        """Promote every partition of ``actions`` on its target (steps 1-2)."""
+        """Promote every partition of ``actions`` on its target (steps 1-2). ``persist_rollout``:
+        write ``rollout`` in step 1 even when no member changes."""
         by_target = by_worker(a for a in actions if a.worker in by_name)
+        members = promote_members(assignment.members, by_target)
+        if members != assignment.members or persist_rollout:
+            # 1. intent: the partitions belong to their targets (and no longer to dead sources)
+            assignment = AssignmentState(generation=assignment.generation, members=members)
+            await self.persist(assignment, rollout)
         if not by_target:
             return assignment
         moving = {p for ps in by_target.values() for p in ps}
         for p in moving:
             self._release_started.setdefault(p, time.monotonic())
-        members = promote_members(assignment.members, by_target)
-        if members != assignment.members:
-            # 1. intent: the partitions belong to their targets (and no longer to dead sources)
-            assignment = AssignmentState(generation=assignment.generation, members=members)
-            await self.persist(assignment, rollout)
         # 2. opening a learning partition promotes it (tail applied, processing from the commit)
-        fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result)
+        progress = self._progress
+        fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result, progress)
         for target, (_released, took) in answers.items():
             for p in by_target[target]:
                 self._call_s[("promote", p)] = took
                 self._wall[("promoted", p)] = time.time()
                 self._pause_end[p] = time.monotonic()
+                self._progress.pop(p, None)
                 for key in [k for k in self._released if k[1] == p]:
                     del self._released[key]
         return (
@@ -469,19 +499,23 @@ class HandoffExecutor:
         by_name: Mapping[str, WorkerInfo],
         verb: str,
         result: HandoffStep,
+        progress: Mapping[str, str] | None = None,
     ) -> tuple[bool, dict[str, tuple[list[ReleasedPartition], float]]]:
         """Push ``assignment`` to every worker of ``parts_by_worker`` at once. Returns whether one of
         them fenced the push (a higher generation is needed) and, per worker that answered, its
-        released partitions and the call's duration (s). Failures set ``result.blocked``."""
+        released partitions and the call's duration (s). Failures set ``result.blocked``.
+        ``progress``: partition -> released progress record, sent with the worker's partitions."""
 
         async def one(worker: str) -> tuple[str, list[ReleasedPartition] | None, float, bool]:
             t0 = time.monotonic()
+            hints = {p: progress[p] for p in parts_by_worker[worker] if progress and p in progress}
             try:
                 released = await self.control.assign(
                     by_name[worker].control_url,
                     assignment.generation,
                     assignment.members.get(worker, ()),
                     self.config.release_deadline_s,
+                    **({"progress": hints} if hints else {}),
                 )
             except WorkerFencedError as exc:
                 result.blocked = f"{worker}: {exc}"

@@ -236,9 +236,16 @@ def take_done_records(
     """Moves of ``rollout`` that reached DONE (and whose release the executor timed) as
     :class:`HandoffRecord` s. No I/O; the maps are the executor's timings (keyed by partition, or by
     (kind, partition)), and the entries of the recorded moves are taken out of them. ``monotonic``:
-    the end of a pause whose promotion was not timed."""
+    the end of a pause whose promotion was not timed. The entries of abandoned moves are dropped."""
     records = []
     for m in rollout.moves:
+        if m.phase is MovePhase.ABANDONED:
+            # its timings must not start the pause of a later move of the partition
+            for timing in (release_started, learn_started, pause_end):
+                timing.pop(m.partition, None)
+            for key in [k for k in (*call_s, *wall) if k[1] == m.partition]:
+                call_s.pop(key, None)
+                wall.pop(key, None)
         if m.phase is MovePhase.DONE and m.partition in release_started:
             started = release_started.pop(m.partition)
             learned = learn_started.pop(m.partition, started)

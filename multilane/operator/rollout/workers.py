@@ -42,6 +42,7 @@ class WorkerFencedError(WorkerError):
 class ReleasedPartition:
     partition: str  # "topic/index"
     committed_offset: int | None  # None: nothing was ever committed for it
+    progress: str | None = None  # the progress record of that commit (base64, opaque here), if known
 
 
 def _partitions_body(partitions: Iterable[str]) -> list[dict[str, Any]]:
@@ -57,10 +58,12 @@ def _released(items: Any) -> list[ReleasedPartition]:
     try:
         for item in items or []:
             offset = item.get("committed_offset")
+            progress = item.get("progress")
             out.append(
                 ReleasedPartition(
                     partition=format_partition(str(item["topic"]), int(item["partition"])),
                     committed_offset=None if offset is None else int(offset),
+                    progress=progress if isinstance(progress, str) else None,
                 )
             )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -136,14 +139,25 @@ class WorkerControlClient:
         return await self._call("GET", f"{base_url}/v1/status")
 
     async def assign(
-        self, base_url: str, generation: int, partitions: Iterable[str], release_deadline_s: float
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        progress: Mapping[str, str] | None = None,
     ) -> list[ReleasedPartition]:
-        """Push the worker's whole assignment; returns what it released (with final committed offsets)."""
-        body = {
+        """Push the worker's whole assignment; returns what it released (with final committed offsets
+        and progress records). ``progress``: partition -> the progress record its last owner released
+        (the worker uses it for a partition it adds instead of reading the progress topic)."""
+        body: dict[str, Any] = {
             "generation": generation,
             "partitions": _partitions_body(partitions),
             "release_deadline_s": release_deadline_s,
         }
+        if progress:
+            body["progress"] = [
+                {**_partitions_body([p])[0], "progress": record} for p, record in sorted(progress.items())
+            ]
         data = await self._call("POST", f"{base_url}/v1/assignment", body)
         return _released(data.get("released"))
 
