@@ -4,6 +4,7 @@ kind of baseline: lane-equipped, references and partition-capped)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.spark
 
 def test_sweep_runs_on_spark_and_matches_local_runs(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
-    variants = [
+    variants: list[tuple[str, dict[str, Any]]] = [
         ("multilane", {}),
         ("keda-hpa", {"lag_threshold": 100.0}),
         ("flink-style", {"factor": 4}),
