@@ -138,7 +138,8 @@ class Sizing:
     recommendation: Recommendation
     warnings: tuple[str, ...]
     onset_input: float = 0.0
-    """The input of the last interval, processing plus the lag's slope (0: not measured)."""
+    """The input of the last interval, the rate the group ran at plus the lag's slope (0: not
+    measured)."""
     sizing_input: float = 0.0
     """The input the need was sized for: the windowed input, or with a confirmed shortfall the larger
     of it and ``onset_input`` (not a window that straddles the onset)."""
