@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -90,25 +90,69 @@ def _uniform(duration_s: int, partitions: int) -> np.ndarray:
     return np.full((duration_s, partitions), 1.0 / partitions)
 
 
-def _ones(duration_s: int) -> np.ndarray:
-    return np.ones(duration_s)
+def _build(
+    name: str,
+    rate: np.ndarray,
+    partitions: int,
+    *,
+    service_factor: float | np.ndarray = 1.0,
+    shares: np.ndarray | None = None,
+    onsets: Sequence[float] = (),
+) -> Trace:
+    """The one builder of the built-in traces: ``rate`` (records/s, second by second) shared evenly
+    by the partitions unless ``shares`` says otherwise, the service factor (one value or one per
+    second) and the onsets, the first of which is the trace's ``event_time_s``."""
+    n = int(rate.shape[0])
+    factor = np.full(n, service_factor, dtype=float) if np.isscalar(service_factor) else service_factor
+    return Trace(
+        name,
+        rate.astype(float),
+        _uniform(n, partitions) if shares is None else shares,
+        np.asarray(factor, dtype=float),
+        float(onsets[0]) if onsets else None,
+        tuple(float(o) for o in onsets),
+    )
+
+
+def _step(duration_s: int, at_s: float, before: float, after: float) -> np.ndarray:
+    """``before`` until ``at_s``, ``after`` from it on."""
+    return np.where(np.arange(duration_s) < at_s, before, after).astype(float)
+
+
+def _one_per_slice(rng: np.random.Generator, duration_s: int, count: int, length_s: int) -> list[int]:
+    """``count`` seeded starts, one in each equal slice of the run, never in its first or last 5 %
+    (a window of ``length_s`` fits in its slice when the slice is long enough)."""
+    if duration_s <= 0:
+        return []
+    edge = int(0.05 * duration_s)
+    span = max((duration_s - 2 * edge) // max(count, 1), 1)
+    starts = []
+    for i in range(count):
+        lo = edge + i * span
+        starts.append(int(rng.integers(lo, max(lo + span - length_s, lo + 1))))
+    return starts
+
+
+def _windows(duration_s: int, base: float, starts: Sequence[int], length_s: int, high: float) -> np.ndarray:
+    """``base`` rec/s with ``high`` rec/s for ``length_s`` seconds from each start."""
+    rate = np.full(duration_s, base, dtype=float)
+    for start in starts:
+        rate[start : start + length_s] = high
+    return rate
 
 
 def step_trace(
     duration_s: int, partitions: int, base: float = 20.0, factor: float = 10.0, at_s: float = 600.0
 ) -> Trace:
     """``base`` rec/s, then ``factor`` x ``base`` from ``at_s`` on."""
-    t = np.arange(duration_s)
-    rate = np.where(t < at_s, base, base * factor).astype(float)
-    return Trace("step", rate, _uniform(duration_s, partitions), _ones(duration_s), at_s)
+    return _build("step", _step(duration_s, at_s, base, base * factor), partitions, onsets=(at_s,))
 
 
 def surge_trace(
     duration_s: int, partitions: int, base: float = 60.0, factor: float = 10.0, at_s: float = 600.0
 ) -> Trace:
     """A 10x step past what one lane per partition can process (600 rec/s against 12 x 20 rec/s)."""
-    t = step_trace(duration_s, partitions, base, factor, at_s)
-    return Trace("surge", t.rate, t.shares, t.service_factor, t.event_time_s)
+    return replace(step_trace(duration_s, partitions, base, factor, at_s), name="surge")
 
 
 def diurnal_trace(
@@ -117,8 +161,7 @@ def diurnal_trace(
     """A day compressed into ``period_s`` (default: the run): low at the start, high half-way."""
     period = float(period_s or duration_s)
     t = np.arange(duration_s)
-    rate = low + (high - low) * (1 - np.cos(2 * math.pi * t / period)) / 2
-    return Trace("diurnal", rate, _uniform(duration_s, partitions), _ones(duration_s), None)
+    return _build("diurnal", low + (high - low) * (1 - np.cos(2 * math.pi * t / period)) / 2, partitions)
 
 
 def bursts_trace(
@@ -132,16 +175,13 @@ def bursts_trace(
 ) -> Trace:
     """``base`` rec/s with bursts to ``burst`` rec/s of ``burst_s`` seconds at seeded random times."""
     rng = np.random.default_rng(seed)
-    rate = np.full(duration_s, base, dtype=float)
     t = float(rng.exponential(mean_gap_s / 2))
-    starts: list[float] = []
+    starts: list[int] = []
     while t < duration_s:
-        start = int(t)
-        rate[start : start + burst_s] = burst
-        starts.append(float(start))
-        t = start + burst_s + float(rng.exponential(mean_gap_s))
-    first = starts[0] if starts else None
-    return Trace("bursts", rate, _uniform(duration_s, partitions), _ones(duration_s), first, tuple(starts))
+        starts.append(int(t))
+        t = int(t) + burst_s + float(rng.exponential(mean_gap_s))
+    rate = _windows(duration_s, base, starts, burst_s, burst)
+    return _build("bursts", rate, partitions, onsets=starts)
 
 
 def hot_key_trace(
@@ -155,7 +195,7 @@ def hot_key_trace(
         hot = np.full(partitions, (1 - hot_share) / (partitions - 1))
         hot[0] = hot_share
         shares[int(at_s) :] = hot
-    return Trace("hot_key", np.full(duration_s, rate), shares, _ones(duration_s), at_s)
+    return _build("hot_key", np.full(duration_s, rate), partitions, shares=shares, onsets=(at_s,))
 
 
 def slowdown_trace(
@@ -169,7 +209,7 @@ def slowdown_trace(
     """Constant ``rate``; the service time is ``slow_factor`` x higher in ``[at_s, until_s)``."""
     t = np.arange(duration_s)
     factor = np.where((t >= at_s) & (t < until_s), slow_factor, 1.0)
-    return Trace("slowdown", np.full(duration_s, rate), _uniform(duration_s, partitions), factor, at_s)
+    return _build("slowdown", np.full(duration_s, rate), partitions, service_factor=factor, onsets=(at_s,))
 
 
 def flash_diurnal_trace(
@@ -185,20 +225,11 @@ def flash_diurnal_trace(
     """A diurnal curve (:func:`diurnal_trace` from ``low`` to ``high``) with ``crowds`` flash crowds:
     the rate jumps to ``crowd_factor`` x the curve for ``crowd_s`` seconds, at seeded times (one
     per equal slice of the run, never in its first or last 5 %)."""
-    rng = np.random.default_rng(seed)
-    base = diurnal_trace(duration_s, partitions, low, high)
-    rate = base.rate.copy()
-    starts: list[float] = []
-    if duration_s > 0:
-        edge = int(0.05 * duration_s)
-        span = max((duration_s - 2 * edge) // max(crowds, 1), 1)
-        for i in range(crowds):
-            lo = edge + i * span
-            start = int(rng.integers(lo, max(lo + span - crowd_s, lo + 1)))
-            rate[start : start + crowd_s] *= crowd_factor
-            starts.append(float(start))
-    first = starts[0] if starts else None
-    return Trace("flash_diurnal", rate, base.shares, base.service_factor, first, tuple(starts))
+    rate = diurnal_trace(duration_s, partitions, low, high).rate.copy()
+    starts = _one_per_slice(np.random.default_rng(seed), duration_s, crowds, crowd_s)
+    for start in starts:
+        rate[start : start + crowd_s] *= crowd_factor
+    return _build("flash_diurnal", rate, partitions, onsets=starts)
 
 
 def batch_dumps_trace(
@@ -213,18 +244,10 @@ def batch_dumps_trace(
     """``base`` rec/s with a batch dump of ``factor`` x ``base`` for ``dump_s`` seconds every
     ``every_s`` seconds (a nightly export replayed every 10 minutes); the first dump starts at a
     seeded offset within the first period."""
-    rng = np.random.default_rng(seed)
-    rate = np.full(duration_s, base, dtype=float)
-    starts: list[float] = []
-    start = int(rng.integers(60, max(every_s - dump_s, 61)))
-    while start < duration_s:
-        rate[start : start + dump_s] = base * factor
-        starts.append(float(start))
-        start += every_s
-    first = starts[0] if starts else None
-    return Trace(
-        "batch_dumps", rate, _uniform(duration_s, partitions), _ones(duration_s), first, tuple(starts)
-    )
+    first = int(np.random.default_rng(seed).integers(60, max(every_s - dump_s, 61)))
+    starts = list(range(first, duration_s, every_s))
+    rate = _windows(duration_s, base, starts, dump_s, base * factor)
+    return _build("batch_dumps", rate, partitions, onsets=starts)
 
 
 def ramp_trace(
@@ -232,8 +255,7 @@ def ramp_trace(
 ) -> Trace:
     """A slow ramp from ``low`` to ``high`` rec/s over ``ramp_s`` seconds (two hours), then flat."""
     t = np.arange(duration_s)
-    rate = low + (high - low) * np.clip(t / ramp_s, 0.0, 1.0)
-    return Trace("ramp", rate.astype(float), _uniform(duration_s, partitions), _ones(duration_s), None)
+    return _build("ramp", low + (high - low) * np.clip(t / ramp_s, 0.0, 1.0), partitions)
 
 
 def slow_episode_trace(
@@ -247,8 +269,8 @@ def slow_episode_trace(
     """A downstream slowdown episode: constant ``rate``; service time x ``slow_factor`` for
     ``episode_s`` (10 minutes) from ``at_s``. Unlike ``slowdown``, the slow service needs more lanes
     than the partitions' one record at a time (300 rec/s x 150 ms = 45 busy lanes)."""
-    t = slowdown_trace(duration_s, partitions, rate, slow_factor, at_s, at_s + episode_s)
-    return Trace("slow_episode", t.rate, t.shares, t.service_factor, at_s)
+    trace = slowdown_trace(duration_s, partitions, rate, slow_factor, at_s, at_s + episode_s)
+    return replace(trace, name="slow_episode")
 
 
 def square_wave_trace(
@@ -264,13 +286,11 @@ def square_wave_trace(
     ``period_s`` (troughs of 400 s: longer than the 300 s scale-down delay, so each trough invites a
     scale-down shortly before the load comes back); the first period starts at a seeded offset
     within the first period."""
-    rng = np.random.default_rng(seed)
-    offset = int(rng.integers(0, period_s))
+    offset = int(np.random.default_rng(seed).integers(0, period_s))
     t = np.arange(duration_s) + offset
     rate = np.where((t % period_s) >= period_s - high_s, high, low).astype(float)
-    starts = tuple(float(i) for i in range(1, duration_s) if rate[i] > rate[i - 1])
-    first = starts[0] if starts else None
-    return Trace("square_wave", rate, _uniform(duration_s, partitions), _ones(duration_s), first, starts)
+    starts = [i for i in range(1, duration_s) if rate[i] > rate[i - 1]]
+    return _build("square_wave", rate, partitions, onsets=starts)
 
 
 def saturated_ramp_trace(
@@ -278,8 +298,7 @@ def saturated_ramp_trace(
 ) -> Trace:
     """A two-hour ramp from ``low`` to ``high`` rec/s, past what the downstream serves (960 rec/s at
     the defaults: 48 calls of 50 ms): no size helps beyond it, and lanes added there are waste."""
-    t = ramp_trace(duration_s, partitions, low, high, ramp_s)
-    return Trace("saturated_ramp", t.rate, t.shares, t.service_factor, None)
+    return replace(ramp_trace(duration_s, partitions, low, high, ramp_s), name="saturated_ramp")
 
 
 def crowd_trace(
@@ -294,19 +313,9 @@ def crowd_trace(
     """Sudden 10x crowds: ``base`` rec/s with ``crowds`` crowds of ``factor`` x ``base`` for
     ``crowd_s`` seconds, one at a seeded time in each equal slice of the run (never in its first or
     last 5 %)."""
-    rng = np.random.default_rng(seed)
-    rate = np.full(duration_s, base, dtype=float)
-    starts: list[float] = []
-    if duration_s > 0:
-        edge = int(0.05 * duration_s)
-        span = max((duration_s - 2 * edge) // max(crowds, 1), 1)
-        for i in range(crowds):
-            lo = edge + i * span
-            start = int(rng.integers(lo, max(lo + span - crowd_s, lo + 1)))
-            rate[start : start + crowd_s] = base * factor
-            starts.append(float(start))
-    first = starts[0] if starts else None
-    return Trace("crowd", rate, _uniform(duration_s, partitions), _ones(duration_s), first, tuple(starts))
+    starts = _one_per_slice(np.random.default_rng(seed), duration_s, crowds, crowd_s)
+    rate = _windows(duration_s, base, starts, crowd_s, base * factor)
+    return _build("crowd", rate, partitions, onsets=starts)
 
 
 def uneven_partitions_trace(
@@ -322,10 +331,13 @@ def uneven_partitions_trace(
     the pods' CPU is the limit). At 2,700 rec/s the mean CPU asks for 10 pods, but 10 pods on 12
     partitions give two pods two partitions each: 450 rec/s against a pod's 400 (the busiest pod
     sets the size: ``ceil(partitions / R)``)."""
-    t = np.arange(duration_s)
-    rates = np.where(t < at_s, base, rate).astype(float)
-    factor = np.full(duration_s, service_factor)
-    return Trace("uneven_partitions", rates, _uniform(duration_s, partitions), factor, at_s)
+    return _build(
+        "uneven_partitions",
+        _step(duration_s, at_s, base, rate),
+        partitions,
+        service_factor=service_factor,
+        onsets=(at_s,),
+    )
 
 
 CSV_COLUMNS = "t_seconds,records_per_second[,service_factor[,event]]"
@@ -391,7 +403,7 @@ def parse_csv_trace(text: str, duration_s: int | None, partitions: int, name: st
         rates[idx].astype(float),
         _uniform(duration_s, partitions),
         factors[idx].astype(float),
-        onsets[0] if onsets else None,
+        float(onsets[0]) if onsets else None,
         onsets,
     )
 

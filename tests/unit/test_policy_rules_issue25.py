@@ -119,14 +119,44 @@ def test_an_unjudged_scale_up_is_never_overwritten_and_is_judged_without_a_backl
 def test_the_onset_is_sized_from_the_last_interval() -> None:
     """Rule: with a confirmed shortfall (the lag rises, the input exceeds processing), the need is
     sized from the last interval, processing plus the lag's slope, not from a window that
-    straddles the onset. 15 s into a crowd the 30 s mean reads 300 rec/s while the lag grew by
-    6,000 records: the last interval's input is 250 + 400 rec/s."""
+    straddles the onset. A lag that rose from below the backlog threshold has risen for half the
+    interval on average (the onset fell somewhere in it): its slope is taken over half the
+    interval. 15 s into a crowd the 30 s mean reads 300 rec/s while the lag grew from nothing by
+    6,000 records: the last interval's input is 250 + 6,000 / 7.5 rec/s. A lag that already stood
+    (9,000 records, above 10 s of input) rose for the whole interval: 250 + 6,000 / 15."""
     policy = AutoscalePolicy(CFG)
     state = PolicyState()
     _, state = policy.decide(_look(0, 0, 80, 80, (1, 4)), state)
     d, _ = policy.decide(_look(15, 6_000, 300, 250, (1, 4)), state)
     assert d.trace is not None
-    assert d.trace.needed_rate == pytest.approx((250 + 6_000 / 15) / 0.7 + 6_000 / 300, rel=1e-6)
+    assert d.trace.needed_rate == pytest.approx((250 + 6_000 / 7.5) / 0.7 + 6_000 / 300, rel=1e-6)
+    state = PolicyState()
+    _, state = policy.decide(_look(0, 9_000, 80, 80, (1, 4)), state)
+    d, _ = policy.decide(_look(15, 15_000, 300, 250, (1, 4)), state)
+    assert d.trace is not None
+    assert d.trace.needed_rate == pytest.approx((250 + 6_000 / 15) / 0.7 + 15_000 / 300, rel=1e-6)
+
+
+def test_the_onset_counts_the_capacity_the_group_ran_at() -> None:
+    """Rule: the windowed processing rate straddles the onset as the input does; with a confirmed
+    shortfall the group ran at its capacity, the smaller of its lanes' (partitions x F x lane rate)
+    and its ready pods' CPU capacity (ready x pod rate). One pod of 400 rec/s at 36 % CPU over the
+    window (144 rec/s processed) ran at 400 rec/s once the crowd came: the last interval's input is
+    400 + the lag's slope, and three pods are asked for at once (two would leave the busiest pod
+    6/12 of 800 rec/s, above 0.7 x 400)."""
+    policy = AutoscalePolicy(CFG)
+    state = PolicyState()
+    quiet = replace(_look(0, 0, 80, 80, (1, 16)), cpu_utilisation=0.2, ready_replicas=1)
+    _, state = policy.decide(quiet, state)
+    crowd = replace(_look(15, 3_000, 224, 144, (1, 16)), cpu_utilisation=0.36, ready_replicas=1)
+    d, _ = policy.decide(crowd, state)
+    assert d.trace is not None and d.trace.pod_rate == pytest.approx(400.0)
+    assert d.trace.needed_rate == pytest.approx((400 + 3_000 / 7.5) / 0.7 + 3_000 / 300, rel=1e-6)
+    assert d.changed and d.replicas == 3, d.reason
+    # not confirmed (the input does not exceed processing): the windowed processing rate
+    calm = replace(_look(15, 3_000, 140, 144, (1, 16)), cpu_utilisation=0.36, ready_replicas=1)
+    d, _ = policy.decide(calm, state)
+    assert d.trace is not None and d.trace.needed_rate < 400
 
 
 def test_a_measured_shortfall_never_ends_in_a_hold() -> None:
@@ -166,3 +196,24 @@ def test_replicas_are_sized_for_the_busiest_pod() -> None:
     assert rec.replicas == 12
     result = _run(make_trace("uneven_partitions", None, 12, 1))
     assert int(result.replicas.max()) == 12
+
+
+def test_no_pod_is_added_for_cpu_within_the_tolerance() -> None:
+    """Rule (the HPA's tolerance, ``cpu_tolerance`` 0.1): the current count is kept while its busiest
+    pod stays within 10 % above ``target_cpu_utilisation``. 300 rec/s on one pod of 400 rec/s is
+    0.75 against 0.7: one pod; 320 rec/s is 0.8, beyond 0.77: two pods. Without ``current`` the
+    sizing is the plain one (two pods), and a larger count is never held (it scales down as usual)."""
+    config = PolicyConfig(partitions=12, max_replicas=12, max_factor=64)
+    assert replicas_for_cpu(config, 300.0, 400.0, current=1) == 1
+    assert replicas_for_cpu(config, 300.0, 400.0) == 2
+    assert replicas_for_cpu(config, 320.0, 400.0, current=1) == 2
+    assert replicas_for_cpu(config, 300.0, 400.0, current=4) == 2
+    strict = replace(config, cpu_tolerance=0.0)
+    assert replicas_for_cpu(strict, 300.0, 400.0, current=1) == 2
+    with pytest.raises(ValueError, match="cpu_tolerance"):
+        replace(config, cpu_tolerance=1.0)
+    # closed loop: slow_episode (300 rec/s, one pod at 75 % of its CPU) keeps one pod, with the same
+    # lag as with two (the downstream is the limit during the episode)
+    result = _run(make_trace("slow_episode", None, 12, 1))
+    assert int(result.replicas.max()) == 1 and result.metrics.scaling_actions == 0
+    assert result.metrics.lag_seconds < 1_000

@@ -267,11 +267,12 @@ def test_a_pending_scale_ups_factor_follows_the_current_need_only_in_the_two_spe
 
 def test_demand_beyond_a_pending_scale_up_that_its_new_pods_carry_raises_only_the_factor() -> None:
     """The burst's first decision saw a partial rate (the sample straddled the onset): 2 pods, sized
-    from the last interval for 150 + 2,480 / 2 = 1,390 rec/s (issue 25: processing plus the lag's
-    slope). Two seconds later the input is 1,800 rec/s, beyond the 25 % margin, and both pods are
-    ready: the factor follows them to the current need, in place, as the same scale-up (rule
-    ``factor-follows``), and the pending scale-up is now sized for 1,800 rec/s. Without
-    ``factor_first`` the same demand is a new scale-up (``beyond-pending``)."""
+    from the last interval for 150 + 2,480 / 1 = 2,630 rec/s (issue 25: processing plus the lag's
+    slope; the lag rose from nothing, so over half the interval). Two seconds later the input is
+    3,400 rec/s, beyond the 25 % margin, and both pods are ready: the factor follows them to the
+    current need, in place, as the same scale-up (rule ``factor-follows``), and the pending
+    scale-up is now sized for 3,400 rec/s. Without ``factor_first`` the same demand is a new
+    scale-up (``beyond-pending``)."""
     rules = {}
     for factor_first in (True, False):
         config = replace(DEMO, factor_first=factor_first)
@@ -283,12 +284,12 @@ def test_demand_beyond_a_pending_scale_up_that_its_new_pods_carry_raises_only_th
         assert d.changed and d.replicas == 2, d.reason
         size = (d.replicas, d.factor)
         d, state = policy.decide(
-            look(4, lag=5000, input_rate=1800, processing_rate=400, size=size, ready=2, rebalancing=True),
+            look(4, lag=5000, input_rate=3400, processing_rate=400, size=size, ready=2, rebalancing=True),
             state,
         )
         rules[factor_first] = d.rule
         if factor_first:
             budget = config.max_lanes_per_replica * 2 // config.partitions
             assert d.replicas == 2 and size[1] < d.factor <= budget
-            assert state.pending_scale_up is not None and state.pending_scale_up.sized_for == 1800
+            assert state.pending_scale_up is not None and state.pending_scale_up.sized_for == 3400
     assert rules == {True: "factor-follows", False: "beyond-pending"}

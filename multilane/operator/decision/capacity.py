@@ -180,15 +180,23 @@ def replicas_for(config: PolicyConfig, factor: int) -> tuple[int, bool]:
     return config.replica_ceiling, False
 
 
-def replicas_for_cpu(config: PolicyConfig, rate: float, pod_rate: float) -> int:
+def replicas_for_cpu(config: PolicyConfig, rate: float, pod_rate: float, current: int | None = None) -> int:
     """The fewest pods whose *busiest* pod stays within ``target_cpu_utilisation`` at ``rate``.
 
     Partitions are whole: ``R`` pods give the busiest one ``ceil(partitions / R)`` partitions, i.e.
     ``rate x ceil(P / R) / P`` (10 pods on 12 partitions: two pods carry 2/12 each, not the mean
     1.2/12). Returns ``partitions + 1`` when even one partition per pod is too much.
+
+    With ``current`` (the replicas set now): that count when its busiest pod stays within
+    ``cpu_tolerance`` above the target and fewer pods would not do (no pod is added for a CPU just
+    above the target, as the HPA's tolerance).
     """
     p = config.partitions
     limit = pod_rate * config.target_cpu_utilisation
+    if current is not None and 1 <= current <= p:
+        at_current = rate * -(-p // current) / p
+        if limit < at_current <= limit * (1.0 + config.cpu_tolerance):
+            return current
     for r in range(1, p + 1):
         if rate * -(-p // r) / p <= limit:
             return r
@@ -202,6 +210,7 @@ def recommend(
     hottest_needed: float = 0.0,
     pod_rate: float | None = None,
     cpu_needed: float | None = None,
+    current_replicas: int | None = None,
 ) -> Recommendation:
     """Replicas and factor whose capacity covers ``needed`` (or the maximum, with a warning).
 
@@ -214,7 +223,8 @@ def recommend(
     3. ``R`` from the per-pod lane budget (:func:`replicas_for`), raised to the fewest pods whose
        busiest pod (``ceil(partitions / R)`` partitions) stays within ``target_cpu_utilisation``
        when a pod's CPU capacity is known (:func:`replicas_for_cpu`; ``cpu_needed``: the rate
-       without the lane headroom; defaults to ``needed``).
+       without the lane headroom; defaults to ``needed``); ``current_replicas`` are kept while
+       their busiest pod is within ``cpu_tolerance`` above that target.
     """
     warnings: list[str] = []
     p = config.partitions
@@ -245,7 +255,7 @@ def recommend(
         )
     if pod_rate is not None and pod_rate > 0:
         cpu_rate = needed if cpu_needed is None else cpu_needed
-        for_cpu = replicas_for_cpu(config, cpu_rate, pod_rate)
+        for_cpu = replicas_for_cpu(config, cpu_rate, pod_rate, current_replicas)
         if for_cpu > config.replica_ceiling:
             warnings.append(
                 f"CPU: {cpu_rate:.1f} rec/s needs {for_cpu} pods at {pod_rate:.1f} rec/s per pod and "

@@ -57,7 +57,8 @@ class DampingContext:
     summary: str
     processing_rate: float = 0.0
     onset_input: float = 0.0
-    """The input of the last interval: processing plus the lag's slope (0: unknown)."""
+    """The input of the last interval: the rate the group ran at plus the lag's slope (0: unknown;
+    ``AutoscalePolicy._size``)."""
     cpu_bound: bool = False
     """The pods' CPU is at or above ``target_cpu_utilisation``: more lanes do not help, pods do."""
     sizing_input: float = 0.0

@@ -138,7 +138,8 @@ class Sizing:
     recommendation: Recommendation
     warnings: tuple[str, ...]
     onset_input: float = 0.0
-    """The input of the last interval, processing plus the lag's slope (0: not measured)."""
+    """The input of the last interval, the rate the group ran at plus the lag's slope (0: not
+    measured)."""
     sizing_input: float = 0.0
     """The input the need was sized for: the windowed input, or with a confirmed shortfall the larger
     of it and ``onset_input`` (not a window that straddles the onset)."""
@@ -275,22 +276,44 @@ class AutoscalePolicy:
         # sizes the need only with a shortfall that the windowed input confirms (input above the
         # processing rate): a glitch in the lag alone (end offsets under-reported, then caught up)
         # never turns into a wild scale.
+        confirmed = signals.shortfall and obs.input_rate > obs.processing_rate
+        # pod_rate first: the onset needs it (during a rollout the ready pods and the CPU window
+        # disagree: keep the previous estimate)
+        pod_rate = state.pod_rate if obs.rebalancing else estimate_pod_rate(obs, state.pod_rate)
         onset = 0.0
         if state.last_lag is not None and state.last_time is not None and obs.now > state.last_time:
-            slope = (signals.backlog - state.last_lag) / (float(obs.now) - state.last_time)
-            onset = obs.processing_rate + max(slope, 0.0)
-        confirmed = signals.shortfall and obs.input_rate > obs.processing_rate
+            # a lag that rose from below the backlog threshold has risen, on average, for half the
+            # interval (the onset fell somewhere in it): its slope over half the interval
+            span = float(obs.now) - state.last_time
+            if confirmed and state.last_lag <= signals.threshold:
+                span /= 2.0
+            slope = (signals.backlog - state.last_lag) / span
+            onset = self._running_rate(obs, lane_rate.rate, pod_rate, confirmed) + max(slope, 0.0)
         sizing_input = max(obs.input_rate, onset) if confirmed else obs.input_rate
         needed = needed_capacity(cfg, sizing_input, signals.backlog)
         hottest = hottest_partition_need(cfg, obs) * sizing_input / max(obs.input_rate, MIN_LANE_RATE)
-        # during a rollout the ready pods and the CPU window disagree: keep the previous estimate
-        pod_rate = state.pod_rate if obs.rebalancing else estimate_pod_rate(obs, state.pod_rate)
         cpu_needed = needed_capacity(cfg, sizing_input, signals.backlog, utilisation=1.0)
-        rec = recommend(cfg, needed, lane_rate.rate, hottest, pod_rate, cpu_needed)
+        rec = recommend(cfg, needed, lane_rate.rate, hottest, pod_rate, cpu_needed, obs.replicas)
         warnings = rec.warnings
         if lane_rate.source == "default":
             warnings += (f"no lane rate observed yet; assuming default_lane_rate={cfg.default_lane_rate}",)
         return Sizing(lane_rate, pod_rate, needed, hottest, rec, warnings, onset, sizing_input)
+
+    def _running_rate(
+        self, obs: Observation, lane_rate: float, pod_rate: float | None, confirmed: bool
+    ) -> float:
+        """The rate the group processed at in the last interval, for the onset.
+
+        The windowed processing rate straddles the onset as the input does. With a confirmed
+        shortfall the group ran at its capacity (the lag rose because the input exceeded it): the
+        smaller of its lanes' capacity (``partitions x factor x lane rate``) and its ready pods' CPU
+        capacity (``ready x pod_rate``), when that is known and above the windowed rate.
+        """
+        if not confirmed or pod_rate is None or pod_rate <= 0:
+            return obs.processing_rate
+        ready = obs.replicas if obs.ready_replicas is None else obs.ready_replicas
+        capacity = min(self.config.partitions * obs.factor * lane_rate, ready * pod_rate)
+        return max(obs.processing_rate, capacity)
 
     def _remember(
         self,
