@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -336,6 +337,11 @@ class Lane:
         n = 0
         call_soon = asyncio.get_running_loop().call_soon
         check_wait = self._check_wait
+        # Context reuse (CPython): ``sole`` is getrefcount(ctx) while only this frame holds ``ctx``.
+        reuse = hasattr(sys, "getrefcount")
+        getrefcount: Callable[[object], int] = sys.getrefcount if reuse else _no_count
+        ctx: Context | None = None
+        sole = -1  # never equal to a reference count until measured
         if not self.suspends:
             call_soon(check_wait)
         while True:
@@ -350,8 +356,24 @@ class Lane:
             work = popleft()
             if blocked and self._parks(work):
                 continue
-            ctx = Context(work.topic, work.partition, work.offset, work.key, work.headers, lane_no,
-                          work.attempt)
+            # The attempt's Context: the previous one again when nothing but this frame refers to it
+            # any more (getrefcount() as right after it was made), with every field set anew -- nobody
+            # can tell it from a fresh one (Context has no __weakref__ slot); else a new one.
+            if ctx is not None and getrefcount(ctx) == sole:
+                ctx.topic = work.topic
+                ctx.partition = work.partition
+                ctx.offset = work.offset
+                ctx.key = work.key
+                ctx.headers = work.headers
+                ctx.lane = lane_no
+                ctx.attempt = work.attempt
+                ctx.state = None
+                ctx.outputs = None
+            else:
+                ctx = Context(work.topic, work.partition, work.offset, work.key, work.headers, lane_no,
+                              work.attempt)
+                if reuse:
+                    sole = getrefcount(ctx)
             if view is not None:
                 ctx.state = view(work.topic, work.partition, work.key, self.key_range, work.offset,
                                  work.key_hash)
@@ -458,6 +480,11 @@ class Lane:
             durations.append(monotonic() - t0)
         slot.work = None
         return len(batch), None, durations
+
+
+def _no_count(obj: object) -> int:
+    """Without ``sys.getrefcount`` (not CPython): a count no measured ``sole`` ever equals."""
+    return 0
 
 
 class _AbandonedError(Exception):
