@@ -8,7 +8,10 @@ Does no network I/O itself; runs user processors (on the event loop or on a thre
   concurrency F.
 - Runners are long-lived: no asyncio Task per record. An ``async def`` processor is awaited directly
   (a processor that never suspends costs no scheduling; the runner yields every ``yield_every``
-  records). A plain function runs on a thread pool in per-lane batches (one submission per batch).
+  records), and its runner hands it the previous record's :class:`Context` again, every field set
+  anew, when nothing else refers to that object any more (``sys.getrefcount``; a Context the
+  processor kept is never touched again). A plain function runs on a thread pool in per-lane
+  batches (one submission per batch).
 - A failed record waiting for its retry *parks* its key (blocking lanes only): later records of the
   same key hash wait behind it, other keys keep flowing. When the head finishes (success or dead
   letter) the parked records go back to the front of the queue, in order.

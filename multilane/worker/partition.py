@@ -2,7 +2,8 @@
 
 Does no network I/O itself (dead letters go through the engine's :class:`DeadLetterPublisher`).
 The engine's fetch loop hands every fetched message to :meth:`PartitionRuntime.accept`; the lanes
-report outcomes back through :meth:`on_success` / :meth:`on_failure`.
+report outcomes back through :meth:`on_success` / :meth:`on_failure`. Finished work items that
+nothing refers to any more (by their reference count) are kept and reused for new records.
 """
 
 from __future__ import annotations
