@@ -129,7 +129,7 @@ class Context:
     """Where and how a record is being processed: one object per processing attempt.
 
     A processor may keep it after returning; its fields then never change. (The engine reuses a
-    Context, and a record object, only once nothing refers to it any more.)
+    Context only once nothing refers to it any more.)
     """
 
     topic: str

@@ -2,14 +2,12 @@
 
 Does no network I/O itself (dead letters go through the engine's :class:`DeadLetterPublisher`).
 The engine's fetch loop hands every fetched message to :meth:`PartitionRuntime.accept`; the lanes
-report outcomes back through :meth:`on_success` / :meth:`on_failure`. Finished work items that
-nothing refers to any more (by their reference count) are kept and reused for new records.
+report outcomes back through :meth:`on_success` / :meth:`on_failure`.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from bisect import bisect_right
 from operator import attrgetter
 from typing import Any
@@ -45,36 +43,6 @@ class Phase:
 _KEY_CACHE_MAX = 200_000
 _offset_of = attrgetter("offset")
 _nbytes_of = attrgetter("nbytes")
-_SPARE_MAX = 4096  # finished work items kept per partition for reuse (payload dropped: ~100 B each)
-_NO_HEADERS: list[tuple[str, bytes]] = []  # a spare item's headers until reuse (never handed out)
-
-
-def _refcount_unknown(obj: object) -> int:
-    return -2  # without sys.getrefcount (not CPython): never equal to a measured count
-
-
-_count_refs = getattr(sys, "getrefcount", _refcount_unknown)
-
-
-def _keep_unshared(items: list[Work], sole: int, spare: list[Work]) -> int:
-    """Append to ``spare`` (key, value and headers dropped) every item whose reference count is ``sole``;
-    return the count of the last item seen. ``sole`` comes from this same loop over an item that
-    only its list refers to (:data:`_SOLE_REFS`), so the test counts exactly the references that
-    ``items``, the loop and the call hold."""
-    count = _count_refs
-    keep = spare.append
-    c = -1
-    for w in items:
-        c = count(w)
-        if c == sole:
-            w.key = w.value = None
-            w.headers = _NO_HEADERS
-            keep(w)
-    return c
-
-
-# the reference count of a listed item nothing else refers to; -1 (never a count) without getrefcount
-_SOLE_REFS = _keep_unshared([Work("", 0, 0, None, None)], -1, []) if hasattr(sys, "getrefcount") else -1
 
 
 class PartitionRuntime:
@@ -145,10 +113,6 @@ class PartitionRuntime:
         # Invariant: these list objects are never replaced (lane runners hold their append methods).
         self.done_buf: list[Work] = []
         self.durations: list[float] = []
-        # Finished work items that nothing refers to any more (flush() found them so by their reference
-        # count), key, value and headers dropped; accept_run() sets every field of one again instead
-        # of making a new one. Invariant: nothing outside this list refers to its items.
-        self._spare: list[Work] = []
 
     # -- fetch side ----------------------------------------------------------------------------------
 
@@ -190,8 +154,6 @@ class PartitionRuntime:
         refused = False
         restoring = self.restore is not None
         hash_keys = self._hash_keys
-        spare = self._spare
-        spare_pop = spare.pop
         # 2. per message
         while j < n:
             m = msgs[j]
@@ -231,21 +193,8 @@ class PartitionRuntime:
             pos = offset + 1
             if inflight is not None:
                 inflight[offset] = kh
-            if spare:
-                work = spare_pop()
-                work.topic = topic
-                work.partition = partition
-                work.offset = offset
-                work.key = key
-                work.value = value
-                work.headers = m.headers() or []
-                work.timestamp_ms = m.timestamp()[1]
-                work.key_hash = kh
-                work.nbytes = nbytes
-                work.attempt = 1
-            else:
-                work = Work(topic, partition, offset, key, value, m.headers() or [], m.timestamp()[1],
-                            kh, nbytes)
+            work = Work(topic, partition, offset, key, value, m.headers() or [], m.timestamp()[1],
+                        kh, nbytes)
             if single is not None:
                 single(work)
             else:
@@ -316,12 +265,6 @@ class PartitionRuntime:
         self._flow.release_many(self.flow_counters, len(works), nbytes)
         self.processed += len(works)
         self._hist.observe_many(durations)
-        # Keep for reuse the items that nothing but ``works`` refers to: no processor, wrapper, retry
-        # timer, dead-letter callback, runner or watchdog can see them again.
-        spare = self._spare
-        if len(spare) < _SPARE_MAX and _SOLE_REFS > 0:
-            _keep_unshared(works, _SOLE_REFS, spare)
-            del spare[_SPARE_MAX:]
         works.clear()
         durations.clear()
 
