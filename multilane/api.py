@@ -126,7 +126,11 @@ class StateView(Protocol):
 
 @dataclass(slots=True)
 class Context:
-    """Where and how a record is being processed: one object per processing attempt."""
+    """Where and how a record is being processed: one object per processing attempt.
+
+    A processor may keep it after returning; its fields then never change. (The engine reuses a
+    Context only once nothing refers to it any more.)
+    """
 
     topic: str
     partition: int

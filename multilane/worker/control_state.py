@@ -1,8 +1,9 @@
 """What the engine's control API decided (generation, factor, pause, fence) and where the engine is in
 its life (stopping, stopped). Pure: no I/O.
 
-Both are written only by :class:`multilane.worker.engine.Engine` (its control calls, ``start`` and
-``stop``); the ownership protocol, the reopen and the loops read them.
+Both are written only by :class:`multilane.worker.engine.Engine` (``start`` and ``stop``) and its
+:class:`multilane.worker.assignment.AssignmentControl` (the control calls); the ownership protocol,
+the reopen and the loops read them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ __all__ = ["ControlState", "Lifecycle"]
 
 @dataclass
 class ControlState:
-    """The control API's decisions (written by ``Engine`` only)."""
+    """The control API's decisions (written by ``Engine`` and ``AssignmentControl`` only)."""
 
     factor: int  # lanes per partition given to every new or resized partition
     # Invariant: never decreases.

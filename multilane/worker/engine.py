@@ -13,8 +13,9 @@ loop's thread. :class:`Engine` wires parts that each own their fields and hold o
   progress cycle;
 - ``housekeeping``: the *housekeeping loop* (commit cycle, watchdog, lag, rate, learner figures),
   the *progress loop* and the *producer loop*; ``reopen``: reopen after a lost state change;
-- ``views``: the status; ``hooks``: the typed state hooks; ``control_state``: what the control API
-  decided (this module is its only writer);
+- ``assignment``: the control verbs over partitions (assign, release, factor, pause, fence) and
+  their fencing rules; ``control_state``: what they decided (written there and here only);
+- ``views``: the status; ``hooks``: the typed state hooks;
 - ``partition``, ``lanes``, ``flow``, ``retry``, ``watchdog``, ``progress_store``, ``admin``: one
   partition, lane runners, bounds, retries and dead letters, stall detection, progress persistence,
   topic creation.
@@ -47,6 +48,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 
 from multilane.api import Processor, is_async_processor
 from multilane.worker.admin import ensure_topic, max_partition_count, security_config
+from multilane.worker.assignment import AssignmentControl, normalise_partitions
 from multilane.worker.commits import CommitCycle, ProgressCycle
 from multilane.worker.config import EngineConfig, TopicPartitionId
 from multilane.worker.control_state import ControlState, Lifecycle
@@ -65,7 +67,7 @@ from multilane.worker.lanes import LaneEnv
 from multilane.worker.learner_calls import LearnerCalls
 from multilane.worker.metrics import LatencyHistogram, WorkerMetrics
 from multilane.worker.ownership import EngineError, FencingError, Ownership, ReleaseResult, RuntimeFactory
-from multilane.worker.partition import PartitionRuntime, Phase
+from multilane.worker.partition import PartitionRuntime
 from multilane.worker.partition_set import PartitionSet
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.reopen import Reopener
@@ -123,6 +125,8 @@ class Engine:
         self._reopener: Reopener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._control_lock = asyncio.Lock()
+        self._assignment = AssignmentControl(config, self.control, self.partitions, self._control_lock,
+                                             self._started, lambda: self._ownership)
         self._learner_calls = LearnerCalls(self._hooks.learner, self.partitions, self._control_lock,
                                            self._run_io, config.operator_mode)
         self._stop_requested: asyncio.Event | None = None
@@ -312,94 +316,27 @@ class Engine:
     async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
                      release_deadline_s: float = 30.0,
                      progress: Mapping[TopicPartitionId, bytes] | None = None) -> list[ReleaseResult]:
-        """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``.
-
-        1. Refuse (FencingError) a generation below the current one, or, while fenced
-           (:meth:`fence`), one not above the generation held when fenced; adopt the new generation.
-        2. Release partitions no longer wanted (drain up to the deadline, final commit). After a
-           fence: drop every fenced partition without committing, then lift the fence.
-        3. Add new partitions at their committed offset, skipping what their progress says is done
-           (``progress``: records their last owners released, used when they fit the committed offset).
-        """
-        if not self.config.operator_mode:
-            raise EngineError("assign() is for operator mode; standalone mode uses group rebalances")
-        wanted = _normalise(partitions)
-        ownership = self._started()
-        control = self.control
-        async with self._control_lock:
-            # 1. fencing
-            if generation < control.generation:
-                raise FencingError(f"assignment generation {generation} is older than current "
-                                   f"generation {control.generation}")
-            if control.fenced_at is not None and generation <= control.fenced_at:
-                raise FencingError(f"fenced (lease lost) at generation {control.fenced_at}: waiting for "
-                                   f"a higher generation than {generation}")
-            if control.fenced_at is not None and control.lease_lost:
-                # the operator may not see the Lease as expired yet; processing resumes only once it
-                # is held again (else a new owner could start while this worker still runs)
-                raise FencingError(f"fenced (lease lost) at generation {control.fenced_at}: the lease is "
-                                   "not renewed yet")
-            control.generation = generation
-            self.partitions.settle()  # this assignment decides every partition
-            # 2. release (fenced partitions: dropped uncommitted, re-added fresh if still wanted)
-            if control.fenced_at is not None:
-                fenced = [p for p in self.partitions if p.phase == Phase.FENCED]
-                await ownership.release(fenced, 0.0, unassign=True, commit=False)
-                control.fenced_at = None
-                ownership.commits.fenced = False
-                log.info("fence lifted by generation %d", generation)
-            gone = [p for p in self.partitions if (p.topic, p.partition) not in wanted]
-            released = await ownership.release(gone, release_deadline_s, unassign=True, close_after=True)
-            # 3. add
-            new = [tp for tp in wanted if tp not in self.partitions]
-            if new:
-                await ownership.add(new, progress)
-            return released
+        """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``
+        (:meth:`AssignmentControl.assign`, numbered steps); ``progress``: records the partitions'
+        last owners released."""
+        return await self._assignment.assign(partitions, generation, release_deadline_s, progress)
 
     async def release(self, partitions: Iterable[TopicPartitionId],
                       deadline_s: float = 30.0) -> list[ReleaseResult]:
         """Drain and hand back partitions; returns their final committed offsets."""
-        tps = _normalise(partitions)
-        ownership = self._started()
-        async with self._control_lock:
-            self.partitions.settle(tps)
-            unknown = [tp for tp in tps if tp not in self.partitions]
-            if unknown:
-                log.info("release of partitions not owned: %s", unknown)
-            return await ownership.release(self.partitions.owned(tps), deadline_s,
-                                           unassign=self.config.operator_mode,
-                                           close_after=self.config.operator_mode)
+        return await self._assignment.release(partitions, deadline_s)
 
     async def set_factor(self, factor: int) -> int:
         """Change lanes per partition at run time (quiesce + re-route; see LaneGroup.resize)."""
-        if not isinstance(factor, int) or isinstance(factor, bool) or not 1 <= factor <= 65536:
-            raise EngineError(f"factor must be an int in [1, 65536], got {factor!r}")
-        async with self._control_lock:
-            self.control.factor = factor
-            await asyncio.gather(*(p.lanes.resize(factor) for p in self.partitions
-                                   if p.phase != Phase.FENCED))
-        return factor
+        return await self._assignment.set_factor(factor)
 
     def pause(self) -> bool:
         """Stop fetching every partition (records in flight still finish)."""
-        self.control.user_paused = True
-        parts = self.partitions.owned()
-        for p in parts:
-            p.user_paused = True
-        if self._fetch is not None:
-            self._fetch.pause_fetch(parts)
-        return True
+        return self._assignment.pause()
 
     def resume(self) -> bool:
         """Undo :meth:`pause` (partitions paused by back-pressure stay paused until drained)."""
-        self.control.user_paused = False
-        for p in self.partitions:
-            p.user_paused = False
-            if not p.flow_counters.paused and p.phase == Phase.ACTIVE:
-                if self._fetch is None:
-                    raise EngineError("the engine has not started")
-                self._fetch.resume_fetch(p)
-        return False
+        return self._assignment.resume()
 
     @property
     def generation(self) -> int:
@@ -414,50 +351,16 @@ class Engine:
         """True between :meth:`fence` and the next accepted assignment."""
         return self.control.fenced_at is not None
 
+
     def lease_renewed(self) -> None:
-        """The Lease is held again (``LeaseKeeper``'s ``on_renewed``): a fenced engine may now accept
-        an assignment with a higher generation (it stays fenced until one arrives)."""
-        self.control.lease_lost = False
+        """The Lease is held again: a fenced engine may accept a higher generation
+        (:meth:`AssignmentControl.lease_renewed`)."""
+        self._assignment.lease_renewed()
 
     def fence(self) -> None:
-        """Stop processing and committing at once: the worker's Lease was lost (``LeaseKeeper``'s
-        ``on_lost``), so the operator may hand its partitions to another worker (steps 1-4).
-        Synchronous, on the loop thread, without awaiting; idempotent; operator mode only.
-
-        1. Commits stop: the commit cycle sends no further commit request (also one already running),
-           and no release or stop commits a fenced partition.
-        2. Every owned partition goes to phase ``fenced``: its fetching is paused, and messages
-           already fetched for it are ignored by the fetch loop.
-        3. Its lanes are closed: queued records are dropped, running async records cancelled, a
-           thread-pool batch stops after its current record; outcomes arriving later are ignored.
-        4. :meth:`assign` refuses every generation up to the current one, and every generation while
-           the Lease is not renewed (:meth:`lease_renewed`); then an assignment with a higher
-           generation drops the fenced partitions without committing and adds the wanted ones from
-           their committed offsets (the next owner may have committed meanwhile). Until then the
-           reopen of a partition whose state lost a change does not run.
-        """
-        if not self.config.operator_mode:
-            raise EngineError("fence() is for operator mode (the Lease belongs to the operator)")
-        control = self.control
-        control.lease_lost = True
-        if control.fenced_at is not None:
-            return
-        # 1. no more commits
-        control.fenced_at = control.generation
-        if self._commits is not None:
-            self._commits.fenced = True
-        # 2. stop fetching
-        parts = self.partitions.owned()
-        for p in parts:
-            p.phase = Phase.FENCED
-        if self._fetch is not None:
-            self._fetch.pause_fetch(parts)
-        # 3. stop processing
-        for p in parts:
-            p.close()
-        # 4. (assign) wait for a higher generation
-        log.error("fenced at generation %d: stopped processing and committing %s", control.generation,
-                  [(p.topic, p.partition) for p in parts])
+        """Stop processing and committing at once: the worker's Lease was lost
+        (:meth:`AssignmentControl.fence`, numbered steps; operator mode only)."""
+        self._assignment.fence()
 
     # -- learner calls (learner hooks; docs/state.md, "Learner protocol"; multilane.worker.learner_calls) --
 
@@ -469,7 +372,7 @@ class Engine:
     async def learn(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Start learning partitions this worker does not process (``hooks.learn``; returns once each
         learner's tail thread runs). A partition this engine owns is refused by the hooks."""
-        tps = _normalise(partitions)
+        tps = normalise_partitions(partitions)
         fn = self._learner_calls.hooks("learn").learn
         return await self._learner_calls.each(self._started(), fn, tps)
 
@@ -477,20 +380,20 @@ class Engine:
         """Check that each partition is learning here, healthy and caught up (``hooks.promote``;
         raises the hooks' ``StatePhaseError`` otherwise). The switch itself is the assignment: opening
         a learning partition (:meth:`assign`) is the promotion."""
-        return await self._learner_calls.promote(_normalise(partitions))
+        return await self._learner_calls.promote(normalise_partitions(partitions))
 
     async def demote(self, partitions: Iterable[TopicPartitionId],
                      deadline_s: float = 30.0) -> list[ReleaseResult]:
         """Active -> learner: release what this engine owns, then learn from the checkpoint
         (:meth:`LearnerCalls.demote`); returns the released partitions with their final offsets."""
-        tps = _normalise(partitions)
+        tps = normalise_partitions(partitions)
         self._learner_calls.hooks("demote")
         return await self._learner_calls.demote(self._started(), tps, deadline_s)
 
     async def drop(self, partitions: Iterable[TopicPartitionId]) -> list[TopicPartitionId]:
         """Stop learning and delete the local state of partitions (``hooks.drop``); refused by the
         hooks for a partition that is active here (release it first)."""
-        tps = _normalise(partitions)
+        tps = normalise_partitions(partitions)
         fn = self._learner_calls.hooks("drop").drop
         return await self._learner_calls.each(self._started(), fn, tps)
 
@@ -555,21 +458,3 @@ class Engine:
         """Create a dead-letter topic if it does not exist (blocking, short timeout)."""
         cfg = self.config
         ensure_topic(cfg.bootstrap_servers, topic, security_config(cfg.consumer_overrides))
-
-
-def _normalise(partitions: Iterable[Any]) -> list[TopicPartitionId]:
-    out: list[TopicPartitionId] = []
-    for tp in partitions:
-        if isinstance(tp, dict):
-            topic, part = tp.get("topic"), tp.get("partition")
-        else:
-            try:
-                topic, part = tp
-            except (TypeError, ValueError) as exc:
-                raise EngineError(f"a partition must be (topic, partition), got {tp!r}") from exc
-        if not isinstance(topic, str) or not topic or not isinstance(part, int) or isinstance(part, bool) \
-                or part < 0:
-            raise EngineError(f"a partition must be (topic: str, partition: int >= 0), got {tp!r}")
-        if (topic, part) not in out:
-            out.append((topic, part))
-    return out

@@ -16,7 +16,8 @@ from multilane.api import OrderingMode
 from multilane.formats.keyranges import key_hash
 from multilane.formats.progress import ProgressRecord, intervals_from_offsets
 from multilane.worker.flow import FlowController, FlowCounters
-from multilane.worker.lanes import Lane, LaneEnv, LaneGroup, Work
+from multilane.worker.lane_group import LaneGroup
+from multilane.worker.lanes import Lane, LaneEnv, Work
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.offsets import OffsetTracker
 from multilane.worker.retry import DeadLetterPublisher, RetryLog, RetryPolicy

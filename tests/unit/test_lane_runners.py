@@ -121,3 +121,61 @@ def test_key_mode_still_hashes_and_routes_by_key() -> None:
 
     got = asyncio.run(main())
     assert got == {(b"k%d" % i, key_hash(b"k%d" % i)) for i in range(50)}
+
+
+def test_a_context_kept_by_the_processor_is_never_changed_afterwards() -> None:
+    """Runners reuse a Context only when nothing else refers to it: one the processor keeps (every
+    other record here) must still describe its own record after later records ran, and every attempt
+    sees its own record's fields (state and outputs reset, even after the processor set them)."""
+
+    async def main() -> tuple[list[Any], list[tuple[int, int]], int]:
+        kept: list[Any] = []
+        checked: list[tuple[int, int]] = []
+        reused = 0
+        last: dict[int, int] = {}  # lane -> id of the Context of that runner's previous record
+
+        async def proc(rec: Any, ctx: Any) -> None:
+            nonlocal reused
+            assert (ctx.topic, ctx.partition, ctx.offset, ctx.key, ctx.headers, ctx.attempt) == \
+                (rec.topic, rec.partition, rec.offset, rec.key, rec.headers, 1)
+            assert ctx.state is None and ctx.outputs is None
+            checked.append((rec.offset, ctx.lane))
+            if last.get(ctx.lane) == id(ctx):
+                reused += 1
+            last[ctx.lane] = id(ctx)
+            ctx.outputs = object()  # a wrapper's sink: the next attempt must not see it
+            if rec.offset % 2 == 0:
+                kept.append(ctx)
+
+        rt = _runtime(proc, OrderingMode.UNORDERED, 4)
+        rt.lanes.start()
+        await asyncio.sleep(0)
+        msgs = _msgs(400)
+        i = 0
+        while i < len(msgs):
+            i, _ = rt.accept_run(msgs, i, False)
+            await asyncio.sleep(0)
+        await _until(lambda: len(checked) == 400 and not rt.lanes.running, "400 records")
+        rt.lanes.close()
+        return kept, checked, reused
+
+    kept, checked, reused = asyncio.run(main())
+    assert sorted(o for o, _ in checked) == list(range(400))
+    assert sorted(c.offset for c in kept) == list(range(0, 400, 2))
+    assert len({id(c) for c in kept}) == len(kept) == 200  # each kept one is its own object
+    assert reused > 0  # the unkept ones were reused (CPython)
+
+
+def test_histogram_batches_count_like_single_observations() -> None:
+    import random
+
+    rng = random.Random(7)
+    bounds = (0.001, 0.01, 0.1, 1.0)
+    for n in (0, 1, 5, 300):
+        values = [rng.choice([0.0, 0.001, 0.0011, 0.01, 0.5, 1.0, 2.0, rng.random() * 3]) for _ in range(n)]
+        one, many = LatencyHistogram(bounds), LatencyHistogram(bounds)
+        for v in values:
+            one.observe(v)
+        many.observe_many(list(values))
+        assert many.counts == one.counts and many.total == one.total == n
+        assert abs(many.sum - one.sum) < 1e-9
