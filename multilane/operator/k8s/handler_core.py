@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,10 @@ TRANSIENT_REASONS = {"KafkaUnreachable", "TopicNotFound", "CredentialsSecretMiss
 @dataclass(frozen=True)
 class HandlerSettings:
     tick_s: float = 5.0  # control-loop period; scaling decisions are further gated by intervalSeconds
+    # Each consumer's pass runs at its own fixed phase of the tick, in [0, tick_spread * tick_s)
+    # (tick_phase): kopf starts the timers of the consumers it finds together (at start-up, after a
+    # leader change), and passes that all start at once queue on the one event loop. 0: no spread.
+    tick_spread: float = 0.8
     kafka_timeout_s: float = 5.0
     release_deadline_s: float = 30.0
     worker_timeout_s: float = 10.0
@@ -78,6 +83,14 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     settings.networking.request_timeout = 30
     settings.watching.server_timeout = 300
+
+
+def tick_phase(uid: str, tick_s: float, spread: float) -> float:
+    """The fixed delay of a consumer's pass after its timer fires: a point of ``[0, spread * tick_s)``
+    given by the uid (CRC-32, the same in every operator replica and across restarts). Pure."""
+    if spread <= 0 or not uid:
+        return 0.0
+    return zlib.crc32(uid.encode()) / 2**32 * min(spread, 1.0) * tick_s
 
 
 def _ref(body: Mapping[str, Any]) -> ch.ConsumerRef:

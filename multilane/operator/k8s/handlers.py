@@ -63,6 +63,7 @@ from multilane.operator.k8s.handler_core import (
     VERSION,
     HandlerSettings,
     configure_kopf,
+    tick_phase,
 )
 from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION
 
@@ -103,11 +104,17 @@ class OperatorHandlers(ControlPass):
 
         register_indexes(registry)
 
-        @kopf.timer(*resource, interval=self.settings.tick_s, sharp=True, registry=registry)
+        s = self.settings
+
+        @kopf.timer(*resource, interval=s.tick_s, sharp=True, registry=registry)
         async def _tick(body: kopf.Body, **kwargs: Any) -> None:
             cache = getattr(self.platform, "cache", None)
             if isinstance(cache, WatchCache) and not cache.bound:
                 cache.bind(kwargs)  # the kopf indexes (filled before any timer runs)
+            phase = tick_phase(str(body.get("metadata", {}).get("uid", "")), s.tick_s, s.tick_spread)
+            stopped = kwargs.get("stopped")
+            if phase and stopped is not None and await stopped.wait(phase):
+                return  # the object or the operator stops while waiting for this consumer's phase
             await self.tick(body, fresh=False)
 
         @kopf.on.delete(*resource, optional=True, registry=registry)

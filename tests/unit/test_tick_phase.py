@@ -1,0 +1,27 @@
+"""Each consumer's pass runs at its own phase of the tick (HandlerSettings.tick_spread)."""
+
+from __future__ import annotations
+
+import uuid
+
+from multilane.operator.k8s.handler_core import HandlerSettings, tick_phase
+
+
+def test_phase_is_fixed_per_uid_and_within_the_spread() -> None:
+    uids = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(100)]
+    phases = [tick_phase(u, 5.0, 0.8) for u in uids]
+    assert phases == [tick_phase(u, 5.0, 0.8) for u in uids]  # the same in every replica
+    assert all(0.0 <= p < 4.0 for p in phases)
+    # 100 consumers found together do not start their passes together: spread over the window
+    assert max(phases) - min(phases) > 3.0
+    assert len({round(p, 3) for p in phases}) > 90
+
+
+def test_no_spread_or_no_uid_means_no_delay() -> None:
+    assert tick_phase("some-uid", 5.0, 0.0) == 0.0
+    assert tick_phase("", 5.0, 0.8) == 0.0
+    assert tick_phase("some-uid", 5.0, 5.0) < 5.0  # a spread above 1 is capped at one tick
+
+
+def test_default_spread_leaves_a_fifth_of_the_tick_for_the_pass() -> None:
+    assert 0.0 < HandlerSettings().tick_spread <= 0.8
