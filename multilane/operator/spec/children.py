@@ -29,6 +29,10 @@ used (:mod:`multilane.worker.state.owner`).
 A StatefulSet's ``selector``, ``serviceName``, ``volumeClaimTemplates`` and ``podManagementPolicy``
 cannot change (kube-apiserver refuses the update): :func:`statefulset_immutable_changes` names the
 ones a new spec would change, and :func:`statefulset_update` is the patch of the fields that may.
+
+This module renders the StatefulSet (the worker pod template) and lists the children; the identity
+every child carries lives in :mod:`multilane.operator.spec.child_meta`, the other children in
+:mod:`multilane.operator.spec.small_children` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -37,16 +41,42 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from multilane.pipeline import k8s as snapshot_k8s
+from multilane.operator.spec.child_meta import (
+    API_GROUP,
+    API_VERSION,
+    CONSUMER_LABEL,
+    CONTROL_PORT,
+    KIND,
+    LEASE_DURATION_S,
+    METRICS_PORT,
+    ConsumerRef,
+    _labels,
+    _meta,
+    owner_reference,
+    selector_labels,
+)
+from multilane.operator.spec.small_children import (
+    control_token_secret,
+    lease_manifest,
+    pod_disruption_budget,
+    role,
+    role_binding,
+    service,
+    service_account,
+    snapshot_cronjob,
+    snapshot_cronjob_name,
+)
 
 __all__ = [
+    "API_GROUP",
+    "API_VERSION",
     "CONSUMER_LABEL",
     "CONTROL_PORT",
     "DEFAULT_RESOURCES",
     "KAFKA_ENV_PREFIX",
+    "KIND",
     "METRICS_PORT",
     "TEMPLATE_HASH_ANNOTATION",
     "TOKEN_DIR",
@@ -72,18 +102,11 @@ __all__ = [
     "worker_args",
 ]
 
-API_GROUP = "multilane.dev"
-API_VERSION = f"{API_GROUP}/v1alpha1"
-KIND = "ParallelConsumer"
-CONSUMER_LABEL = "multilane.dev/consumer"
-CONTROL_PORT = 8471
-METRICS_PORT = 9464
 TOKEN_DIR = "/var/run/multilane"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 STATE_DIR = "/var/lib/multilane/state"
 KAFKA_ENV_PREFIX = "MULTILANE_KAFKA_"
 STATE_OWNER_ENV = "MULTILANE_STATE_OWNER"
-LEASE_DURATION_S = 15
 #: StatefulSet spec fields an update may change (kube-apiserver refuses changes to any other).
 STATEFULSET_MUTABLE = (
     "replicas",
@@ -103,64 +126,6 @@ POD_SPEC_FIELDS = ("imagePullSecrets", "nodeSelector", "tolerations", "affinity"
 # pod whose value differs from its StatefulSet's runs an outdated template (an image change, or an
 # operator upgrade that renders differently) and is replaced by the operator (OnDelete strategy).
 TEMPLATE_HASH_ANNOTATION = "multilane.dev/template-hash"
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerRef:
-    """Identity of one ParallelConsumer. ``uid`` is the owner-reference target (never empty)."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    @property
-    def workers_service(self) -> str:
-        return f"{self.name}-workers"
-
-    @property
-    def service_account(self) -> str:
-        return f"{self.name}-worker"
-
-    @property
-    def token_secret(self) -> str:
-        return f"{self.name}-control-token"
-
-    def pod_name(self, ordinal: int) -> str:
-        return f"{self.name}-{ordinal}"
-
-
-def selector_labels(ref: ConsumerRef) -> dict[str, str]:
-    return {CONSUMER_LABEL: ref.name}
-
-
-def _labels(ref: ConsumerRef, component: str) -> dict[str, str]:
-    return {
-        CONSUMER_LABEL: ref.name,
-        "app.kubernetes.io/name": "multilane",
-        "app.kubernetes.io/instance": ref.name,
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/managed-by": "multilane-operator",
-    }
-
-
-def owner_reference(ref: ConsumerRef) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": ref.name,
-        "uid": ref.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _meta(ref: ConsumerRef, name: str, component: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": ref.namespace,
-        "labels": _labels(ref, component),
-        "ownerReferences": [owner_reference(ref)],
-    }
 
 
 def worker_args(spec: Mapping[str, Any]) -> list[str]:
@@ -440,123 +405,6 @@ def patch_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("kind") == "StatefulSet" and on_delete:
         strategy["rollingUpdate"] = None  # type: ignore[index]
     return body
-
-
-def service(ref: ConsumerRef) -> dict[str, Any]:
-    """Headless Service giving each worker pod a stable DNS name for its control endpoint."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(ref, ref.workers_service, "worker"),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": selector_labels(ref),
-            "ports": [
-                {"name": "control", "port": CONTROL_PORT, "targetPort": "control"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
-            ],
-        },
-    }
-
-
-def pod_disruption_budget(ref: ConsumerRef) -> dict[str, Any]:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": _meta(ref, ref.name, "worker"),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(ref)}},
-    }
-
-
-def service_account(ref: ConsumerRef) -> dict[str, Any]:
-    meta = _meta(ref, ref.service_account, "worker")
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
-
-
-def role(ref: ConsumerRef, max_replicas: int) -> dict[str, Any]:
-    """get/update of the Leases named after the worker pods ``NAME-0 .. NAME-(max_replicas-1)``."""
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(ref, ref.service_account, "worker"),
-        "rules": [
-            {
-                "apiGroups": ["coordination.k8s.io"],
-                "resources": ["leases"],
-                "resourceNames": [ref.pod_name(i) for i in range(max_replicas)],
-                "verbs": ["get", "update"],
-            }
-        ],
-    }
-
-
-def role_binding(ref: ConsumerRef) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(ref, ref.service_account, "worker"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ref.service_account},
-        "subjects": [{"kind": "ServiceAccount", "name": ref.service_account, "namespace": ref.namespace}],
-    }
-
-
-def control_token_secret(ref: ConsumerRef, token: str) -> dict[str, Any]:
-    """The control-token Secret. Created once; the operator never replaces an existing one."""
-    if len(token) < 32:
-        raise ValueError("control token must be at least 32 characters")
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": _meta(ref, ref.token_secret, "control"),
-        "stringData": {"token": token},
-    }
-
-
-def lease_manifest(ref: ConsumerRef, pod: str) -> dict[str, Any]:
-    """The Lease of one worker pod, created by the operator, renewed by the worker (``LeaseKeeper``).
-
-    No ``renewTime``: a worker counts as live only after it renewed the Lease itself.
-    """
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": _meta(ref, pod, "lease"),
-        "spec": {"holderIdentity": pod, "leaseDurationSeconds": LEASE_DURATION_S},
-    }
-
-
-def snapshot_cronjob_name(ref: ConsumerRef) -> str:
-    """``NAME-snapshot`` (cut with a hash to fit the CronJob name limit, as the renderer does)."""
-    return snapshot_k8s._dns_name(ref.name, "snapshot", 52)
-
-
-def snapshot_cronjob(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The scheduled-snapshot CronJob, or None when state is disabled or no uri/schedule is set.
-
-    ``spec.suspend`` is always False here, so that setting a schedule again resumes a CronJob the
-    operator suspended when the schedule was removed. Removal suspends instead of deleting: the
-    operator already needs ``patch`` on cronjobs, so it needs no ``delete`` (least privilege); the
-    suspended CronJob goes with its owner through the garbage collector.
-    """
-    state = spec.get("state") or {}
-    snapshot = state.get("snapshot") or {}
-    if not state.get("enabled") or not snapshot.get("uri") or not str(snapshot.get("schedule") or "").strip():
-        return None
-    pc = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-        "spec": dict(spec),
-    }
-    cronjob = snapshot_k8s.render_snapshot_cronjob(pc)
-    if cronjob is None:
-        return None
-    cronjob["metadata"]["labels"] = {**cronjob["metadata"]["labels"], **_labels(ref, "snapshot")}
-    cronjob["metadata"]["ownerReferences"] = [owner_reference(ref)]
-    cronjob["spec"]["suspend"] = False
-    return cronjob
 
 
 def children(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> list[dict[str, Any]]:
