@@ -1,4 +1,5 @@
-"""Each consumer's pass runs at its own phase of the tick (HandlerSettings.tick_spread)."""
+"""Each consumer's pass runs at its own phase of the tick (HandlerSettings.tick_spread); a deleted
+consumer's timer is noticed quickly."""
 
 from __future__ import annotations
 
@@ -25,3 +26,15 @@ def test_no_spread_or_no_uid_means_no_delay() -> None:
 
 def test_default_spread_leaves_a_fifth_of_the_tick_for_the_pass() -> None:
     assert 0.0 < HandlerSettings().tick_spread <= 0.8
+
+
+def test_a_deleted_consumers_stopped_timer_is_noticed_within_seconds() -> None:
+    """kopf releases the finalizer of a deleted consumer once its timer has exited, and checks for that
+    every `cancellation_polling` seconds (60 by default: a delete then waited up to a minute)."""
+    import kopf
+
+    from multilane.operator.k8s.handler_core import configure_kopf
+
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings)
+    assert settings.background.cancellation_polling <= 2.0

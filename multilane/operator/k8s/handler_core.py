@@ -74,7 +74,8 @@ class HandlerSettings:
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
     """kopf's own bookkeeping in annotations (the status schema is structural and would prune it);
-    handler log lines become Events only from WARNING up (the operator posts its own Events)."""
+    handler log lines become Events only from WARNING up (the operator posts its own Events); a
+    stopped timer is noticed within a second (deletion)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
@@ -83,6 +84,10 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     settings.networking.request_timeout = 30
     settings.watching.server_timeout = 300
+    # A deleted consumer's timer stops after its running pass; kopf checks whether it has exited every
+    # cancellation_polling seconds (60 by default) and only then releases its finalizer, so a delete
+    # waited up to a minute. Check every second.
+    settings.background.cancellation_polling = 1.0
 
 
 def tick_phase(uid: str, tick_s: float, spread: float) -> float:
