@@ -301,6 +301,7 @@ def _standalone(broker: EmbeddedBroker, topic: str, group: str, worker: str) -> 
                                             "heartbeat.interval.ms": "300"})
 
 
+@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 def test_standalone_revoke_closes_cleanly_after_a_successful_commit(
     broker: EmbeddedBroker, topic_name: str
 ) -> None:

@@ -278,8 +278,9 @@ def _other_side(cp: LocalControlPlane, a: Action) -> str:
 @pytest.mark.parametrize(
     ("step", "kind", "victim", "delay"),
     [
-        ("learning", ActionKind.LEARN, "worker", 0.5),  # the learner dies while restoring
-        ("releasing", ActionKind.RELEASE, "worker", 0.05),  # the source dies while draining
+        # the learner dies while restoring; the source dies while draining (long: -m slow)
+        pytest.param("learning", ActionKind.LEARN, "worker", 0.5, marks=pytest.mark.slow),
+        pytest.param("releasing", ActionKind.RELEASE, "worker", 0.05, marks=pytest.mark.slow),
         ("promoting", ActionKind.PROMOTE, "worker", 0.05),  # the new owner dies while taking over
     ],
 )
@@ -362,6 +363,7 @@ async def test_repeated_rollouts_with_kills_in_every_step(harness: Harness) -> N
     assert_ok(h)
 
 
+@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 async def test_hung_worker_is_fenced_by_heartbeat_before_its_partitions_move(harness: Harness) -> None:
     """SIGSTOP a worker (alive process, no heartbeat): after the lease the platform SIGKILLs it and only
     then places its partitions elsewhere, so the frozen process can never process them again."""

@@ -219,6 +219,7 @@ def test_replays_after_kill9_are_bounded_by_the_last_progress_interval(
 # -- (c) memory bound under a slow processor and a fast producer -----------------------------------
 
 
+@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 def test_rss_stays_bounded_with_slow_processor_and_fast_producer(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
@@ -305,6 +306,7 @@ def proxied_broker() -> Iterator[ProxiedBroker]:
         pb.stop()
 
 
+@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 def test_broker_link_cut_20s_resumes_without_loss(
     proxied_broker: ProxiedBroker, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
@@ -436,7 +438,9 @@ def _produce_keyed(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -
     return out
 
 
-@pytest.mark.parametrize("processor", ["logging_sync", "logging_async"])
+@pytest.mark.parametrize(
+    "processor", ["logging_sync", pytest.param("logging_async", marks=pytest.mark.slow)]
+)
 def test_rebalance_mid_record_keeps_keys_exclusive(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], processor: str
 ) -> None:
