@@ -41,7 +41,6 @@ def test_capacity_change_reads_the_decision_message() -> None:
     assert capacity_change("scale [idle]: replicas 3->1, factor 8->8: idle") == -16
 
 
-@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 @pytest.mark.asyncio(loop_scope="function")
 async def test_burst_through_the_operator(broker: EmbeddedBroker, topic_name: str, tmp_path: Path) -> None:
     broker.create_topic(topic_name, PARTITIONS)

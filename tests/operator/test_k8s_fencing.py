@@ -29,7 +29,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
 CUT_S = 13.0
 
 
-@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 async def test_lease_lost_and_renewed_fences_without_double_processing(k8s: K8sHarness) -> None:
     h = k8s
     runner = h.operator()

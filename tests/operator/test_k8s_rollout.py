@@ -214,7 +214,6 @@ async def test_image_change_rolls_8_workers_on_32_partitions(make_harness: Calla
     await roll_image(h, 8, 120, rate=200, limit_s=400, pause_bound_s=PAUSE_GOAL_S, every_move_a_handoff=True)
 
 
-@pytest.mark.slow  # long scenario: kept out of the default suite's ~15 minutes (run with -m slow)
 async def test_operator_restart_replaces_nothing_and_an_upgrade_rolls(
     make_harness: Callable[[int], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
