@@ -111,7 +111,7 @@ class OperatorHandlers(ControlPass):
             cache = getattr(self.platform, "cache", None)
             if isinstance(cache, WatchCache) and not cache.bound:
                 cache.bind(kwargs)  # the kopf indexes (filled before any timer runs)
-            phase = tick_phase(str(body.get("metadata", {}).get("uid", "")), s.tick_s, s.tick_spread)
+            phase = tick_phase(str(kwargs.get("uid") or ""), s.tick_s, s.tick_spread)  # kopf passes uid
             stopped = kwargs.get("stopped")
             if phase and stopped is not None and await stopped.wait(phase):
                 return  # the object or the operator stops while waiting for this consumer's phase
