@@ -15,6 +15,13 @@ Does no network I/O itself; runs user processors (on the event loop or on a thre
 - A failed record waiting for its retry *parks* its key (blocking lanes only): later records of the
   same key hash wait behind it, other keys keep flowing. When the head finishes (success or dead
   letter) the parked records go back to the front of the queue, in order.
+- A record whose processor returned but whose outputs still wait for the broker's acknowledgement
+  *lends* its runner's place (:func:`lend_slot`, called by :mod:`multilane.worker.outputs`): the lane
+  starts one more runner, so that ``concurrency`` records are being processed while up to
+  ``concurrency`` more only wait for acknowledgements. The record still completes (and may be
+  committed) only when its runner's call returns, after the acknowledgements; a blocking lane parks
+  the record's key meanwhile, so the next record of that key starts only after it completed (as
+  before). Partition mode (one ordering unit) and plain functions do not lend.
 - The lanes of one partition, the routing to them and the factor change are
   :class:`multilane.worker.lane_group.LaneGroup`'s.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import sys
@@ -36,9 +44,25 @@ from typing import Any, Protocol
 from multilane.api import Context, Record
 from multilane.formats.keyranges import KeyRange
 
-__all__ = ["Lane", "LaneEnv", "LaneHost", "RunSlot", "Work"]
+__all__ = ["Lane", "LaneEnv", "LaneHost", "RunSlot", "Work", "lend_slot"]
 
 log = logging.getLogger(__name__)
+
+# The lane and slot of the async runner whose task is running (set once per runner task: a task's
+# context is its own), read by lend_slot().
+_RUNNER: contextvars.ContextVar[tuple[Lane, RunSlot]] = contextvars.ContextVar("multilane_lane_runner")
+
+
+def lend_slot() -> Lane | None:
+    """Called by a processor wrapper (in the processor's call) when the record only waits for its
+    outputs' acknowledgements: lends the runner's place (:meth:`Lane.lend`). Returns the lane, whose
+    :meth:`Lane.unlend` the caller calls when the wait ended; None outside a lane runner, or when the
+    lane does not lend (nothing to undo)."""
+    current = _RUNNER.get(None)
+    if current is None:
+        return None
+    lane, slot = current
+    return lane if lane.lend(slot) else None
 
 
 @dataclass(slots=True, eq=False)
@@ -132,12 +156,26 @@ class Lane:
         self.concurrency = concurrency
         # Set once an attempt waited (suspended) instead of finishing in one step; never reset.
         self.suspends = False
-        self.slots: list[RunSlot] = []
+        self.slots: list[RunSlot] = []  # every slot ever made (the watchdog scans them); reused
+        self._free: list[RunSlot] = []  # slots of runners that exited, for the next runner
+        # Runner tasks alive. Invariant: live - lent - reserved == concurrency once the runners
+        # reached their loop heads (a runner that finds more takes no record: it stands by, or exits
+        # when more than 2 * concurrency are alive).
+        self.live = 0
+        # Runners whose record only waits for its outputs' acknowledgements (each let one more runner
+        # take records: see lend()); 0 <= lent <= concurrency.
+        self.lent = 0
+        # Runners standing by (async lanes): woken by lend() instead of starting a task per record.
+        self.reserved = 0
+        self._reserve: deque[asyncio.Future[None]] = deque()
         # block key (key hash, or 0 when block_all) -> parked unit (blocking lanes only)
         self.blocked: dict[int, _Parked] = {}
         self._timers: dict[Work, asyncio.TimerHandle] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        # The loop the runners run on (set by the first _spawn): asyncio.get_running_loop() checks the
+        # process id, a system call, on every call.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.processed = 0
         # Thread-pool batches submitted and not yet awaited back. A closed lane's batch stops after its
         # current record; callers that must not overlap a new owner wait for these (see
@@ -151,14 +189,51 @@ class Lane:
             self._spawn()
 
     def _spawn(self) -> None:
-        slot = RunSlot(len(self.slots))
-        self.slots.append(slot)
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = RunSlot(len(self.slots))
+            self.slots.append(slot)
         runner = self._run_async(slot) if self.env.is_async else self._run_sync(slot)
-        task = asyncio.get_running_loop().create_task(runner)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        task = loop.create_task(runner)
         task.add_done_callback(self._runner_done)
-        self._tasks.append(task)
+        self._tasks.add(task)
+        self.live += 1
+
+    def _excess(self) -> bool:
+        """More runners than ``concurrency`` take records (after a shrink, or a lent place returned)."""
+        return self.live - self.lent - self.reserved > self.concurrency
+
+    async def _stand_by(self) -> None:
+        """Wait in the reserve until lend() (or a factor change, or close) needs this runner."""
+        assert self._loop is not None  # a runner runs: _spawn set it
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._reserve.append(fut)
+        self.reserved += 1
+        await fut  # the waker took it off the count
+
+    def _call_reserve(self, n: int) -> int:
+        """Wake up to ``n`` standing-by runners; returns how many."""
+        woken = 0
+        while woken < n and self._reserve:
+            fut = self._reserve.popleft()
+            self.reserved -= 1
+            if not fut.done():
+                fut.set_result(None)
+            woken += 1
+        return woken
+
+    def _retire(self, slot: RunSlot) -> None:
+        """The runner of ``slot`` exits (it returns right after this)."""
+        self.live -= 1
+        slot.work = None
+        self._free.append(slot)
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
         if task.cancelled() or self.closed:
             return
         exc = task.exception()
@@ -168,11 +243,42 @@ class Lane:
     def set_concurrency(self, n: int) -> None:
         """Unordered mode: run ``n`` runners (extra ones exit after their current record)."""
         self.concurrency = n
-        live = sum(1 for t in self._tasks if not t.done())
-        while live < n:
+        self._call_reserve(len(self._reserve))
+        while self.live - self.lent < n:
             self._spawn()
-            live += 1
         self._wake_all()
+
+    # -- lending a runner's place while a record waits for acknowledgements --------------------------
+
+    def lend(self, slot: RunSlot) -> bool:
+        """The record of ``slot``'s runner returned from the user's processor and now only waits for
+        its outputs' acknowledgements: let one more runner take records meanwhile (steps 1-3). Returns
+        False (nothing done) when this lane does not lend; else the caller calls :meth:`unlend` once
+        the wait ended, before its runner goes on.
+
+        1. Refuse in partition mode (one ordering unit), for plain functions (their batches run on a
+           thread) and while ``concurrency`` places are lent already (the bound on records in hand).
+        2. A blocking lane parks the record's key: the next record of the key waits until this one
+           completed, exactly as if the runner still held its place.
+        3. Start a runner if fewer than ``concurrency`` take records now.
+        """
+        # 1.
+        work = slot.work
+        if self.block_all or self.closed or not self.env.is_async or work is None \
+                or self.lent >= self.concurrency:
+            return False
+        self.lent += 1
+        # 2.
+        if self.blocking and work.key_hash not in self.blocked:
+            self.blocked[work.key_hash] = _Parked(work)
+        # 3.
+        if self.live - self.lent - self.reserved < self.concurrency and not self._call_reserve(1):
+            self._spawn()
+        return True
+
+    def unlend(self) -> None:
+        """The lent wait ended; the runner finishes its record (an extra runner exits at its loop head)."""
+        self.lent -= 1
 
     def close(self) -> None:
         """Stop the runners (cancelling running async records) and the retry timers."""
@@ -234,7 +340,8 @@ class Lane:
             self._wake_one()
 
     async def _idle(self) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        assert self._loop is not None  # a runner runs: _spawn set it
+        fut: asyncio.Future[None] = self._loop.create_future()
         self._waiters.append(fut)
         await fut
 
@@ -315,8 +422,10 @@ class Lane:
             ctx.state = view(rec.topic, rec.partition, rec.key, self.key_range, rec.offset, work.key_hash)
         return rec, ctx
 
-    def _exit_now(self, slot: RunSlot) -> bool:
-        return self.closed or slot.index >= self.concurrency
+    def _exit_now(self) -> bool:
+        """At the loop head of a runner that takes no record now: True when it must exit (closed, or
+        an excess runner that cannot stand by)."""
+        return self.closed or (self._excess() and (not self.env.is_async or self.live > 2 * self.concurrency))
 
     async def _run_async(self, slot: RunSlot) -> None:
         # The hot loop: locals for everything touched per record; no Task per record. The processor's
@@ -345,13 +454,18 @@ class Lane:
         getrefcount: Callable[[object], int] = sys.getrefcount if reuse else _no_count
         ctx: Context | None = None
         sole = -1  # never equal to a reference count until measured
+        _RUNNER.set((self, slot))
         if not self.suspends:
             call_soon(check_wait)
         while True:
-            if not q or self.holding or slot.index >= self.concurrency:
-                if self._exit_now(slot):
+            if not q or self.holding or self.live - self.lent - self.reserved > self.concurrency:
+                if self._exit_now():
+                    self._retire(slot)
                     return
-                await self._idle()
+                if self._excess():
+                    await self._stand_by()
+                else:
+                    await self._idle()
                 now = 0.0
                 if not self.suspends:
                     call_soon(check_wait)
@@ -420,8 +534,9 @@ class Lane:
         loop = asyncio.get_running_loop()
         env = self.env
         while True:
-            if not q or self.holding or slot.index >= self.concurrency:
-                if self._exit_now(slot):
+            if not q or self.holding or self._excess():
+                if self._exit_now():
+                    self._retire(slot)
                     return
                 await self._idle()
                 continue

@@ -6,7 +6,9 @@ How an output is tied to its input's commit (steps 1-4, in :func:`with_outputs`)
 1. Each attempt gets a fresh :class:`RecordOutputs` as ``ctx.outputs``; ``ctx.produce`` hands every
    output to the worker's one :class:`OutputProducer` (idempotent, ``acks=all``) and counts it.
 2. The processor returns.
-3. The wrapper waits until the broker acknowledged (or refused) every output of the attempt. The
+3. The wrapper waits until the broker acknowledged (or refused) every output of the attempt, lending
+   its runner's place to the next record meanwhile (:func:`multilane.worker.lanes.lend_slot`: the
+   in-flight bound counts records being processed, not records waiting for acknowledgements). The
    delivery reports are served on the engine's loop, on demand (``poll(0)`` once per loop turn while
    outputs are out, see :class:`OutputProducer`): a report resolves its async waiter's future directly,
    and sets a sync waiter's ``threading.Event``. Without a loop, a poll thread serves them instead.
@@ -36,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from multilane.api import Context, Processor, Record, is_async_processor, needs_state, processor_needs_state
+from multilane.worker.lanes import lend_slot
 
 __all__ = ["OutputDeliveryError", "OutputProducer", "RecordOutputs", "output_producer_config", "with_outputs"]
 
@@ -396,9 +399,17 @@ def with_outputs(processor: Processor, out: OutputProducer) -> Processor:
             sink = ctx.outputs = RecordOutputs(out)
             # 2.
             await async_proc(record, ctx)
-            # 3.-4.
+            # 3.-4. (the wait lends the runner's place to the next record: lanes.lend_slot)
             if sink.produced:
-                await settle_async(sink)
+                if sink.finished == sink.produced:
+                    sink.raise_if_failed()
+                    return
+                lane = lend_slot()
+                try:
+                    await settle_async(sink)
+                finally:
+                    if lane is not None:
+                        lane.unlend()
 
         wrapped = run_with_outputs_async
     else:
