@@ -18,7 +18,7 @@ Does no network I/O itself; runs user processors (on the event loop or on a thre
 - A record whose processor returned but whose outputs still wait for the broker's acknowledgement
   *lends* its runner's place (:func:`lend_slot`, called by :mod:`multilane.worker.outputs`): the lane
   starts one more runner, so that ``concurrency`` records are being processed while up to
-  ``concurrency`` more only wait for acknowledgements. The record still completes (and may be
+  ``LEND_FACTOR * concurrency`` more only wait for acknowledgements. The record still completes (and may be
   committed) only when its runner's call returns, after the acknowledgements; a blocking lane parks
   the record's key meanwhile, so the next record of that key starts only after it completed (as
   before). Partition mode (one ordering unit) and plain functions do not lend.
@@ -47,6 +47,12 @@ from multilane.formats.keyranges import KeyRange
 __all__ = ["Lane", "LaneEnv", "LaneHost", "RunSlot", "Work", "lend_slot"]
 
 log = logging.getLogger(__name__)
+
+#: How many records per place in flight may wait only for their outputs' acknowledgements (lent
+#: places, see Lane.lend): with acknowledgements up to this many times slower than the processing,
+#: the lane still processes ``concurrency`` records at once. The process's in-flight bound
+#: (``--max-in-flight``) holds regardless.
+LEND_FACTOR = 4
 
 # The lane and slot of the async runner whose task is running (set once per runner task: a task's
 # context is its own), read by lend_slot().
@@ -160,10 +166,10 @@ class Lane:
         self._free: list[RunSlot] = []  # slots of runners that exited, for the next runner
         # Runner tasks alive. Invariant: live - lent - reserved == concurrency once the runners
         # reached their loop heads (a runner that finds more takes no record: it stands by, or exits
-        # when more than 2 * concurrency are alive).
+        # when more than (1 + LEND_FACTOR) * concurrency are alive).
         self.live = 0
         # Runners whose record only waits for its outputs' acknowledgements (each let one more runner
-        # take records: see lend()); 0 <= lent <= concurrency.
+        # take records: see lend()); 0 <= lent <= LEND_FACTOR * concurrency.
         self.lent = 0
         # Runners standing by (async lanes): woken by lend() instead of starting a task per record.
         self.reserved = 0
@@ -257,7 +263,8 @@ class Lane:
         the wait ended, before its runner goes on.
 
         1. Refuse in partition mode (one ordering unit), for plain functions (their batches run on a
-           thread) and while ``concurrency`` places are lent already (the bound on records in hand).
+           thread) and while ``LEND_FACTOR * concurrency`` places are lent already (the bound on
+           records in hand).
         2. A blocking lane parks the record's key: the next record of the key waits until this one
            completed, exactly as if the runner still held its place.
         3. Start a runner if fewer than ``concurrency`` take records now.
@@ -265,7 +272,7 @@ class Lane:
         # 1.
         work = slot.work
         if self.block_all or self.closed or not self.env.is_async or work is None \
-                or self.lent >= self.concurrency:
+                or self.lent >= LEND_FACTOR * self.concurrency:
             return False
         self.lent += 1
         # 2.
@@ -425,7 +432,8 @@ class Lane:
     def _exit_now(self) -> bool:
         """At the loop head of a runner that takes no record now: True when it must exit (closed, or
         an excess runner that cannot stand by)."""
-        return self.closed or (self._excess() and (not self.env.is_async or self.live > 2 * self.concurrency))
+        return self.closed or (self._excess() and (not self.env.is_async
+                                                   or self.live > (1 + LEND_FACTOR) * self.concurrency))
 
     async def _run_async(self, slot: RunSlot) -> None:
         # The hot loop: locals for everything touched per record; no Task per record. The processor's

@@ -14,7 +14,7 @@ from confluent_kafka import Message
 
 from multilane.api import Context, OrderingMode, Record
 from multilane.worker.flow import FlowController
-from multilane.worker.lanes import LaneEnv
+from multilane.worker.lanes import LEND_FACTOR, LaneEnv
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.outputs import OutputProducer, with_outputs
 from multilane.worker.partition import PartitionRuntime, Phase
@@ -123,14 +123,16 @@ def _run(mode: OrderingMode, factor: int, keys: list[bytes]) -> Outcome:
 
 
 def test_unordered_processes_the_next_records_while_outputs_wait() -> None:
-    # F=2: two records processed, both wait for acknowledgements and lend their places; two more are
-    # processed and wait holding their places (at most F lent); the other two wait in the queue.
-    keys = [b"k%d" % i for i in range(6)]
+    # F=2: two records processed; each then waits for its acknowledgement and lends its place, until
+    # LEND_FACTOR * F places are lent; the next two are processed and wait holding their places; the
+    # rest wait in the queue.
+    in_hand = 2 * (1 + LEND_FACTOR)
+    keys = [b"k%d" % i for i in range(in_hand + 3)]
     events, held_started, held_commit, end_commit = _run(OrderingMode.UNORDERED, 2, keys)
-    assert sorted(held_started) == [0, 1, 2, 3]
+    assert sorted(held_started) == list(range(in_hand))
     assert held_commit == 0
-    assert end_commit == 6
-    assert sorted(o for e, o in events if e == "done") == list(range(6))
+    assert end_commit == len(keys)
+    assert sorted(o for e, o in events if e == "done") == list(range(len(keys)))
 
 
 def test_key_mode_runs_other_keys_but_never_the_same_key_early() -> None:
