@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat, takewhile
+from operator import call
 
 __all__ = ["OffsetError", "OffsetTracker"]
 
@@ -123,10 +124,8 @@ class OffsetTracker:
             done.difference_update(head)
             if len(head) == len(window):
                 window.clear()
-            else:
-                popleft = window.popleft
-                for _ in repeat(None, len(head)):
-                    popleft()
+            else:  # popleft len(head) times inside C (deque() with maxlen 0 only consumes)
+                deque(map(call, repeat(window.popleft, len(head))), 0)
         if window:
             return window[0]
         return self._next
@@ -143,6 +142,9 @@ class OffsetTracker:
 
     def completed_above(self, base: int) -> list[int]:
         """Sorted completed offsets ``>= base`` still in the window (for unordered-mode progress)."""
+        window = self._window
+        if window and base <= window[0]:
+            return sorted(self._done)  # every completed offset in the window is >= its head
         return sorted(o for o in self._done if o >= base)
 
     def is_complete(self, offset: int) -> bool:

@@ -42,6 +42,10 @@ class Phase:
 
 _KEY_CACHE_MAX = 200_000
 _offset_of = attrgetter("offset")
+# accept_run builds work items with object.__new__ and sets each of these fields itself (no __init__)
+_new_work = object.__new__
+WORK_FIELDS = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms", "key_hash",
+               "nbytes", "attempt")
 _nbytes_of = attrgetter("nbytes")
 
 
@@ -154,6 +158,7 @@ class PartitionRuntime:
         refused = False
         restoring = self.restore is not None
         hash_keys = self._hash_keys
+        new_work = _new_work
         # 2. per message
         while j < n:
             m = msgs[j]
@@ -193,8 +198,19 @@ class PartitionRuntime:
             pos = offset + 1
             if inflight is not None:
                 inflight[offset] = kh
-            work = Work(topic, partition, offset, key, value, m.headers() or [], m.timestamp()[1],
-                        kh, nbytes)
+            # The work item without the dataclass __init__ call (one Python frame a record): every
+            # field of Work stored here (WORK_FIELDS; tests/unit/test_partition_work.py holds them equal).
+            work = new_work(Work)
+            work.topic = topic
+            work.partition = partition
+            work.offset = offset
+            work.key = key
+            work.value = value
+            work.headers = m.headers() or []
+            work.timestamp_ms = m.timestamp()[1]
+            work.key_hash = kh
+            work.nbytes = nbytes
+            work.attempt = 1
             if single is not None:
                 single(work)
             else:

@@ -179,3 +179,19 @@ def test_property_bulk_forms_match_one_at_a_time(data: st.DataObject) -> None:
     assert bulk.committable() == single.committable()
     with pytest.raises(OffsetError):
         bulk.complete_many([nxt + 5])  # never added
+
+
+def test_completed_above_below_at_and_inside_the_window() -> None:
+    t = OffsetTracker(100)
+    t.add_many([100, 101, 102, 105, 106, 107])
+    t.complete_many([101, 105, 107])
+    assert t.committable() == 100
+    assert t.completed_above(0) == [101, 105, 107]  # base below the head: every completed offset
+    assert t.completed_above(100) == [101, 105, 107]
+    assert t.completed_above(102) == [105, 107]  # base inside the window: only those above it
+    assert t.completed_above(108) == []
+    t.complete_many([100, 102])
+    assert t.committable() == 106  # the slide popped 100, 101, 102, 105 and kept 106, 107
+    assert t.pending == 1 and t.completed_above(106) == [107]
+    t.complete(106)
+    assert t.committable() == 108 and t.pending == 0
