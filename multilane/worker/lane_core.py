@@ -23,13 +23,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from multilane.api import Context, Record
 from multilane.formats.keyranges import KeyRange
-
-if TYPE_CHECKING:
-    from multilane.worker.lanes import Lane
 
 __all__ = ["LEND_FACTOR", "LaneCore", "LaneEnv", "LaneHost", "RunSlot", "Work"]
 
@@ -84,7 +81,7 @@ class LaneHost(Protocol):
 
     def on_success(self, work: Work, seconds: float) -> None: ...
     def on_success_many(self, works: list[Work], durations: list[float]) -> None: ...
-    def on_failure(self, work: Work, exc: BaseException, lane: Lane) -> None: ...
+    def on_failure(self, work: Work, exc: BaseException, lane: LaneCore) -> None: ...
 
 
 @dataclass

@@ -16,8 +16,9 @@ from multilane.api import OrderingMode
 from multilane.formats.keyranges import key_hash
 from multilane.formats.progress import ProgressRecord, intervals_from_offsets
 from multilane.worker.flow import FlowController, FlowCounters
+from multilane.worker.lane_core import LaneCore
 from multilane.worker.lane_group import LaneGroup
-from multilane.worker.lanes import Lane, LaneEnv, Work
+from multilane.worker.lanes import LaneEnv, Work
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.offsets import OffsetTracker
 from multilane.worker.retry import DeadLetterPublisher, RetryLog, RetryPolicy
@@ -284,7 +285,7 @@ class PartitionRuntime:
         works.clear()
         durations.clear()
 
-    def on_failure(self, work: Work, exc: BaseException, lane: Lane) -> None:
+    def on_failure(self, work: Work, exc: BaseException, lane: LaneCore) -> None:
         if self.closed:
             return
         self.flush()
