@@ -135,6 +135,7 @@ class WorkerFleetDouble:
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]:
         worker = self._worker(base_url)
         want = set(partitions)

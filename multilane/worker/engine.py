@@ -315,11 +315,13 @@ class Engine:
 
     async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
                      release_deadline_s: float = 30.0,
-                     progress: Mapping[TopicPartitionId, bytes] | None = None) -> list[ReleaseResult]:
+                     progress: Mapping[TopicPartitionId, bytes] | None = None,
+                     changelog_ends: Mapping[TopicPartitionId, int] | None = None) -> list[ReleaseResult]:
         """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``
         (:meth:`AssignmentControl.assign`, numbered steps); ``progress``: records the partitions'
-        last owners released."""
-        return await self._assignment.assign(partitions, generation, release_deadline_s, progress)
+        last owners released; ``changelog_ends``: the changelog ends they released at."""
+        return await self._assignment.assign(partitions, generation, release_deadline_s, progress,
+                                             changelog_ends)
 
     async def release(self, partitions: Iterable[TopicPartitionId],
                       deadline_s: float = 30.0) -> list[ReleaseResult]:

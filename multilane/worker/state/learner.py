@@ -24,10 +24,15 @@ Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine ope
    the learner applied up to, and every unverified source (carried over from a checkpoint or a
    demotion) is applicable; otherwise report that a full restore is needed;
 3. switch the filter to the engine's committed offset and progress record, and read the changelog to
-   its end from a fresh fetch (every change the old owner flushed before its final commit is there);
+   its end: to the end offset the old owner released at when the promotion was handed it (every
+   change the old owner flushed before its final commit lies below it; the tail thread usually read
+   there already, so nothing is fetched), else (or when that end is not read within
+   ``handed_end_wait_s``) from a fresh fetch until its end-of-partition event (which comes after
+   every change the old owner flushed);
 4. apply the held-back changes that are now applicable, in changelog order, and drop the rest (their
    records are processed again by the new owner).
-The pause is the time of steps 3-4: one fetch round-trip plus the tail written since the last poll.
+The pause is the time of steps 3-4: with a handed-over end, the records the tail thread had not read
+yet; without, one fetch round-trip plus the tail written since the last poll.
 Nothing in it depends on the size of the state: the store is handed over open (no reopen, no flush,
 no compaction, no iteration); only a learner promoted before it ever caught up still ends its bulk
 load there (a flush of at most the bulk memtables, no compaction).
@@ -106,6 +111,8 @@ class PartitionLearner:
         self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
         self._poll_interval_s = poll_interval_s
         self.compaction_wait_s = 300.0  # longest wait for the compaction after the initial bulk load
+        # longest read toward a handed-over changelog end before falling back to a fresh fetch
+        self.handed_end_wait_s = 5.0
         self._snapshots = snapshots
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -248,8 +255,12 @@ class PartitionLearner:
 
     # -- promotion and checkpoints --------------------------------------------------------------------
 
-    def promote(self, committed_offset: int, progress: DoneOracle | None) -> PromotionResult:
-        """Make the store current for the engine's committed offset (steps 1-4 of the module doc)."""
+    def promote(
+        self, committed_offset: int, progress: DoneOracle | None, changelog_end: int | None = None
+    ) -> PromotionResult:
+        """Make the store current for the engine's committed offset (steps 1-4 of the module doc).
+        ``changelog_end``: the changelog end the partition's last owner released at (step 3 then reads
+        on to it instead of waiting for a fresh fetch's end-of-partition event)."""
         t0 = time.monotonic()
         # 1.
         self.stop()
@@ -278,8 +289,9 @@ class PartitionLearner:
         released = self.applier.release()
         if released:
             self.store.apply(released)
-        self.reader.seek(self.reader.position)
-        self.restorer.run_to_end()
+        if changelog_end is None or not self.restorer.run_until(changelog_end, self.handed_end_wait_s):
+            self.reader.seek(self.reader.position)
+            self.restorer.run_to_end()
         caught_up = time.monotonic()
         # 4.
         before = self.applier.applied
