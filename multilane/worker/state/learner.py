@@ -79,6 +79,8 @@ class PartitionLearner:
     applied before this learner started whose records are not known to be committed yet); only the
     tail thread touches the reader, store and applier while it runs."""
 
+    handed_end_wait_s = 5.0  # longest read toward a handed-over changelog end (step 3), then a fresh fetch
+
     def __init__(
         self,
         topic: str,
@@ -111,8 +113,6 @@ class PartitionLearner:
         self.unverified: set[tuple[int, int]] = {s for s in (unverified or set()) if s[0] >= committed_offset}
         self._poll_interval_s = poll_interval_s
         self.compaction_wait_s = 300.0  # longest wait for the compaction after the initial bulk load
-        # longest read toward a handed-over changelog end before falling back to a fresh fetch
-        self.handed_end_wait_s = 5.0
         self._snapshots = snapshots
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
