@@ -331,6 +331,7 @@ class Ownership:
                 if clean[id(p)] and isinstance(self.hooks, HandoverStateHooks):
                     ends[id(p)] = self.hooks.changelog_end(p.topic, p.partition)
                 await io.close_state((p.topic, p.partition), clean[id(p)], close_after)
+        t_closed = time.monotonic()
         # 6. unassign and forget
         if unassign:
             try:
@@ -343,8 +344,9 @@ class Ownership:
             progress = _released_progress(p) if clean[id(p)] else None
             out.append(ReleaseResult(p.topic, p.partition, p.committed, progress,
                                      ends.get(id(p)) if progress is not None else None))
-        log.info("released %s in %.3fs (drain %.3fs, stop %.3fs, commit %.3fs)", [r.to_dict() for r in out],
-                 time.monotonic() - t0, t_drained - t0, t_stopped - t_drained, t_committed - t_stopped)
+        log.info("released %s in %.3fs (drain %.3fs, stop %.3fs, commit %.3fs, close %.3fs, unassign %.3fs)",
+                 [r.to_dict() for r in out], time.monotonic() - t0, t_drained - t0, t_stopped - t_drained,
+                 t_committed - t_stopped, t_closed - t_committed, time.monotonic() - t_closed)
         return out
 
     def drop_lost(self, tps: list[TopicPartitionId]) -> None:

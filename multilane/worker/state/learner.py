@@ -19,7 +19,7 @@ small ``unread`` just before the end) waits for that flush at most, never for th
 the wait like any tail step.
 
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
-1. stop the tail thread;
+1. stop the tail thread (it notices within one read of ``tail_step_s``);
 2. check the learner's store can be used: the engine's committed offset has not moved behind the one
    the learner applied up to, and every unverified source (carried over from a checkpoint or a
    demotion) is applicable; otherwise report that a full restore is needed;
@@ -80,6 +80,9 @@ class PartitionLearner:
     tail thread touches the reader, store and applier while it runs."""
 
     handed_end_wait_s = 5.0  # longest read toward a handed-over changelog end (step 3), then a fresh fetch
+    # The tail thread's longest read: bounds how long a promotion's step 1 waits for the thread to stop
+    # (an idle learner wakes this often).
+    tail_step_s = 0.02
 
     def __init__(
         self,
@@ -138,7 +141,7 @@ class PartitionLearner:
                     self._refresh_committed()
                     next_poll = now + self._poll_interval_s
                 try:
-                    eof = self.restorer.step(0.05)
+                    eof = self.restorer.step(self.tail_step_s)
                 except ChangelogOffsetError as exc:
                     if not from_snapshot:
                         raise
