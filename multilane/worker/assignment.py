@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -59,7 +60,9 @@ class AssignmentControl:
         wanted = normalise_partitions(partitions)
         ownership = self._started()
         control = self.control
+        t0 = time.monotonic()
         async with self._control_lock:
+            locked = time.monotonic()
             # 1. fencing
             if generation < control.generation:
                 raise FencingError(f"assignment generation {generation} is older than current "
@@ -87,6 +90,9 @@ class AssignmentControl:
             new = [tp for tp in wanted if tp not in self.partitions]
             if new:
                 await ownership.add(new, progress, changelog_ends)
+            if new or released:  # where a handoff's call went (the steps log their own parts)
+                log.info("assignment %d: %d released, %d added in %.3fs (waited %.3fs for the control lock)",
+                         generation, len(released), len(new), time.monotonic() - t0, locked - t0)
             return released
 
     async def release(self, partitions: Iterable[TopicPartitionId],
