@@ -393,9 +393,14 @@ class MeteredWorkerControl:
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]:
         try:
-            hints = {"progress": progress} if progress else {}  # an inner control may not take hints
+            hints: dict[str, Any] = {}  # only what is given: an inner control may not take hints
+            if progress:
+                hints["progress"] = progress
+            if changelog_ends:
+                hints["changelog_ends"] = changelog_ends
             return await self.inner.assign(base_url, generation, partitions, release_deadline_s, **hints)
         except WorkerFencedError:
             self.on_fence("generation_refused")

@@ -26,6 +26,11 @@ Apache Kafka; where a test relies on one of these behaviours it says so.
    whole changelog and keeps the newest value per key; nothing depends on compaction having run.
 6. Fetch responses exceed ``fetch.max.bytes`` by about one producer batch. Lives with it: the engine
    does not size ``receive.message.max.bytes`` tightly from ``fetch.max.bytes``.
+7. A consumer positioned at the end gets its end-of-partition event only after the broker held its
+   fetch for ``fetch.wait.max.ms`` (about twice that after a seek: 1.0 s at 500 ms, 0.1 s at 50 ms).
+   Lives with it: a learner's promotion reads to the changelog end its old owner's release handed
+   over instead of waiting for that event (``multilane.worker.state.learner``); the same holds on
+   Apache Kafka, where a fetch at the end also waits ``fetch.wait.max.ms`` for ``fetch.min.bytes``.
 7. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
 """
 

@@ -25,6 +25,7 @@ from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedEr
 __all__ = ["FleetWorker", "WorkerFleetDouble", "fleet_infos"]
 
 COMMITTED_OFFSET = 100  # what every released partition answers as its committed offset
+CHANGELOG_END = 250  # ... and as the end of its changelog
 
 
 def _split(partition: str) -> tuple[str, int]:
@@ -49,9 +50,10 @@ class FleetWorker:
             raise WorkerFencedError(f"{self.name}: {generation} < {self.generation}")
         self.generation = generation
         want = set(partitions)
-        # a release answers its final commit's progress record, as a worker does (issue 22)
+        # a release answers its final commit's progress record and changelog end, as a worker does
         released = [
-            ReleasedPartition(p, COMMITTED_OFFSET, f"progress-of-{p}") for p in sorted(self.partitions - want)
+            ReleasedPartition(p, COMMITTED_OFFSET, f"progress-of-{p}", CHANGELOG_END)
+            for p in sorted(self.partitions - want)
         ]
         for p in want - self.partitions:
             self.learning.pop(p, None)
@@ -108,6 +110,8 @@ class WorkerFleetDouble:
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
         # per assignment push: the worker and the progress records it was handed (partition -> record)
         self.progress_received: list[tuple[str, dict[str, str]]] = []
+        # per assignment push: the worker and the changelog ends it was handed (partition -> offset)
+        self.ends_received: list[tuple[str, dict[str, int]]] = []
         self.learn_ticks = learn_ticks
 
     @property
@@ -135,6 +139,7 @@ class WorkerFleetDouble:
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]:
         worker = self._worker(base_url)
         want = set(partitions)
@@ -148,6 +153,7 @@ class WorkerFleetDouble:
                 assert not others, f"{p} granted to {worker.name} while active on {others}"
         released = worker.push(generation, want)
         self.progress_received.append((worker.name, dict(progress or {})))
+        self.ends_received.append((worker.name, dict(changelog_ends or {})))
         self.calls.append(("assign", worker.name, tuple(sorted(want))))
         return released
 

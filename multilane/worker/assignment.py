@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -42,7 +43,8 @@ class AssignmentControl:
 
     async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
                      release_deadline_s: float = 30.0,
-                     progress: Mapping[TopicPartitionId, bytes] | None = None) -> list[ReleaseResult]:
+                     progress: Mapping[TopicPartitionId, bytes] | None = None,
+                     changelog_ends: Mapping[TopicPartitionId, int] | None = None) -> list[ReleaseResult]:
         """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``.
 
         1. Refuse (FencingError) a generation below the current one, or, while fenced
@@ -50,14 +52,17 @@ class AssignmentControl:
         2. Release partitions no longer wanted (drain up to the deadline, final commit). After a
            fence: drop every fenced partition without committing, then lift the fence.
         3. Add new partitions at their committed offset, skipping what their progress says is done
-           (``progress``: records their last owners released, used when they fit the committed offset).
+           (``progress``: records their last owners released, used when they fit the committed offset;
+           ``changelog_ends``: the changelog ends those releases answered, handed to the state open).
         """
         if not self.config.operator_mode:
             raise EngineError("assign() is for operator mode; standalone mode uses group rebalances")
         wanted = normalise_partitions(partitions)
         ownership = self._started()
         control = self.control
+        t0 = time.monotonic()
         async with self._control_lock:
+            locked = time.monotonic()
             # 1. fencing
             if generation < control.generation:
                 raise FencingError(f"assignment generation {generation} is older than current "
@@ -84,7 +89,10 @@ class AssignmentControl:
             # 3. add
             new = [tp for tp in wanted if tp not in self.partitions]
             if new:
-                await ownership.add(new, progress)
+                await ownership.add(new, progress, changelog_ends)
+            if new or released:  # where a handoff's call went (the steps log their own parts)
+                log.info("assignment %d: %d released, %d added in %.3fs (waited %.3fs for the control lock)",
+                         generation, len(released), len(new), time.monotonic() - t0, locked - t0)
             return released
 
     async def release(self, partitions: Iterable[TopicPartitionId],

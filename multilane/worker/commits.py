@@ -152,6 +152,7 @@ class CommitCycle:
             batch = batch.without(lost)
             if not batch.items:
                 return lost
+        flushed = time.monotonic()
         # 3. progress records (wait for each acknowledgement)
         store = self._store
         unwritten: list[PartitionRuntime] = []
@@ -165,10 +166,16 @@ class CommitCycle:
                     unwritten.append(part)
                     log.warning("progress record for %s/%d not written (%s); committing without it",
                                 part.topic, part.partition, exc)
+        written = time.monotonic()
         # 4. commit
         self._commit(batch, started, synchronous=final)
         for part in unwritten:
             part.last_progress = None  # not what the progress topic holds (and written again next cycle)
+        if final:  # a release's (inside a handoff's pause) or a stop's: where its time went
+            log.info("final commit of %s in %.3fs (state flush %.3fs, progress %.3fs, commit %.3fs)",
+                     [(i.part.topic, i.part.partition, i.offset) for i in batch.items],
+                     time.monotonic() - started, flushed - started, written - flushed,
+                     time.monotonic() - written)
         return lost
 
     def run_blocking(self, parts: Sequence[PartitionRuntime], producer: Any,

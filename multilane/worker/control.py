@@ -110,6 +110,22 @@ def _progress_hints(body: dict[str, Any]) -> dict[tuple[str, int], bytes]:
     return out
 
 
+def _changelog_ends(body: dict[str, Any]) -> dict[tuple[str, int], int]:
+    """The optional ``changelog_end`` of each ``progress`` item (call :func:`_progress_hints` first:
+    it checks the list): where the partition's changelog ended when its last owner released it."""
+    raw = body.get("progress", [])
+    out = {}
+    for (topic, part), item in zip(_partitions({"progress": raw}, "progress"), raw, strict=True):
+        end = item.get("changelog_end")
+        if end is None:
+            continue
+        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
+            raise _BadRequestError(f"bad progress hint for {topic}/{part}: 'changelog_end' must be an "
+                                   "int >= 0")
+        out[(topic, part)] = end
+    return out
+
+
 def _number(body: dict[str, Any], field: str, default: float) -> float:
     v = body.get(field, default)
     if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
@@ -259,7 +275,8 @@ class ControlServer:
             raise _BadRequestError("'generation' must be an int")
         parts = _partitions(body)
         deadline = _number(body, "release_deadline_s", 30.0)
-        released = await self.engine.assign(parts, generation, deadline, _progress_hints(body))
+        hints = _progress_hints(body)
+        released = await self.engine.assign(parts, generation, deadline, hints, _changelog_ends(body))
         return web.json_response({"generation": self.engine.generation,
                                   "released": [r.to_dict() for r in released]})
 

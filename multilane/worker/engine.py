@@ -168,8 +168,9 @@ class Engine:
         fetch = self._fetch = FetchLoop(self._consumer, self.partitions.runtimes, self._flow,
                                         cfg.consume_batch, self._errors, multi_topic)
         dlq = self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic)
+        producer_loop = ProducerLoop(self._producer, self._life)
         store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name, self._producer,
-                              security_config(cfg.consumer_overrides))
+                              security_config(cfg.consumer_overrides), on_produce=producer_loop.wake)
         commits = self._commits = CommitCycle(self._consumer, store, state)
         progress = ProgressCycle(store, self._hooks, commits)
         runtimes = RuntimeFactory(cfg, self.control, env, self._flow, self._retry, dlq, self._hist)
@@ -201,7 +202,7 @@ class Engine:
         self._tasks = [
             loop.create_task(fetch.run(), name="multilane-fetch"),
             loop.create_task(housekeeping.run(), name="multilane-housekeeping"),
-            loop.create_task(ProducerLoop(self._producer, self._life).run(), name="multilane-producer"),
+            loop.create_task(producer_loop.run(), name="multilane-producer"),
         ]
         if cfg.progress_interval_ms > 0:
             progress_loop = ProgressLoop(cfg.progress_interval_ms / 1000.0, self.partitions, progress,
@@ -315,11 +316,13 @@ class Engine:
 
     async def assign(self, partitions: Iterable[TopicPartitionId], generation: int,
                      release_deadline_s: float = 30.0,
-                     progress: Mapping[TopicPartitionId, bytes] | None = None) -> list[ReleaseResult]:
+                     progress: Mapping[TopicPartitionId, bytes] | None = None,
+                     changelog_ends: Mapping[TopicPartitionId, int] | None = None) -> list[ReleaseResult]:
         """Make the assignment exactly ``partitions`` (operator mode); fenced by ``generation``
         (:meth:`AssignmentControl.assign`, numbered steps); ``progress``: records the partitions'
-        last owners released."""
-        return await self._assignment.assign(partitions, generation, release_deadline_s, progress)
+        last owners released; ``changelog_ends``: the changelog ends they released at."""
+        return await self._assignment.assign(partitions, generation, release_deadline_s, progress,
+                                             changelog_ends)
 
     async def release(self, partitions: Iterable[TopicPartitionId],
                       deadline_s: float = 30.0) -> list[ReleaseResult]:

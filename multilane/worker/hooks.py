@@ -9,6 +9,8 @@ implement only :class:`PartitionStateHooks`:
 - :class:`DurableStateHooks`: ``make_durable`` on demand, so that the progress cycle may write
   progress records between commits (without it, progress goes with commits only);
 - :class:`StateStatusHooks`: ``learner_status`` for ``/v1/status`` and ``metrics_collectors``;
+- :class:`HandoverStateHooks`: ``changelog_end`` at a release, handed to the next owner's
+  ``open_partition(..., changelog_end=)`` so that a learner's promotion knows where to stop reading;
 - :class:`LearnerHooks`: the learner verbs behind ``Engine.learn`` / ``promote`` / ``demote`` /
   ``drop`` (without them those raise ``EngineError``, HTTP 404).
 """
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DurableStateHooks",
     "EngineHooks",
+    "HandoverStateHooks",
     "LearnerHooks",
     "PartitionStateHooks",
     "StateStatusHooks",
@@ -70,6 +73,16 @@ class DurableStateHooks(Protocol):
 
     def make_durable(self, topic: str, partition: int) -> None:
         """Wait until the changelog acknowledged every change of the partition made so far."""
+
+
+@runtime_checkable
+class HandoverStateHooks(Protocol):
+    """State hooks that tell, at a release, where the partition's changelog ends; the engine hands it
+    to the next owner with the progress record, whose ``open_partition`` then takes a keyword
+    ``changelog_end`` (only passed when known: hooks without this protocol never receive it)."""
+
+    def changelog_end(self, topic: str, partition: int) -> int | None:
+        """One past the partition's last changelog record (after ``before_commit``); None: unknown."""
 
 
 @runtime_checkable

@@ -9,7 +9,9 @@ Add (:meth:`Ownership.add`, :meth:`Ownership.add_blocking`), numbered as in the 
    on) when it is for the committed offset, else read from the progress topic (else the commit
    metadata); vetted either way.
 3. Open the state (``open_partition``, several partitions in parallel), after any background close
-   of an earlier release of the same partition; all or nothing.
+   of an earlier release of the same partition; all or nothing. The changelog end the last owner
+   released at (the operator's other hint) goes with it, only together with a progress hint that
+   was used (both come from the same clean release).
 4. Create the runtimes, start their lanes, ``incremental_assign`` at the committed offsets.
 
 Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbered as in the code:
@@ -20,7 +22,8 @@ Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbere
 3. Stop the lanes (records still running are abandoned and replayed by the next owner); give the
    thread-pool batches until the deadline to return.
 4. Final synchronous commit with progress (the answer carries that progress record when the commit
-   and its progress write succeeded and nothing was abandoned: the next owner's hint).
+   and its progress write succeeded and nothing was abandoned: the next owner's hint; with it, the
+   partition's changelog end from the state hooks, read after the commit flushed the changelog).
 5. Close the state: clean only when nothing running was abandoned and the commit succeeded; in
    operator mode after the answer (in the background).
 6. ``incremental_unassign`` (operator mode) and forget the partitions.
@@ -48,7 +51,7 @@ from multilane.worker.config import EngineConfig, TopicPartitionId
 from multilane.worker.control_state import ControlState
 from multilane.worker.fetch import FetchLoop
 from multilane.worker.flow import FlowController
-from multilane.worker.hooks import PartitionStateHooks
+from multilane.worker.hooks import HandoverStateHooks, PartitionStateHooks
 from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram
 from multilane.worker.ownership_io import (
@@ -89,12 +92,17 @@ class ReleaseResult:
     # commit and its progress write both succeeded: the operator hands it to the next owner, which
     # then need not read the progress topic inside the pause (it vets it like a record it read).
     progress: bytes | None = None
+    # One past the partition's last changelog record at the release (set only with ``progress``):
+    # the next owner's learner reads to it instead of waiting for a fresh fetch's end of partition.
+    changelog_end: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"topic": self.topic, "partition": self.partition,
                                "committed_offset": self.committed_offset}
         if self.progress is not None:
             out["progress"] = base64.b64encode(self.progress).decode("ascii")
+        if self.changelog_end is not None:
+            out["changelog_end"] = self.changelog_end
         return out
 
 
@@ -107,6 +115,7 @@ def decode_progress_hint(text: str) -> bytes:
 
 
 ProgressHints = Mapping[TopicPartitionId, bytes]  # partition -> progress record its last owner released
+ChangelogEnds = Mapping[TopicPartitionId, int]  # partition -> changelog end its last owner released at
 
 
 @dataclass(frozen=True)
@@ -162,21 +171,23 @@ class Ownership:
 
     # -- add ------------------------------------------------------------------------------------------------
 
-    async def add(self, tps: list[TopicPartitionId], hints: ProgressHints | None = None) -> None:
+    async def add(self, tps: list[TopicPartitionId], hints: ProgressHints | None = None,
+                  ends: ChangelogEnds | None = None) -> None:
         """Start consuming ``tps`` (operator mode, and a reopen), on the loop. ``hints``: progress
         records the partitions' last owners released (used in step 2 when they fit the committed
-        offset, instead of reading the progress topic)."""
-        await self._add(tps, self._loop_io, self.consumer, hints or {})
+        offset, instead of reading the progress topic); ``ends``: the changelog ends they released at
+        (step 3)."""
+        await self._add(tps, self._loop_io, self.consumer, hints or {}, ends or {})
 
     def add_blocking(self, tps: list[TopicPartitionId], consumer: Any) -> None:
         """The same protocol inside group mode's ``on_assign`` (blocks the loop's thread)."""
-        run_now(self._add(tps, self._blocking_io(consumer), consumer, {}))
+        run_now(self._add(tps, self._blocking_io(consumer), consumer, {}, {}))
 
     def _blocking_io(self, consumer: Any) -> BlockingIo:
         return BlockingIo(self.io_pool, self.hooks, self.commits, self.producer, consumer)
 
     async def _add(self, tps: list[TopicPartitionId], io: OwnershipIo, consumer: Any,
-                   hints: ProgressHints) -> None:
+                   hints: ProgressHints, ends: ChangelogEnds) -> None:
         """Steps 1-4 of the module docstring. If a state open fails, those opened are closed uncleanly
         and the error is raised: nothing of this call is assigned. No record of a partition is
         fetched before its state is open."""
@@ -191,10 +202,11 @@ class Ownership:
         if failed:
             raise failed[0]
         progress = [r for r in loaded if not isinstance(r, BaseException)]
-        # 3. state (all or nothing)
+        # 3. state (all or nothing); a changelog end only with a progress hint for the committed offset
         if self.hooks is not None:
             await self._open_states(
-                [(tp, committed[tp][0], prog) for tp, prog in zip(tps, progress, strict=True)], io
+                [(tp, committed[tp][0], prog, _end_if_fits(ends.get(tp), hints.get(tp), committed[tp][0]))
+                 for tp, prog in zip(tps, progress, strict=True)], io
             )
         t3 = time.monotonic()
         # 4. start
@@ -212,19 +224,21 @@ class Ownership:
                  [f"{rt.topic}/{rt.partition}@{rt.committed}" for rt in runtimes], time.monotonic() - t0,
                  t1 - t0, t2 - t1, t3 - t2)
 
-    async def _open_states(self, items: list[tuple[TopicPartitionId, int | None, ProgressRecord | None]],
-                           io: OwnershipIo) -> None:
+    async def _open_states(
+        self, items: list[tuple[TopicPartitionId, int | None, ProgressRecord | None, int | None]],
+        io: OwnershipIo,
+    ) -> None:
         """Step 3: ``open_partition`` for every item, in parallel on the I/O threads (the hooks are
         thread-safe across partitions). All or nothing: on any failure, the partitions that opened
         are closed uncleanly and the first error is raised. They are listed as opening meanwhile."""
         hooks = self.hooks
         assert hooks is not None
-        tps = [tp for tp, _, _ in items]
+        tps = [tp for tp, *_ in items]
         await io.wait_closes(tps)
         self.partitions.start_opening(tps)
         try:
-            results = await io.each(hooks.open_partition,
-                                    [(tp[0], tp[1], off, prog) for tp, off, prog in items])
+            results = await io.each(_open_partition,
+                                    [(hooks, tp, off, prog, end) for tp, off, prog, end in items])
         finally:
             self.partitions.end_opening(tps)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -309,11 +323,15 @@ class Ownership:
         else:
             clean = dict.fromkeys(clean, False)
         t_committed = time.monotonic()
-        # 5. state hooks (now, or after the answer)
+        # 5. state hooks (now, or after the answer); the changelog end before the close
+        ends: dict[int, int | None] = {}
         if self.hooks is not None:
             for p in parts:
                 clean[id(p)] = clean[id(p)] and _fully_committed(p)
+                if clean[id(p)] and isinstance(self.hooks, HandoverStateHooks):
+                    ends[id(p)] = self.hooks.changelog_end(p.topic, p.partition)
                 await io.close_state((p.topic, p.partition), clean[id(p)], close_after)
+        t_closed = time.monotonic()
         # 6. unassign and forget
         if unassign:
             try:
@@ -323,10 +341,12 @@ class Ownership:
         out = []
         for p in parts:
             self.partitions.forget(p)
-            out.append(ReleaseResult(p.topic, p.partition, p.committed,
-                                     _released_progress(p) if clean[id(p)] else None))
-        log.info("released %s in %.3fs (drain %.3fs, stop %.3fs, commit %.3fs)", [r.to_dict() for r in out],
-                 time.monotonic() - t0, t_drained - t0, t_stopped - t_drained, t_committed - t_stopped)
+            progress = _released_progress(p) if clean[id(p)] else None
+            out.append(ReleaseResult(p.topic, p.partition, p.committed, progress,
+                                     ends.get(id(p)) if progress is not None else None))
+        log.info("released %s in %.3fs (drain %.3fs, stop %.3fs, commit %.3fs, close %.3fs, unassign %.3fs)",
+                 [r.to_dict() for r in out], time.monotonic() - t0, t_drained - t0, t_stopped - t_drained,
+                 t_committed - t_stopped, t_closed - t_committed, time.monotonic() - t_closed)
         return out
 
     def drop_lost(self, tps: list[TopicPartitionId]) -> None:
@@ -372,6 +392,28 @@ class Ownership:
         log.info("no usable progress record for %s/%d at %d; replaying from the committed offset",
                  tp[0], tp[1], off)
         return None
+
+
+def _end_if_fits(end: int | None, hint: bytes | None, committed: int | None) -> int | None:
+    """The changelog end the last owner released at, when its progress hint (from the same release) is
+    for ``committed``: then nobody committed, so nobody wrote the changelog, since that release."""
+    if end is None or hint is None or committed is None:
+        return None
+    try:
+        return end if ProgressCodec.decode(hint).base_offset == committed else None
+    except ProgressDecodeError:
+        return None
+
+
+def _open_partition(hooks: PartitionStateHooks, tp: TopicPartitionId, committed: int | None,
+                    progress: ProgressRecord | None, changelog_end: int | None) -> None:
+    """``hooks.open_partition`` (blocking), with ``changelog_end`` only when known (hooks without
+    :class:`HandoverStateHooks` never get one: it comes from a release of such hooks)."""
+    if changelog_end is None:
+        hooks.open_partition(tp[0], tp[1], committed, progress)
+    else:
+        hooks.open_partition(tp[0], tp[1], committed, progress,
+                             changelog_end=changelog_end)  # type: ignore[call-arg]
 
 
 def _resume_assigned(runtimes: list[PartitionRuntime], consumer: Any) -> None:

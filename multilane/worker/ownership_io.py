@@ -187,10 +187,18 @@ class LoopIo:
         hooks = self._hooks
         assert hooks is not None
         if background:
-            fut = asyncio.ensure_future(self.call(close_state_quietly, hooks, tp, clean))
+            fut = asyncio.ensure_future(self._close_after_answer(hooks, tp, clean))
             self._partitions.closing_started(tp, fut)
         else:
             await self.call(hooks.close_partition, tp[0], tp[1], clean)
+
+    async def _close_after_answer(self, hooks: PartitionStateHooks, tp: TopicPartitionId,
+                                  clean: bool) -> None:
+        """A background close, handed to the I/O threads only once the releasing call stopped running
+        on the loop (this task's first step): starting a thread and the close's Python parts compete
+        for the interpreter with the rest of the release and its answer, which ends the first half of
+        a handoff's pause."""
+        await self.call(close_state_quietly, hooks, tp, clean)
 
 
 class BlockingIo:

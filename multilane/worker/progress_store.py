@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -96,11 +97,15 @@ class ProgressStore:
     """
 
     def __init__(self, bootstrap: str, group: str, topic: str, producer: Any,
-                 client_config: dict[str, Any] | None = None) -> None:
+                 client_config: dict[str, Any] | None = None,
+                 on_produce: Callable[[], None] | None = None) -> None:
+        """``on_produce``: called (on the loop) after each record is produced: whoever serves the
+        producer's delivery callbacks is to poll it soon."""
         self._bootstrap = bootstrap
         self._group = group
         self.topic = topic
         self._producer = producer
+        self._on_produce = on_produce
         self._client_config = dict(client_config or {})
         self._partitions: int | None = None
 
@@ -175,6 +180,9 @@ class ProgressStore:
             )
         except (BufferError, KafkaException) as exc:
             fut.set_exception(exc)
+            return fut
+        if self._on_produce is not None:
+            self._on_produce()
         return fut
 
     # -- reading (blocking; call from a worker thread) ---------------------------------------------

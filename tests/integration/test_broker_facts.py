@@ -228,3 +228,29 @@ def test_fetch_responses_exceed_fetch_max_bytes(broker: EmbeddedBroker, topic_na
         f"a consumer with receive.message.max.bytes = fetch.max.bytes + 64 KiB got {len(tight)} records: "
         "the broker now keeps fetch responses within fetch.max.bytes"
     )
+
+
+def test_an_end_of_partition_event_after_a_seek_waits_out_fetch_wait_max_ms(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """A consumer positioned at the end of a partition gets its end-of-partition event only after the
+    broker held its fetch for ``fetch.wait.max.ms`` (measured here: about twice that, 1.0 s at 500 ms,
+    0.1 s at 50 ms). So a learner's promotion that waited for that event after a seek (a fresh fetch)
+    paid at least one full wait inside the pause; the release now hands over the changelog's end
+    instead (``PartitionLearner.promote``, step 3)."""
+    broker.create_topic(topic_name, 1)
+    _produce(broker.bootstrap, topic_name, [b"a", b"b"])
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                  "enable.partition.eof": True, "fetch.wait.max.ms": 500, "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic_name, 0, 0)])
+        deadline = time.monotonic() + 30
+        while not any(m.error() is not None for m in c.consume(10, 0.05)):  # read to the first EOF
+            assert time.monotonic() < deadline, "no end-of-partition event"
+        t0 = time.monotonic()
+        c.assign([TopicPartition(topic_name, 0, 2)])  # the end: a fresh fetch, nothing new to read
+        while not any(m.error() is not None for m in c.consume(10, 0.01)):
+            assert time.monotonic() < deadline, "no end-of-partition event after the seek"
+        assert time.monotonic() - t0 >= 0.45
+    finally:
+        c.close()

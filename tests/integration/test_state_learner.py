@@ -16,6 +16,8 @@ from multilane.formats.keyranges import key_hash
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.state import ChangelogCorruptError, StateManager, StatePhaseError
 from multilane.worker.state import metrics as state_metrics
+from multilane.worker.state.learner import PartitionLearner
+from multilane.worker.state.reader import ChangelogReader
 from multilane.worker.state.store import partition_dir
 from tests.support.state_ops import FULL, DoneSet, apply_ops, random_ops, reference
 
@@ -221,3 +223,52 @@ def test_learner_fails_loudly_on_a_corrupt_record(
         learner.promote(topic_name, 0)
     with pytest.raises(ChangelogCorruptError):  # the full-restore fallback fails loudly too
         learner.open_partition(topic_name, 0, 10, None)
+
+
+@pytest.mark.parametrize("handed", ["exact", "beyond"])
+def test_promotion_reads_to_the_changelog_end_the_release_handed_over(
+    broker: EmbeddedBroker,
+    topic_name: str,
+    managers: Callable[[str], StateManager],
+    committer: Callable[[str, int], None],
+    monkeypatch: pytest.MonkeyPatch,
+    handed: str,
+) -> None:
+    """The owner's ``changelog_end`` after its final commit is where the promotion stops reading:
+    no fresh fetch (no seek) and the same store as a full restore. An end beyond the changelog (a bad
+    hint) falls back to the fresh fetch after ``handed_end_wait_s``, with the same store."""
+    broker.create_topic(topic_name, 1)
+    owner, learner = managers("owner"), managers("learner")
+    ops = random_ops(200, 40, seed=11, first=0, delete_share=0.15)
+    owner.open_partition(topic_name, 0, 0, None)
+    apply_ops(owner, topic_name, ops[:100])
+    owner.before_commit(topic_name, 0, 100)
+    committer(topic_name, 100)
+    learner.learn(topic_name, 0)
+    wait_until(lambda: learner.learner_caught_up(topic_name, 0), what="learner caught up")
+    # the owner goes on, then releases: final commit at 180, record 190 done per its progress
+    apply_ops(owner, topic_name, ops[100:])
+    owner.before_commit(topic_name, 0, 180)
+    committer(topic_name, 180)
+    end = owner.changelog_end(topic_name, 0)
+    assert end is not None and end >= len(ops)  # deletes write two records
+    owner.close_partition(topic_name, 0, clean=True)
+    assert owner.changelog_end(topic_name, 0) is None  # not active any more
+    done = DoneSet({(190, key_hash(ops[190][1]))})
+
+    seeks: list[int] = []
+    real_seek = ChangelogReader.seek
+
+    def counting_seek(self: ChangelogReader, offset: int) -> None:
+        seeks.append(offset)
+        real_seek(self, offset)
+
+    monkeypatch.setattr(ChangelogReader, "seek", counting_seek)
+    monkeypatch.setattr(PartitionLearner, "handed_end_wait_s", 0.5)
+    learner.open_partition(topic_name, 0, 180, done, changelog_end=end if handed == "exact" else end + 1000)
+    expected = reference(ops, lambda s: s < 180 or s == 190)
+    assert dict(learner.store(topic_name, 0).items()) == expected
+    assert (seeks == []) is (handed == "exact"), seeks
+    full = managers("full")
+    full.open_partition(topic_name, 0, 180, done)
+    assert dict(full.store(topic_name, 0).items()) == expected

@@ -75,6 +75,7 @@ class FaultyControl(HandoffControlClient):
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]:
         new = set(partitions)
         old = self._assigned.get(base_url)
@@ -82,7 +83,9 @@ class FaultyControl(HandoffControlClient):
             await self._fire("release", base_url, old - new)
         elif new & self._learning.get(base_url, set()):
             await self._fire("promote", base_url, new & self._learning[base_url])
-        released = await super().assign(base_url, generation, new, release_deadline_s, progress)
+        released = await super().assign(
+            base_url, generation, new, release_deadline_s, progress, changelog_ends
+        )
         self._assigned[base_url] = new
         self._learning.get(base_url, set()).difference_update(new)
         return released

@@ -18,6 +18,7 @@ from multilane.operator.rollout.assignment import AssignmentState
 from multilane.operator.rollout.handoff import HandoffConfig, HandoffExecutor, observe_worker
 from multilane.operator.rollout.protocol import Rollout
 from multilane.operator.rollout.workers import ReleasedPartition
+from multilane.testing.fleet import CHANGELOG_END
 from multilane.testing.fleet import WorkerFleetDouble as FakeWorkers
 
 P = [f"t/{i}" for i in range(4)]
@@ -216,8 +217,9 @@ def test_spec_state_fields_drive_the_handoff_config() -> None:
 
 
 def test_the_promotion_hands_the_target_what_the_source_released() -> None:
-    """The progress record each source answered its release with goes to the target with the
-    promotion (the target then need not read the progress topic inside the pause; issue 22)."""
+    """The progress record and changelog end each source answered its release with go to the target
+    with the promotion (the target then need not read the progress topic inside the pause, and its
+    learner reads to that end without a fresh fetch; issue 22)."""
 
     async def main() -> None:
         fake, store = FakeWorkers(["w-0", "w-1"], learn_ticks=2), Store()
@@ -228,6 +230,9 @@ def test_the_promotion_hands_the_target_what_the_source_released() -> None:
         handed = {p: r for w, hints in fake.progress_received if w == "w-1" for p, r in hints.items()}
         assert handed == {p: f"progress-of-{p}" for p in moved}
         assert not [h for w, h in fake.progress_received if w == "w-0" and h]  # the source gets none
-        assert not ex._progress  # forgotten once promoted
+        ends = {p: e for w, sent in fake.ends_received if w == "w-1" for p, e in sent.items()}
+        assert ends == dict.fromkeys(moved, CHANGELOG_END)
+        assert not [e for w, e in fake.ends_received if w == "w-0" and e]
+        assert not ex._progress and not ex._changelog_end  # forgotten once promoted
 
     asyncio.run(main())

@@ -11,9 +11,16 @@ import pytest
 
 from multilane.api import OrderingMode
 from multilane.formats.progress import ProgressCodec, ProgressRecord
+from multilane.operator.rollout.workers import _released
 from multilane.worker.config import EngineConfig
-from multilane.worker.control import _BadRequestError, _progress_hints
-from multilane.worker.ownership import Ownership, ReleaseResult, _released_progress, decode_progress_hint
+from multilane.worker.control import _BadRequestError, _changelog_ends, _progress_hints
+from multilane.worker.ownership import (
+    Ownership,
+    ReleaseResult,
+    _end_if_fits,
+    _released_progress,
+    decode_progress_hint,
+)
 
 GROUP, TOPIC = "g", "in"
 
@@ -101,4 +108,32 @@ def test_the_hint_travels_as_base64_through_the_control_api() -> None:
 def test_a_bad_hint_is_refused_with_a_one_line_reason(body: dict[str, Any], message: str) -> None:
     with pytest.raises(_BadRequestError, match=message) as exc:
         _progress_hints(body)
+    assert "\n" not in str(exc.value)
+
+
+def test_the_changelog_end_travels_with_the_hint_and_counts_only_when_the_hint_fits() -> None:
+    """A release's changelog end goes operator-ward in its answer and back with the progress item; the
+    next owner hands it to the state open only when that release's progress record is for the
+    committed offset it read (else somebody may have written the changelog since)."""
+    answer: dict[str, Any] = ReleaseResult(TOPIC, 3, 100, record(100), 740).to_dict()
+    assert answer["changelog_end"] == 740
+    assert "changelog_end" not in ReleaseResult(TOPIC, 3, 100, record(100)).to_dict()
+    [released] = _released([answer])
+    assert (released.progress, released.changelog_end) == (answer["progress"], 740)
+    hint = answer["progress"]
+    body = {"progress": [{"topic": TOPIC, "partition": 3, "progress": hint, "changelog_end": 740},
+                         {"topic": TOPIC, "partition": 4, "progress": hint}]}
+    assert _changelog_ends(body) == {(TOPIC, 3): 740}
+    assert _end_if_fits(740, record(100), 100) == 740
+    assert _end_if_fits(740, record(100), 120) is None  # committed since: the end may be stale
+    assert _end_if_fits(740, None, 100) is None
+    assert _end_if_fits(740, b"garbage", 100) is None
+    assert _end_if_fits(None, record(100), 100) is None
+
+
+@pytest.mark.parametrize("end", [-1, "12", True, 1.5])
+def test_a_bad_changelog_end_is_refused_with_a_one_line_reason(end: Any) -> None:
+    body = {"progress": [{"topic": TOPIC, "partition": 3, "progress": "", "changelog_end": end}]}
+    with pytest.raises(_BadRequestError, match="'changelog_end' must be an int >= 0") as exc:
+        _changelog_ends(body)
     assert "\n" not in str(exc.value)

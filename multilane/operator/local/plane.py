@@ -93,9 +93,12 @@ class LocalWorkerControl:
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]:
         client = self._client(base_url, slow=True)
-        return await client.assign(base_url, generation, partitions, release_deadline_s, progress)
+        return await client.assign(
+            base_url, generation, partitions, release_deadline_s, progress, changelog_ends
+        )
 
     async def set_factor(self, base_url: str, factor: int) -> int:
         return await self._client(base_url).set_factor(base_url, factor)

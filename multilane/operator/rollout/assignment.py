@@ -68,6 +68,7 @@ class WorkerControl(Protocol):
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]: ...
 
     async def set_factor(self, base_url: str, factor: int) -> int: ...

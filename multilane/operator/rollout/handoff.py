@@ -7,8 +7,10 @@ change of :class:`~multilane.operator.assignment.AssignmentCoordinator` by a
 :class:`~multilane.operator.rollout.RolloutCoordinator` rollout, and keeps ``status.assignment``
 (generation, members) exact after every call, so ``AssignmentCoordinator.sync`` and a restarted
 operator see what each worker was last pushed. Both ``status.assignment`` and ``status.rollout`` are
-persisted *before* every worker call that changes ownership (intent first), so an operator killed at
-any point resumes: every call below is idempotent on the worker.
+persisted *before* every worker call that takes ownership away (intent first), and together with a
+promotion (the write runs beside the push, off the partition's pause: a status that still says
+"releasing" keeps the partition out of placement, and the resumed rollout re-sends the promotion), so
+an operator killed at any point resumes: every call below is idempotent on the worker.
 
 One :meth:`HandoffExecutor.step` (numbered as in the code):
 
@@ -33,11 +35,11 @@ One :meth:`HandoffExecutor.step` (numbered as in the code):
      ``release_deadline_s``, commits with progress, answers the final committed offset, and closes
      its store afterwards; queued records go to the target through the commit and the progress);
      its answer carries the progress record of that final commit;
-   - ``PROMOTE``: P added to the target's members (and removed from a dead source's), persisted
-     (with the rollout: one status write in the pause), then the target is pushed its assignment
-     with the progress record the source released (it need not read the progress topic): opening a
-     learning partition is the promotion (it applies the last changelog records and processes from
-     the committed offset);
+   - ``PROMOTE``: P added to the target's members (and removed from a dead source's) and persisted
+     with the rollout *while* the target is pushed its assignment with the progress record and the
+     changelog end the source released (it need not read the progress topic, and its learner reads
+     to that end instead of waiting for a fresh fetch): opening a learning partition is the
+     promotion (it applies the last changelog records and processes from the committed offset);
    - ``REMOVE_WORKERS``: the platform is asked for the staying replica count;
    - ``EVENT``: returned to the caller (Kubernetes Event / log line).
 6. When the rollout finished: drop it from status and record its handoffs (pause per partition).
@@ -123,6 +125,9 @@ class HandoffExecutor:
         # partition -> the progress record its source released with (handed to the promotion: the
         # target need not read the progress topic inside the pause); dropped once promoted
         self._progress: dict[str, str] = {}
+        # partition -> the changelog end that release answered (sent with the progress record: the
+        # target's learner reads to it instead of waiting for a fresh fetch); dropped with it
+        self._changelog_end: dict[str, int] = {}
         self._release_started: dict[str, float] = {}  # partition -> monotonic time of the release
         self._learn_started: dict[str, float] = {}  # partition -> monotonic time of LEARN
         self._pause_end: dict[str, float] = {}  # partition -> monotonic time the promotion returned
@@ -380,6 +385,7 @@ class HandoffExecutor:
         for m in rollout.moves:
             if m.phase is MovePhase.ABANDONED:
                 self._progress.pop(m.partition, None)
+                self._changelog_end.pop(m.partition, None)
                 for key in [k for k in self._released if k[1] == m.partition]:
                     del self._released[key]
         timings = (self._release_started, self._learn_started, self._pause_end, self._call_s, self._wall)
@@ -444,9 +450,12 @@ class HandoffExecutor:
                 self._wall.setdefault(("released", p), time.time())
         # 2. each source stops fetching, lets running records finish, commits, answers
         fenced, answers = await self._push(by_source, assignment, by_name, "release", result)
-        for source, (released, took) in answers.items():
+        for source, (released, took, _answered) in answers.items():
             offsets = {r.partition: r.committed_offset for r in released}
             self._progress.update({r.partition: r.progress for r in released if r.progress is not None})
+            self._changelog_end.update(
+                {r.partition: r.changelog_end for r in released if r.changelog_end is not None}
+            )
             for p in by_source[source]:
                 self._call_s[("release", p)] = took
                 # 3. remembered for the next observation: the rollout promotes the target
@@ -464,28 +473,46 @@ class HandoffExecutor:
         result: HandoffStep,
         persist_rollout: bool = False,
     ) -> AssignmentState:
-        """Promote every partition of ``actions`` on its target (steps 1-2). ``persist_rollout``:
-        write ``rollout`` in step 1 even when no member changes."""
+        """Promote every partition of ``actions`` on its target (steps 1-2, at once). ``persist_rollout``:
+        write ``rollout`` in step 1 even when no member changes.
+
+        1. Write the members (the partitions belong to their targets, no longer to dead sources) with
+           the round's rollout, *while* step 2 runs: the write is off the pause. An operator that dies
+           with the push made and the write not is the crash every action already survives (the
+           worker acted, its new phase is not persisted): the status still holds the move as
+           releasing, which keeps the partition out of placement; the resumed rollout re-sends the
+           release (a no-op on the source) and this same promotion (a no-op on the target). The next
+           round's write (the move done) starts only after this one finished.
+        2. Push each target its members: opening a learning partition promotes it (tail applied,
+           processing from the commit). The pause of a partition ends when its target answered.
+        """
         by_target = by_worker(a for a in actions if a.worker in by_name)
         members = promote_members(assignment.members, by_target)
+        write: asyncio.Task[None] | None = None
         if members != assignment.members or persist_rollout:
-            # 1. intent: the partitions belong to their targets (and no longer to dead sources)
+            # 1.
             assignment = AssignmentState(generation=assignment.generation, members=members)
-            await self.persist(assignment, rollout)
-        if not by_target:
-            return assignment
-        moving = {p for ps in by_target.values() for p in ps}
-        for p in moving:
-            self._release_started.setdefault(p, time.monotonic())
-        # 2. opening a learning partition promotes it (tail applied, processing from the commit)
-        progress = self._progress
-        fenced, answers = await self._push(by_target, assignment, by_name, "promotion", result, progress)
-        for target, (_released, took) in answers.items():
+            write = asyncio.ensure_future(self.persist(assignment, rollout))
+        try:
+            if not by_target:
+                return assignment
+            moving = {p for ps in by_target.values() for p in ps}
+            for p in moving:
+                self._release_started.setdefault(p, time.monotonic())
+            # 2.
+            fenced, answers = await self._push(
+                by_target, assignment, by_name, "promotion", result, self._progress, self._changelog_end
+            )
+        finally:
+            if write is not None:
+                await write
+        for target, (_released, took, answered) in answers.items():
             for p in by_target[target]:
                 self._call_s[("promote", p)] = took
                 self._wall[("promoted", p)] = time.time()
-                self._pause_end[p] = time.monotonic()
+                self._pause_end[p] = answered
                 self._progress.pop(p, None)
+                self._changelog_end.pop(p, None)
                 for key in [k for k in self._released if k[1] == p]:
                     del self._released[key]
         return (
@@ -500,32 +527,40 @@ class HandoffExecutor:
         verb: str,
         result: HandoffStep,
         progress: Mapping[str, str] | None = None,
-    ) -> tuple[bool, dict[str, tuple[list[ReleasedPartition], float]]]:
+        changelog_ends: Mapping[str, int] | None = None,
+    ) -> tuple[bool, dict[str, tuple[list[ReleasedPartition], float, float]]]:
         """Push ``assignment`` to every worker of ``parts_by_worker`` at once. Returns whether one of
         them fenced the push (a higher generation is needed) and, per worker that answered, its
-        released partitions and the call's duration (s). Failures set ``result.blocked``.
-        ``progress``: partition -> released progress record, sent with the worker's partitions."""
+        released partitions, the call's duration (s) and when it answered (monotonic). Failures set
+        ``result.blocked``.
+        ``progress``: partition -> released progress record, sent with the worker's partitions (with
+        its ``changelog_ends`` entry)."""
 
-        async def one(worker: str) -> tuple[str, list[ReleasedPartition] | None, float, bool]:
+        async def one(worker: str) -> tuple[str, list[ReleasedPartition] | None, float, float, bool]:
             t0 = time.monotonic()
             hints = {p: progress[p] for p in parts_by_worker[worker] if progress and p in progress}
+            ends = {p: changelog_ends[p] for p in hints if changelog_ends and p in changelog_ends}
+            extra: dict[str, Any] = {"progress": hints} if hints else {}  # a control may take no hints
+            if ends:
+                extra["changelog_ends"] = ends
             try:
                 released = await self.control.assign(
                     by_name[worker].control_url,
                     assignment.generation,
                     assignment.members.get(worker, ()),
                     self.config.release_deadline_s,
-                    **({"progress": hints} if hints else {}),
+                    **extra,
                 )
             except WorkerFencedError as exc:
                 result.blocked = f"{worker}: {exc}"
-                return worker, None, 0.0, True
+                return worker, None, 0.0, 0.0, True
             except WorkerUnreachableError as exc:
                 result.blocked = f"{worker}: {exc}"
                 log.warning("%s of %s on %s: %s", verb, parts_by_worker[worker], worker, exc)
-                return worker, None, 0.0, False
-            return worker, released, round(time.monotonic() - t0, 3), False
+                return worker, None, 0.0, 0.0, False
+            answered = time.monotonic()
+            return worker, released, round(answered - t0, 3), answered, False
 
         found = await asyncio.gather(*(one(w) for w in sorted(parts_by_worker)))
-        answers = {w: (released, took) for w, released, took, _ in found if released is not None}
+        answers = {w: (released, took, at) for w, released, took, at, _ in found if released is not None}
         return any(f for *_, f in found), answers

@@ -43,6 +43,7 @@ class ReleasedPartition:
     partition: str  # "topic/index"
     committed_offset: int | None  # None: nothing was ever committed for it
     progress: str | None = None  # the progress record of that commit (base64, opaque here), if known
+    changelog_end: int | None = None  # where the partition's changelog ended then (with ``progress``)
 
 
 def _partitions_body(partitions: Iterable[str]) -> list[dict[str, Any]]:
@@ -59,11 +60,13 @@ def _released(items: Any) -> list[ReleasedPartition]:
         for item in items or []:
             offset = item.get("committed_offset")
             progress = item.get("progress")
+            end = item.get("changelog_end")
             out.append(
                 ReleasedPartition(
                     partition=format_partition(str(item["topic"]), int(item["partition"])),
                     committed_offset=None if offset is None else int(offset),
                     progress=progress if isinstance(progress, str) else None,
+                    changelog_end=None if end is None else int(end),
                 )
             )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -145,18 +148,27 @@ class WorkerControlClient:
         partitions: Iterable[str],
         release_deadline_s: float,
         progress: Mapping[str, str] | None = None,
+        changelog_ends: Mapping[str, int] | None = None,
     ) -> list[ReleasedPartition]:
         """Push the worker's whole assignment; returns what it released (with final committed offsets
         and progress records). ``progress``: partition -> the progress record its last owner released
-        (the worker uses it for a partition it adds instead of reading the progress topic)."""
+        (the worker uses it for a partition it adds instead of reading the progress topic);
+        ``changelog_ends``: partition -> the changelog end that release answered (sent with its
+        progress record only: the worker trusts it only when that record fits)."""
         body: dict[str, Any] = {
             "generation": generation,
             "partitions": _partitions_body(partitions),
             "release_deadline_s": release_deadline_s,
         }
         if progress:
+            ends = changelog_ends or {}
             body["progress"] = [
-                {**_partitions_body([p])[0], "progress": record} for p, record in sorted(progress.items())
+                {
+                    **_partitions_body([p])[0],
+                    "progress": record,
+                    **({"changelog_end": ends[p]} if p in ends else {}),
+                }
+                for p, record in sorted(progress.items())
             ]
         data = await self._call("POST", f"{base_url}/v1/assignment", body)
         return _released(data.get("released"))

@@ -19,15 +19,20 @@ small ``unread`` just before the end) waits for that flush at most, never for th
 the wait like any tail step.
 
 Promotion protocol (:meth:`PartitionLearner.promote`, called when the engine opens the partition):
-1. stop the tail thread;
+1. stop the tail thread (it notices within one read of ``tail_step_s``);
 2. check the learner's store can be used: the engine's committed offset has not moved behind the one
    the learner applied up to, and every unverified source (carried over from a checkpoint or a
    demotion) is applicable; otherwise report that a full restore is needed;
 3. switch the filter to the engine's committed offset and progress record, and read the changelog to
-   its end from a fresh fetch (every change the old owner flushed before its final commit is there);
+   its end: to the end offset the old owner released at when the promotion was handed it (every
+   change the old owner flushed before its final commit lies below it; the tail thread usually read
+   there already, so nothing is fetched), else (or when that end is not read within
+   ``handed_end_wait_s``) from a fresh fetch until its end-of-partition event (which comes after
+   every change the old owner flushed);
 4. apply the held-back changes that are now applicable, in changelog order, and drop the rest (their
    records are processed again by the new owner).
-The pause is the time of steps 3-4: one fetch round-trip plus the tail written since the last poll.
+The pause is the time of steps 3-4: with a handed-over end, the records the tail thread had not read
+yet; without, one fetch round-trip plus the tail written since the last poll.
 Nothing in it depends on the size of the state: the store is handed over open (no reopen, no flush,
 no compaction, no iteration); only a learner promoted before it ever caught up still ends its bulk
 load there (a flush of at most the bulk memtables, no compaction).
@@ -73,6 +78,11 @@ class PartitionLearner:
     ``[0, reader.position)`` that are not in the buffer (plus, for ``unverified`` sources, changes
     applied before this learner started whose records are not known to be committed yet); only the
     tail thread touches the reader, store and applier while it runs."""
+
+    handed_end_wait_s = 5.0  # longest read toward a handed-over changelog end (step 3), then a fresh fetch
+    # The tail thread's longest read: bounds how long a promotion's step 1 waits for the thread to stop
+    # (an idle learner wakes this often).
+    tail_step_s = 0.02
 
     def __init__(
         self,
@@ -131,7 +141,7 @@ class PartitionLearner:
                     self._refresh_committed()
                     next_poll = now + self._poll_interval_s
                 try:
-                    eof = self.restorer.step(0.05)
+                    eof = self.restorer.step(self.tail_step_s)
                 except ChangelogOffsetError as exc:
                     if not from_snapshot:
                         raise
@@ -248,8 +258,12 @@ class PartitionLearner:
 
     # -- promotion and checkpoints --------------------------------------------------------------------
 
-    def promote(self, committed_offset: int, progress: DoneOracle | None) -> PromotionResult:
-        """Make the store current for the engine's committed offset (steps 1-4 of the module doc)."""
+    def promote(
+        self, committed_offset: int, progress: DoneOracle | None, changelog_end: int | None = None
+    ) -> PromotionResult:
+        """Make the store current for the engine's committed offset (steps 1-4 of the module doc).
+        ``changelog_end``: the changelog end the partition's last owner released at (step 3 then reads
+        on to it instead of waiting for a fresh fetch's end-of-partition event)."""
         t0 = time.monotonic()
         # 1.
         self.stop()
@@ -278,8 +292,9 @@ class PartitionLearner:
         released = self.applier.release()
         if released:
             self.store.apply(released)
-        self.reader.seek(self.reader.position)
-        self.restorer.run_to_end()
+        if changelog_end is None or not self.restorer.run_until(changelog_end, self.handed_end_wait_s):
+            self.reader.seek(self.reader.position)
+            self.restorer.run_to_end()
         caught_up = time.monotonic()
         # 4.
         before = self.applier.applied

@@ -149,9 +149,16 @@ class StateManager:
     # -- PartitionStateHooks --------------------------------------------------------------------------
 
     def open_partition(
-        self, topic: str, partition: int, committed_offset: int | None, progress: DoneOracle | None
+        self,
+        topic: str,
+        partition: int,
+        committed_offset: int | None,
+        progress: DoneOracle | None,
+        changelog_end: int | None = None,
     ) -> None:
-        """Make the partition's store current and active (blocking; steps 0-6).
+        """Make the partition's store current and active (blocking; steps 0-6). ``changelog_end``: the
+        end the partition's last owner released its changelog at (:meth:`changelog_end` there), which
+        lets a promotion (step 1) stop reading there.
 
         0. Wait for a close of the partition that is still running (``close_partition``).
         1. A partition this worker is learning is promoted (fast path; see ``learner.py``).
@@ -183,7 +190,7 @@ class StateManager:
             learner = self._learners.pop(tp, None)
         # 1.
         if learner is not None:
-            result = opening.promote_learner(learner, committed_offset, progress)
+            result = opening.promote_learner(learner, committed_offset, progress, changelog_end)
             if result is not None:
                 self._activate(
                     tp, learner.store, flt, result.changelog_offset, set(result.above_commit_sources)
@@ -261,6 +268,13 @@ class StateManager:
         status = self._status.get((topic, partition))
         if status is not None:
             status.committed_offset = offset
+
+    def changelog_end(self, topic: str, partition: int) -> int | None:
+        """One past the partition's last changelog record, as far as this worker knows it (the end its
+        restore reached, or its own last acknowledged write beyond): the true end while it is the
+        partition's only writer and after ``before_commit``. None when the partition is not active."""
+        part = self._active.get((topic, partition))
+        return None if part is None else part.changelog_end()
 
     def make_durable(self, topic: str, partition: int) -> None:
         """Wait until every change produced so far for the partition is acknowledged (blocking), without

@@ -65,10 +65,12 @@ def take_checkpoint(directory: Path) -> Checkpoint | None:
 
 
 def promote_learner(
-    learner: PartitionLearner, committed_offset: int, progress: DoneOracle | None
+    learner: PartitionLearner, committed_offset: int, progress: DoneOracle | None,
+    changelog_end: int | None = None,
 ) -> PromotionResult | None:
     """Step 1 of :meth:`StateManager.open_partition`: promote the partition's learner (blocking; see
-    ``learner.py``). The learner's reader is closed either way.
+    ``learner.py``; ``changelog_end``: where the last owner's changelog ended at its release). The
+    learner's reader is closed either way.
 
     Returns the result of a fast promotion: the learner's store, still open, is current at
     ``result.changelog_offset``. None after a slow one: the learner's store is wiped (closed) and the
@@ -77,7 +79,7 @@ def promote_learner(
     """
     topic, partition = learner.topic, learner.partition
     try:
-        result = learner.promote(committed_offset, progress)
+        result = learner.promote(committed_offset, progress, changelog_end)
     except BaseException:
         learner.status.phase = "failed"
         learner.store.close()

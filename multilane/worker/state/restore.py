@@ -155,3 +155,14 @@ class ChangelogRestorer:
                     f"{position} for {self.stall_timeout_s}s"
                 )
         return False
+
+    def run_until(self, end: int, timeout_s: float) -> bool:
+        """Read on, without a fresh fetch, until ``end`` (a changelog end offset handed over by the
+        partition's last owner) is read. Returns False when ``timeout_s`` passed first (the caller then
+        reads to the end with :meth:`run_to_end`). Already at or past ``end``: True, no read at all."""
+        deadline = time.monotonic() + timeout_s
+        while self.reader.position < end:
+            if time.monotonic() > deadline:
+                return False
+            self.step(0.01)
+        return True
