@@ -79,9 +79,10 @@ class LaneGroup:
 
     @property
     def busy_fraction(self) -> float:
-        """Running records / concurrency (lane utilisation)."""
+        """Records being processed / concurrency (lane utilisation, at most 1): a record that only
+        waits for its outputs' acknowledgements lent its place and is not counted."""
         cap = sum(lane.concurrency for lane in self.lanes)
-        return self.running / cap if cap else 0.0
+        return sum(lane.running - lane.lent for lane in self.lanes) / cap if cap else 0.0
 
     def batches_running(self) -> list[concurrent.futures.Future[Any]]:
         """Thread-pool batches still running (sync processors); after close() each of them stops

@@ -149,7 +149,8 @@ class _EngineCollector(Collector):
                     fam_g.add_metric([p.topic, str(p.partition)], float(v))
             yield fam_g
         yield GaugeMetricFamily("multilane_lane_utilisation_ratio",
-                                "running records / lane concurrency, over all partitions",
+                                "records being processed / lane concurrency, over all partitions (records "
+                                "waiting only for their outputs' acknowledgements not counted)",
                                 value=src.lane_utilisation())
         yield GaugeMetricFamily("multilane_stalled_records",
                                 "records running longer than the stall threshold",

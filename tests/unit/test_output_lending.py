@@ -108,6 +108,9 @@ def _run(mode: OrderingMode, factor: int, keys: list[bytes]) -> Outcome:
         held_started = [o for e, o in events if e == "start"]
         rt.flush()
         held_commit = rt.tracker.committable() or 0
+        # utilisation counts records being processed, not those lent while waiting (at most 1)
+        lane0 = rt.lanes.lanes[0]
+        assert rt.lanes.busy_fraction == (lane0.running - lane0.lent) / lane0.concurrency <= 1.0
         assert not any(e == "done" for e, _ in events), "a record completed before its acknowledgement"
         fake.gate.set()
         await _until(lambda: sum(1 for e, _ in events if e == "done") == len(keys), "every record")
@@ -130,6 +133,7 @@ def test_unordered_processes_the_next_records_while_outputs_wait() -> None:
     keys = [b"k%d" % i for i in range(in_hand + 3)]
     events, held_started, held_commit, end_commit = _run(OrderingMode.UNORDERED, 2, keys)
     assert sorted(held_started) == list(range(in_hand))
+    assert in_hand > 2  # more records in hand than places, yet utilisation stays at most 1 (in _run)
     assert held_commit == 0
     assert end_commit == len(keys)
     assert sorted(o for e, o in events if e == "done") == list(range(len(keys)))
