@@ -152,6 +152,7 @@ class Lane(LaneCore):
         if not self.suspends:
             call_soon(check_wait)
         while True:
+            # (the last test is _excess(), inlined: it runs once per record)
             if not q or self.holding or self.live - self.lent - self.reserved > self.concurrency:
                 if self._exit_now():
                     self._retire(slot)

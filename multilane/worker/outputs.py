@@ -401,10 +401,8 @@ def with_outputs(processor: Processor, out: OutputProducer) -> Processor:
             await async_proc(record, ctx)
             # 3.-4. (the wait lends the runner's place to the next record: lanes.lend_slot)
             if sink.produced:
-                if sink.finished == sink.produced:
-                    sink.raise_if_failed()
-                    return
-                lane = lend_slot()
+                # a wait ahead (not every output acknowledged yet): lend the place meanwhile
+                lane = lend_slot() if sink.finished != sink.produced else None
                 try:
                     await settle_async(sink)
                 finally:

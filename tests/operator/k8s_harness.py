@@ -226,15 +226,21 @@ class K8sHarness:
             return base64.b64decode(secret["data"]["token"]).decode()
         return str((secret.get("stringData") or {}).get("token") or TOKEN)
 
-    async def committed(self) -> dict[tuple[str, int], int]:
+    async def committed(self, client: Any = None, url: Callable[[str], str] | None = None,
+                        skip: type[BaseException] = Exception) -> dict[tuple[str, int], int]:
         """Committed offsets of the active partitions, from the workers' /v1/status (through the
-        pod network)."""
+        pod network). ``client`` (closed here) and ``url`` (pod -> control URL): e.g. mutual TLS;
+        by default a plain client to the double's control URLs. A pod whose call raises ``skip``
+        is left out."""
         out: dict[tuple[str, int], int] = {}
-        client = HandoffControlClient(await self.token(), timeout_s=5)
+        if client is None:
+            client = HandoffControlClient(await self.token(), timeout_s=5)
+        if url is None:
+            url = lambda pod: self.double.control_url(None, pod)  # noqa: E731
         try:
             for pod in list(self.double.pods):
-                with contextlib.suppress(Exception):
-                    st = await client.status(self.double.control_url(None, pod))
+                with contextlib.suppress(skip):
+                    st = await client.status(url(pod))
                     for p in st.get("partitions") or []:
                         if p.get("committed") is not None and p.get("phase") == "active":
                             out[(p["topic"], int(p["partition"]))] = int(p["committed"])

@@ -16,7 +16,6 @@ another CA signed, and answers the operator's client.
 from __future__ import annotations
 
 import base64
-import contextlib
 import ssl
 import time
 from typing import Any
@@ -58,17 +57,7 @@ async def _committed(h: K8sHarness, ref: ConsumerRef, tmp: Any) -> dict[tuple[st
     data = await _secret(h)
     ctx = _context(data[pki.TRUST_BUNDLE], data[pki.CLIENT_CERT], data[pki.CLIENT_KEY], tmp)
     client = WorkerControlClient(await h.token(), timeout_s=5, ssl_context=ctx, resolver=h.double.resolver())
-    out: dict[tuple[str, int], int] = {}
-    try:
-        for pod in list(h.double.pods):
-            with contextlib.suppress(WorkerUnreachableError):
-                st = await client.status(default_control_url(ref, pod))
-                for p in st.get("partitions") or []:
-                    if p.get("committed") is not None and p.get("phase") == "active":
-                        out[(p["topic"], int(p["partition"]))] = int(p["committed"])
-    finally:
-        await client.close()
-    return out
+    return await h.committed(client, lambda pod: default_control_url(ref, pod), skip=WorkerUnreachableError)
 
 
 async def test_the_operator_runs_the_control_port_on_mutual_tls_and_rotates_it(

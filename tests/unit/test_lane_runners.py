@@ -9,34 +9,13 @@ from typing import Any
 from confluent_kafka import Message
 
 from multilane.api import OrderingMode
-from multilane.worker.flow import FlowController
-from multilane.worker.lanes import LaneEnv
 from multilane.worker.metrics import LatencyHistogram
-from multilane.worker.partition import PartitionRuntime, Phase
-from multilane.worker.retry import RetryPolicy
-
-
-def _runtime(processor: Any, mode: OrderingMode, factor: int) -> PartitionRuntime:
-    env = LaneEnv(processor, True, None, yield_every=64)
-    flow = FlowController(10_000, 1 << 30)
-    flow.set_partitions(1)
-    rt = PartitionRuntime("t", 0, mode, factor, env, flow, RetryPolicy(), None,  # type: ignore[arg-type]
-                          LatencyHistogram(), "g", "w", 0, None)
-    rt.phase = Phase.ACTIVE
-    return rt
+from tests.support.lane_runtime import runtime, until
 
 
 def _msgs(n: int) -> list[Message]:
     return [Message(topic="t", partition=0, offset=i, key=b"k%d" % i, value=b"v", timestamp=(1, i))
             for i in range(n)]
-
-
-async def _until(cond: Any, what: str) -> None:
-    for _ in range(2000):
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_records_behind_a_waiting_record_start_at_once() -> None:
@@ -54,12 +33,12 @@ def test_records_behind_a_waiting_record_start_at_once() -> None:
                 release.set()
             await release.wait()
 
-        rt = _runtime(proc, OrderingMode.UNORDERED, 8)
+        rt = runtime(proc, OrderingMode.UNORDERED, 8)
         rt.lanes.start()
         await asyncio.sleep(0)
         j, refused = rt.accept_run(_msgs(5), 0, False)
         assert (j, refused) == (5, False)
-        await _until(lambda: len(started) == 5 and not rt.lanes.running, "five records to finish")
+        await until(lambda: len(started) == 5 and not rt.lanes.running, "five records to finish")
         rt.flush()
         lane = rt.lanes.lanes[0]
         rt.lanes.close()
@@ -81,7 +60,7 @@ def test_a_processor_that_never_waits_keeps_the_lane_unsuspended() -> None:
             seen.append(rec.offset)
             hashes.add(rec.key_hash)
 
-        rt = _runtime(proc, OrderingMode.UNORDERED, 16)
+        rt = runtime(proc, OrderingMode.UNORDERED, 16)
         rt.lanes.start()
         await asyncio.sleep(0)
         msgs = _msgs(1000)
@@ -89,7 +68,7 @@ def test_a_processor_that_never_waits_keeps_the_lane_unsuspended() -> None:
         while i < len(msgs):
             i, _ = rt.accept_run(msgs, i, False)
             await asyncio.sleep(0)
-        await _until(lambda: len(seen) == 1000 and not rt.lanes.running, "1000 records")
+        await until(lambda: len(seen) == 1000 and not rt.lanes.running, "1000 records")
         rt.flush()
         lane = rt.lanes.lanes[0]
         rt.lanes.close()
@@ -109,11 +88,11 @@ def test_key_mode_still_hashes_and_routes_by_key() -> None:
         async def proc(rec: Any, ctx: Any) -> None:
             got.add((rec.key, rec.key_hash))
 
-        rt = _runtime(proc, OrderingMode.KEY, 4)
+        rt = runtime(proc, OrderingMode.KEY, 4)
         rt.lanes.start()
         await asyncio.sleep(0)
         rt.accept_run(_msgs(50), 0, False)
-        await _until(lambda: len(got) == 50 and not rt.lanes.running, "50 records")
+        await until(lambda: len(got) == 50 and not rt.lanes.running, "50 records")
         rt.lanes.close()
         return got
 
@@ -147,7 +126,7 @@ def test_a_context_kept_by_the_processor_is_never_changed_afterwards() -> None:
             if rec.offset % 2 == 0:
                 kept.append(ctx)
 
-        rt = _runtime(proc, OrderingMode.UNORDERED, 4)
+        rt = runtime(proc, OrderingMode.UNORDERED, 4)
         rt.lanes.start()
         await asyncio.sleep(0)
         msgs = _msgs(400)
@@ -155,7 +134,7 @@ def test_a_context_kept_by_the_processor_is_never_changed_afterwards() -> None:
         while i < len(msgs):
             i, _ = rt.accept_run(msgs, i, False)
             await asyncio.sleep(0)
-        await _until(lambda: len(checked) == 400 and not rt.lanes.running, "400 records")
+        await until(lambda: len(checked) == 400 and not rt.lanes.running, "400 records")
         rt.lanes.close()
         return kept, checked, reused
 

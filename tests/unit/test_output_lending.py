@@ -13,12 +13,9 @@ from typing import Any
 from confluent_kafka import Message
 
 from multilane.api import Context, OrderingMode, Record
-from multilane.worker.flow import FlowController
-from multilane.worker.lanes import LEND_FACTOR, LaneEnv
-from multilane.worker.metrics import LatencyHistogram
+from multilane.worker.lanes import LEND_FACTOR
 from multilane.worker.outputs import OutputProducer, with_outputs
-from multilane.worker.partition import PartitionRuntime, Phase
-from multilane.worker.retry import RetryPolicy
+from tests.support.lane_runtime import runtime, until
 
 
 class GatedProducer:
@@ -47,27 +44,9 @@ class GatedProducer:
         return len(self.queue)
 
 
-def _runtime(processor: Any, mode: OrderingMode, factor: int) -> PartitionRuntime:
-    env = LaneEnv(processor, True, None, yield_every=64)
-    flow = FlowController(10_000, 1 << 30)
-    flow.set_partitions(1)
-    rt = PartitionRuntime("t", 0, mode, factor, env, flow, RetryPolicy(), None,  # type: ignore[arg-type]
-                          LatencyHistogram(), "g", "w", 0, None)
-    rt.phase = Phase.ACTIVE
-    return rt
-
-
 def _msgs(keys: list[bytes]) -> list[Message]:
     return [Message(topic="t", partition=0, offset=i, key=k, value=b"v", timestamp=(1, i))
             for i, k in enumerate(keys)]
-
-
-async def _until(cond: Any, what: str) -> None:
-    for _ in range(3000):
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def _settle(ticks: int = 50) -> None:
@@ -99,7 +78,7 @@ def _run(mode: OrderingMode, factor: int, keys: list[bytes]) -> Outcome:
             await inner(rec, ctx)
             events.append(("done", rec.offset))
 
-        rt = _runtime(proc, mode, factor)
+        rt = runtime(proc, mode, factor)
         rt.lanes.start()
         await asyncio.sleep(0)
         j, refused = rt.accept_run(_msgs(keys), 0, False)
@@ -113,7 +92,7 @@ def _run(mode: OrderingMode, factor: int, keys: list[bytes]) -> Outcome:
         assert rt.lanes.busy_fraction == (lane0.running - lane0.lent) / lane0.concurrency <= 1.0
         assert not any(e == "done" for e, _ in events), "a record completed before its acknowledgement"
         fake.gate.set()
-        await _until(lambda: sum(1 for e, _ in events if e == "done") == len(keys), "every record")
+        await until(lambda: sum(1 for e, _ in events if e == "done") == len(keys), "every record")
         rt.flush()
         end_commit = rt.tracker.committable() or 0
         lane = rt.lanes.lanes[0]
