@@ -14,7 +14,8 @@ What differs from a production cluster, and why (every other setting is Apache K
 2. Transactions work as on any cluster; share groups (KIP-932) are on: ``share.version=1`` at format.
 3. Test timings: ``group.initial.rebalance.delay.ms=0``; the minimum session timeouts and heartbeat
    intervals are lowered (classic groups 500 ms, as the tests ask for 1-2 s sessions; share and
-   consumer-protocol groups heartbeat every 1 s instead of 5 s).
+   consumer-protocol groups heartbeat every 1 s instead of 5 s); the log cleaner looks for work every
+   1 s instead of 15 s, so a compacted topic with a short ``segment.ms`` is compacted within seconds.
 4. JVM: heap at most 512 MiB, serial GC (2 cores shared by many processes), class-data sharing on.
 
 The JVM dies with the process that started it: ``PR_SET_PDEATHSIG`` when started from the main thread
@@ -67,6 +68,7 @@ TEST_BED_SETTINGS: dict[str, str] = {
     "share.coordinator.state.topic.min.isr": "1",
     "share.coordinator.state.topic.num.partitions": "5",
     "group.initial.rebalance.delay.ms": "0",
+    "log.cleaner.backoff.ms": "1000",
     "group.min.session.timeout.ms": "500",
     "group.consumer.min.session.timeout.ms": "1000",
     "group.consumer.min.heartbeat.interval.ms": "500",
