@@ -167,6 +167,7 @@ class ApacheKafka:
         self._jvm_options = jvm_options
         self._workdir: str | None = None
         self._log_file: object | None = None
+        self._log_offset = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self.start_seconds: float | None = None  # format + JVM start until the first metadata answer
@@ -175,7 +176,7 @@ class ApacheKafka:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self, timeout: float = 60.0) -> ApacheKafka:
+    def start(self, timeout: float = 120.0) -> ApacheKafka:
         """Format a data directory and start the broker; wait until it answers (steps 1-5).
 
         1. Find java and the jars (:class:`ApacheKafkaUnavailableError` names the script to run).
@@ -215,6 +216,7 @@ class ApacheKafka:
         self.log_path = self._log_path or str(Path(workdir, "server.log"))
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log_file = log
+        self._log_offset = log.tell()  # where this attempt's lines begin (a caller's log is appended to)
         jvm = [java, *self._jvm_options, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         # 3. format
         fmt = subprocess.run(
@@ -246,7 +248,7 @@ class ApacheKafka:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 tail = self._log_tail()
-                if "Address already in use" in tail:
+                if "Address already in use" in self._log_text():
                     raise _PortTakenError
                 self.stop()
                 raise BrokerError(f"Apache Kafka exited with code {code}: {tail}")
@@ -276,14 +278,19 @@ class ApacheKafka:
         }
         return "".join(f"{k}={v}\n" for k, v in settings.items())
 
-    def _log_tail(self, lines: int = 15) -> str:
+    def _log_text(self) -> str:
+        """This attempt's part of the log ('' if there is none)."""
         if self.log_path is None:
-            return "(no log)"
+            return ""
         try:
-            text = Path(self.log_path).read_text(errors="replace").splitlines()
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode(errors="replace")
         except OSError:
-            return "(no log)"
-        return "\n".join(text[-lines:])
+            return ""
+
+    def _log_tail(self, lines: int = 15) -> str:
+        return "\n".join(self._log_text().splitlines()[-lines:]) or "(empty log)"
 
     def stop(self) -> None:
         """Kill the JVM by PID (SIGTERM, then SIGKILL after 15 s), wait, remove the work directory."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from multilane.testing import apache
 from multilane.testing.apache import ApacheKafka
+from multilane.testing.broker import BrokerError, free_port
 from tests.support.apache import require_apache_kafka
 
 
@@ -106,7 +109,9 @@ def test_transactions_share_groups_and_a_clean_stop() -> None:
 
 _PARENT = """
 import json, sys, threading
+from multilane.testing import apache
 from multilane.testing.apache import ApacheKafka
+from multilane.testing.broker import BrokerError, free_port
 main = ApacheKafka().start()
 other = []
 t = threading.Thread(target=lambda: other.append(ApacheKafka().start()))
@@ -137,3 +142,20 @@ def test_the_jvm_dies_with_the_process_that_started_it() -> None:
     assert not _alive(thread_pid), "the watchdog did not kill the JVM"
     for log in logs:  # a kill -9 leaves the work dir behind; remove it here
         subprocess.run(["rm", "-rf", str(Path(log).parent)], check=True)
+
+
+@pytest.mark.slow
+def test_a_port_taken_in_the_meantime_is_retried_on_new_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # The caller's own port: no retry, a clear error.
+        with pytest.raises(BrokerError, match=f"port {port} .* is taken"):
+            ApacheKafka(port=port).start()
+        # A port chosen as free that someone took since: the next start goes on new ports.
+        ports = iter([port])
+        monkeypatch.setattr(apache, "free_port", lambda: next(ports, None) or free_port())
+        with ApacheKafka() as kafka:
+            assert kafka.port != port
+            kafka.create_topic("after-retry", 1)
