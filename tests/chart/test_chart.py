@@ -525,9 +525,31 @@ def test_leader_election_and_replicas(render: Any, chart: Any) -> None:
     assert {"get", "update"} == {
         v for r in role["rules"] if r.get("resourceNames") == [FULLNAME] for v in r["verbs"]
     }
-    # two operators without any election: refused
+    # two operators without leader election: refused, with kopf peering too (both replicas would have
+    # the same priority, and kopf pauses every operator of the highest priority when there are several)
+    for values in (
+        {"replicas": 2, "leaderElection": {"enabled": False}},
+        {"replicas": 2, "leaderElection": {"enabled": False}, "peering": {"enabled": True}},
+        {"replicas": 3, "leaderElection": {"enabled": False}, "peering": {"enabled": True, "priority": 5}},
+    ):
+        with pytest.raises(helm.HelmValuesError) as excinfo:
+            chart.validate_schema(values)
+        assert "leaderElection" in str(excinfo.value) or "enabled" in str(excinfo.value), str(excinfo.value)
+    # one replica with peering and no election: Recreate too (a surge pod would pause both)
+    peered = one(render({"replicas": 1, "leaderElection": {"enabled": False}, "peering": {"enabled": True}}),
+                 "Deployment")
+    assert peered["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_global_values_are_admitted_for_use_as_a_subchart(render: Any, chart: Any) -> None:
+    """A parent chart passes its ``global`` values to every subchart: the schema must admit them."""
+    values = {"global": {"imageRegistry": "registry.example.com", "storageClass": "fast"}}
+    chart.validate_schema(values)
+    docs = render(values)
+    assert one(docs, "Deployment")["spec"]["replicas"] == 2
+    assert [d["kind"] for d in docs] == [d["kind"] for d in render()]
     with pytest.raises(helm.HelmValuesError):
-        chart.validate_schema({"replicas": 2, "leaderElection": {"enabled": False}})
+        chart.validate_schema({"global": "not-an-object"})
 
 
 def test_image_digest_wins_over_tag(render: Any) -> None:
