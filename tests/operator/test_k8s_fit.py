@@ -86,7 +86,11 @@ async def test_unschedulable_pod_is_degraded(k8s: K8sHarness) -> None:
     runner = h.operator(metrics=metrics)
     await runner.start()
     body = h.body(replicas=1)
-    body["spec"]["podTemplate"] = {"nodeSelector": {"pool": "gpu"}}
+    # and OpenShift's way with ids: none set, the platform assigns them (the CRD's CEL rules admit it)
+    body["spec"]["podTemplate"] = {
+        "nodeSelector": {"pool": "gpu"},
+        "securityContext": {"platformAssignsIds": True},
+    }
     await h.create(body)
 
     async def unscheduled() -> bool:
@@ -95,6 +99,10 @@ async def test_unschedulable_pod_is_degraded(k8s: K8sHarness) -> None:
 
     cond = await surfaced_after(h, unscheduled, "Unschedulable")
     assert f"pod {NAME}-0" in cond["message"] and "node(s) didn't match" in cond["message"], cond
+
+    sts = await h.kube.get(api_path("apps/v1", "statefulsets", NS, NAME))
+    pod_security = sts["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}, pod_security
 
     # the condition metric the alerts read follows the status write
     def sample(type_: str, status: str) -> float | None:

@@ -88,6 +88,7 @@ __all__ = [
     "owner_reference",
     "patch_body",
     "pod_disruption_budget",
+    "pod_security_context",
     "role",
     "role_binding",
     "selector_labels",
@@ -120,6 +121,10 @@ STATEFULSET_MUTABLE = (
 # Requests of a worker container whose spec.workload.resources names neither requests nor limits (a
 # namespace with a compute quota refuses pods without requests).
 DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}}
+#: The worker pods' uid, gid and fsGroup unless spec.podTemplate.securityContext sets them or leaves
+#: them to the platform (``platformAssignsIds``).
+WORKER_ID = 65532
+SECURITY_ID_FIELDS = ("runAsUser", "runAsGroup", "fsGroup")
 # spec.podTemplate fields copied into the pod spec as they are (core/v1 shapes, schema-checked).
 POD_SPEC_FIELDS = ("imagePullSecrets", "nodeSelector", "tolerations", "affinity", "priorityClassName")
 # On the pod template (so on every pod): the hash of the rendered template without this annotation. A
@@ -259,13 +264,7 @@ def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> di
                 "spec": {
                     "serviceAccountName": ref.service_account,
                     "terminationGracePeriodSeconds": 60,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 65532,
-                        "runAsGroup": 65532,
-                        "fsGroup": 65532,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": pod_security_context(spec.get("podTemplate") or {}),
                     "containers": [_container(ref, spec)],
                     "volumes": [
                         {
@@ -376,6 +375,24 @@ def fit_pod_template(template: dict[str, Any], fit: Mapping[str, Any], selector:
     container = pod["containers"][0]
     mounts = copy.deepcopy(list(fit.get("volumeMounts") or []))
     container["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
+
+
+def pod_security_context(fit: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker pods' ``securityContext`` from ``spec.podTemplate.securityContext``: always non-root
+    with seccomp ``RuntimeDefault``; uid, gid and fsGroup :data:`WORKER_ID` unless set there, or all
+    three unset with ``platformAssignsIds`` (OpenShift's restricted SCCs assign them from the
+    namespace's range and refuse others); ``fsGroupChangePolicy`` and ``supplementalGroups`` as
+    given. The CRD and :func:`~multilane.operator.spec.validation.validate_spec` checked the values."""
+    asked = dict(fit.get("securityContext") or {})
+    context: dict[str, Any] = {"runAsNonRoot": True}
+    if not asked.get("platformAssignsIds"):
+        for key in SECURITY_ID_FIELDS:
+            context[key] = int(asked.get(key, WORKER_ID))
+    for key in ("fsGroupChangePolicy", "supplementalGroups"):
+        if asked.get(key):
+            context[key] = copy.deepcopy(asked[key])
+    context["seccompProfile"] = {"type": "RuntimeDefault"}
+    return context
 
 
 def template_hash(template: Mapping[str, Any]) -> str:
