@@ -193,6 +193,12 @@ def test_snapshot_cronjob_is_a_child_when_a_schedule_is_set() -> None:
     assert sc["capabilities"] == {"drop": ["ALL"]}
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     assert {"/tmp", "/scratch"} <= writable
+    # the snapshot Job's pods take the workers' identity from spec.podTemplate.securityContext
+    worker_pod = ch.stateful_set(REF, STATE_SPEC, 1)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == worker_pod["securityContext"]
+    openshift = dict(STATE_SPEC, podTemplate={"securityContext": {"platformAssignsIds": True}})
+    job_pod = ch.children(REF, openshift, 2)[-1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert job_pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 @pytest.mark.parametrize(

@@ -51,10 +51,13 @@ from multilane.operator.spec.child_meta import (
     KIND,
     LEASE_DURATION_S,
     METRICS_PORT,
+    SECURITY_ID_FIELDS,
+    WORKER_ID,
     ConsumerRef,
     _labels,
     _meta,
     owner_reference,
+    pod_security_context,
     selector_labels,
 )
 from multilane.operator.spec.small_children import (
@@ -78,8 +81,10 @@ __all__ = [
     "KAFKA_ENV_PREFIX",
     "KIND",
     "METRICS_PORT",
+    "SECURITY_ID_FIELDS",
     "TEMPLATE_HASH_ANNOTATION",
     "TOKEN_DIR",
+    "WORKER_ID",
     "ConsumerRef",
     "children",
     "control_token_secret",
@@ -121,10 +126,6 @@ STATEFULSET_MUTABLE = (
 # Requests of a worker container whose spec.workload.resources names neither requests nor limits (a
 # namespace with a compute quota refuses pods without requests).
 DEFAULT_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}}
-#: The worker pods' uid, gid and fsGroup unless spec.podTemplate.securityContext sets them or leaves
-#: them to the platform (``platformAssignsIds``).
-WORKER_ID = 65532
-SECURITY_ID_FIELDS = ("runAsUser", "runAsGroup", "fsGroup")
 # spec.podTemplate fields copied into the pod spec as they are (core/v1 shapes, schema-checked).
 POD_SPEC_FIELDS = ("imagePullSecrets", "nodeSelector", "tolerations", "affinity", "priorityClassName")
 # On the pod template (so on every pod): the hash of the rendered template without this annotation. A
@@ -375,24 +376,6 @@ def fit_pod_template(template: dict[str, Any], fit: Mapping[str, Any], selector:
     container = pod["containers"][0]
     mounts = copy.deepcopy(list(fit.get("volumeMounts") or []))
     container["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
-
-
-def pod_security_context(fit: Mapping[str, Any]) -> dict[str, Any]:
-    """The worker pods' ``securityContext`` from ``spec.podTemplate.securityContext``: always non-root
-    with seccomp ``RuntimeDefault``; uid, gid and fsGroup :data:`WORKER_ID` unless set there, or all
-    three unset with ``platformAssignsIds`` (OpenShift's restricted SCCs assign them from the
-    namespace's range and refuse others); ``fsGroupChangePolicy`` and ``supplementalGroups`` as
-    given. The CRD and :func:`~multilane.operator.spec.validation.validate_spec` checked the values."""
-    asked = dict(fit.get("securityContext") or {})
-    context: dict[str, Any] = {"runAsNonRoot": True}
-    if not asked.get("platformAssignsIds"):
-        for key in SECURITY_ID_FIELDS:
-            context[key] = int(asked.get(key, WORKER_ID))
-    for key in ("fsGroupChangePolicy", "supplementalGroups"):
-        if asked.get(key):
-            context[key] = copy.deepcopy(asked[key])
-    context["seccompProfile"] = {"type": "RuntimeDefault"}
-    return context
 
 
 def template_hash(template: Mapping[str, Any]) -> str:
