@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from .conftest import NAMESPACE, RELEASE, REPO, Manifest
+from .test_chart import VALUE_SETS
 
 SECURITY = REPO / "docs" / "security.md"
 INSTALL = REPO / "docs" / "operator-install.md"
@@ -130,11 +131,12 @@ def _sentence(text: str, start: str) -> str:
     return " ".join(text[at:end].split())
 
 
-def test_never_granted_holds(default_docs: list[Manifest]) -> None:
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_never_granted_holds(render: Any, value_set: str) -> None:
     claim = _sentence(SECURITY.read_text(encoding="utf-8"), "**Never granted**")
     verbs = {"bind", "escalate", "impersonate", "deletecollection"}
     assert all(f"`{v}`" in claim for v in verbs), claim
-    rules = rendered_rules(default_docs)
+    rules = rendered_rules(render(VALUE_SETS[value_set]))
     for _obj, _group, resources, _rn, granted in rules:
         assert "*" not in resources and "*" not in granted
         assert not granted & verbs, (resources, granted)
@@ -146,12 +148,16 @@ def test_never_granted_holds(default_docs: list[Manifest]) -> None:
         assert needle in claim
 
 
-def test_delete_only_where_the_doc_says(default_docs: list[Manifest]) -> None:
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_delete_only_where_the_doc_says(render: Any, value_set: str) -> None:
     claim = _sentence(SECURITY.read_text(encoding="utf-8"), "**`delete` only on**")
     named = set(_ticked(claim.split(":", 1)[0])) - {"delete"}
-    rules = rendered_rules(default_docs)
+    rules = rendered_rules(render(VALUE_SETS[value_set]))
     deletable = {res for _o, _g, resources, _n, verbs in rules if "delete" in verbs for res in resources}
-    assert deletable == named == {"statefulsets", "pods"}
+    if VALUE_SETS[value_set].get("rbac", {}).get("create", True):
+        assert deletable == named == {"statefulsets", "pods"}
+    else:
+        assert deletable == set() and named == {"statefulsets", "pods"}
     # no doc of the operator says "no delete" or "no pod deletion" again
     for path in (SECURITY, INSTALL):
         text = " ".join(path.read_text(encoding="utf-8").split())
