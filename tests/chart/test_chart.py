@@ -4,6 +4,8 @@ manifest validity, CRD sync with crds/, least-privilege RBAC, pod security, Netw
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -541,8 +543,12 @@ def test_leader_election_and_replicas(render: Any, chart: Any) -> None:
     assert peered["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_global_values_are_admitted_for_use_as_a_subchart(render: Any, chart: Any) -> None:
-    """A parent chart passes its ``global`` values to every subchart: the schema must admit them."""
+def test_global_values_are_admitted_for_use_as_a_subchart(
+    render: Any, chart: Any, tmp_path: Path
+) -> None:
+    """Helm hands every subchart a ``global`` key (``{}`` when the parent sets none) and validates it
+    against the subchart's schema: without ``global`` in the schema, no parent chart could depend on
+    this one at all (Helm: "additional properties 'global' not allowed")."""
     values = {"global": {"imageRegistry": "registry.example.com", "storageClass": "fast"}}
     chart.validate_schema(values)
     docs = render(values)
@@ -550,6 +556,25 @@ def test_global_values_are_admitted_for_use_as_a_subchart(render: Any, chart: An
     assert [d["kind"] for d in docs] == [d["kind"] for d in render()]
     with pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"global": "not-an-object"})
+    # a parent chart with multilane as its dependency, with and without global values of its own
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART_DIR, parent / "charts" / "multilane")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: multilane\n    version: 0.1.0\n"
+    )
+    loaded = helm.Chart.load(str(parent))
+    for parent_values in ({}, {**values, "multilane": {"replicas": 3}}):
+        out = loaded.render(parent_values, name="platform", namespace=NAMESPACE, is_install=True)
+        [deployment] = [
+            doc
+            for path, text in out.items()
+            if path.endswith("templates/deployment.yaml")
+            for doc in yaml.safe_load_all(text)
+            if doc
+        ]
+        assert deployment["metadata"]["name"] == "platform-multilane"
+        assert deployment["spec"]["replicas"] == parent_values.get("multilane", {}).get("replicas", 2)
 
 
 def test_image_digest_wins_over_tag(render: Any) -> None:
