@@ -323,31 +323,21 @@ def _transactions_then_a_plain_record(bootstrap: str, topic: str) -> list[tuple[
     return offsets
 
 
-def test_transaction_markers_take_an_offset(broker: KafkaBroker, topic_name: str) -> None:
-    """The same on both brokers: each commit or abort marker occupies one offset, so an input written
-    by a transactional producer has gaps, and its end lies one past the last record's offset + 1
-    after a transaction. The consumer's position steps over the marker (KAFKA-6607): committing
-    "last record + 1" leaves a lag of 1 for good; the engine commits the position at the end."""
-    broker.create_topic(topic_name, 1)
-    offsets = _transactions_then_a_plain_record(broker.bootstrap, topic_name)
-    # c1 0, c2 1, commit marker 2, a1 3, abort marker 4, plain 5
-    assert offsets == [(b"c1", 0), (b"c2", 1), (b"a1", 3), (b"plain", 5)]
-
-
 def test_aborted_transactions_and_read_committed(
     broker: KafkaBroker, topic_name: str, broker_kind: str
 ) -> None:
     """Tansu: an aborted transaction's records that reached the broker are delivered to
     ``isolation.level=read_committed`` consumers (no isolation: exactly-once outputs are not possible
-    on it). Apache Kafka: they are not; read_uncommitted consumers get them on both."""
+    on it). Apache Kafka: they are not; read_uncommitted consumers get them on both. On both, each
+    commit or abort marker takes an offset."""
     broker.create_topic(topic_name, 1)
-    _transactions_then_a_plain_record(broker.bootstrap, topic_name)
+    everything = [(b"c1", 0), (b"c2", 1), (b"a1", 3), (b"plain", 5)]  # markers at 2 and 4
+    assert _transactions_then_a_plain_record(broker.bootstrap, topic_name) == everything
     def read(isolation: str) -> list[tuple[bytes, int]]:
         got = _consume(broker.bootstrap, topic_name, 4, timeout=8.0, **{"isolation.level": isolation})
         return [(m.value(), m.offset()) for m in got]
 
     committed, uncommitted = read("read_committed"), read("read_uncommitted")
-    everything = [(b"c1", 0), (b"c2", 1), (b"a1", 3), (b"plain", 5)]
     assert uncommitted == everything
     if _on_tansu(broker_kind):
         assert committed == everything, "Tansu now hides aborted records from read_committed consumers"
