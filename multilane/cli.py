@@ -37,6 +37,9 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                  ("pipeline",)),
     "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground",
                ("embedded",)),
+    "cluster": ("multilane.testing.cluster_cli",
+                "a real Kubernetes control plane on loopback: up, down, status (docs/real-cluster.md)",
+                ("operator",)),
     "check-logs": ("multilane.testing.check_logs", "delivery checkers over event logs collected from pods",
                    ()),
 }
