@@ -56,7 +56,7 @@ work="$(mktemp -d "$VERSION_DIR/.build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 export CGO_ENABLED=0
-export GOFLAGS="-p=${MULTILANE_K8S_BUILD_P:-2} -mod=readonly -trimpath"
+export GOFLAGS="-p=${MULTILANE_K8S_BUILD_P:-2} -mod=readonly -trimpath -buildvcs=false"
 export GOMEMLIMIT=${GOMEMLIMIT:-3GiB}
 build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 major="${K8S_VERSION%%.*}"; rest="${K8S_VERSION#*.}"; minor="${rest%%.*}"
@@ -81,6 +81,7 @@ start=$(date +%s)
 )
 for b in "${BINARIES[@]}"; do [ -x "$work/$b" ] || { echo "k8s-binaries: $b was not built" >&2; exit 1; }; done
 echo "$pins" >"$work/.pins"
+chmod 0755 "$work"   # mktemp made it 0700
 rm -rf "$BIN_DIR.old"
 [ -d "$BIN_DIR" ] && mv "$BIN_DIR" "$BIN_DIR.old"
 mv "$work" "$BIN_DIR"
