@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multilane.operator.k8s.kube import KubeClient
+from multilane.operator.k8s.kube import KubeClient, KubeError
 from multilane.testing.cluster import die_with_parent
 from multilane.testing.kubelet_node import now_rfc3339
 from multilane.testing.kubelet_probes import ProbeState, run_probe
@@ -90,6 +90,7 @@ class ContainerRun:
     done: bool = False  # exited and not to be restarted
     exit_code: int | None = None
     probes: dict[str, ProbeState] = field(default_factory=dict)  # kind -> state, this incarnation
+    env: dict[str, str] = field(default_factory=dict)  # this incarnation's environment
 
     @property
     def name(self) -> str:
@@ -154,7 +155,7 @@ class PodWorker:
 
     async def start_container(self, run: ContainerRun) -> None:
         c = run.spec
-        env = await self.files.env(c)
+        env = run.env = await self.files.env(c)
         argv = [expand(a, env) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
         if not argv:
             raise VolumeError(f"container {c['name']}: no command (this kubelet runs no images)")
@@ -225,7 +226,7 @@ class PodWorker:
             if run.proc is None and not run.done and now >= run.backoff_until:
                 try:
                     await self.start_container(run)
-                except VolumeError as exc:
+                except (VolumeError, KubeError) as exc:
                     run.waiting_reason = "CreateContainerConfigError"
                     self.files.volume_error = str(exc)
             if run.running():
@@ -265,8 +266,7 @@ class PodWorker:
                 continue
             state.running = True
             try:
-                env = await self.files.env(run.spec)
-                ok, why = await run_probe(state.probe, self.pod_ip, named, self.exec_prefix(run), env)
+                ok, why = await run_probe(state.probe, self.pod_ip, named, self.exec_prefix(run), run.env)
             finally:
                 state.running = False
             state.record(time.monotonic(), ok, why)

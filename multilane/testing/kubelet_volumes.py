@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multilane.operator.k8s.kube import KubeClient, api_path
+from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
 
 __all__ = ["PodFiles", "VolumeError", "expand", "run_as"]
 
@@ -72,8 +72,8 @@ class PodFiles:
             for vol in self.spec.get("volumes") or []:
                 if vol["name"] not in self.volumes:
                     self.volumes[vol["name"]] = await self._volume(vol)
-        except VolumeError as exc:
-            self.volume_error = str(exc)
+        except (VolumeError, KubeError) as exc:  # KubeError: e.g. 403 before the Node authorizer's graph
+            self.volume_error = str(exc)  # knows the pod; the next round tries again
             return False
         self.volume_error = ""
         return True

@@ -185,9 +185,14 @@ class ProcessKubelet:
             if pod["metadata"].get("deletionTimestamp"):
                 await self._delete(kube, worker)
                 continue
-            # 3. containers, probes, status
-            await worker.tick(time.monotonic())
-            await self._report(kube, worker)
+            # 3. containers, probes, status (one pod's failure does not hold up the others)
+            try:
+                await worker.tick(time.monotonic())
+                await self._report(kube, worker)
+            except (KubeError, OSError) as exc:
+                self.errors += 1
+                self.last_error = f"{worker.namespace}/{worker.name}: {type(exc).__name__}: {exc}"
+                log.warning("process kubelet %s: %s", self.name, self.last_error)
         for uid in set(self.workers) - seen:  # deleted for good (force) or by this kubelet
             gone = self.workers[uid]
             self._forget(uid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,15 +26,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def real_cluster() -> Iterator[LocalCluster]:
-    """A control plane for the session; tests isolate themselves by namespace."""
+def k8s_bin_dir() -> Path:
+    """The binaries' directory: skipped without them, failed under CI=true."""
     try:
-        bin_dir = resolve_bin_dir()
+        return resolve_bin_dir()
     except ClusterError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and the real-cluster tier cannot run: {exc}")
         pytest.skip(str(exc))
-    with LocalCluster(bin_dir) as cluster:
+
+
+@pytest.fixture(scope="session")
+def real_cluster(k8s_bin_dir: Path) -> Iterator[LocalCluster]:
+    """A control plane for the session; tests isolate themselves by namespace."""
+    with LocalCluster(k8s_bin_dir, start_timeout_s=240) as cluster:  # a loaded 2-core machine is slow
         yield cluster
 
 
