@@ -219,6 +219,7 @@ class PodWorker:
         if not await self.files.prepare_volumes():
             return
         await self.files.renew_tokens(now)
+        await self.files.refresh(now)
         policy = self.spec.get("restartPolicy", "Always")
         for run in self.containers:
             if run.proc is not None and not run.running() and not run.done:

@@ -46,7 +46,8 @@ class PodFiles:
     """The volumes and env of one pod.
 
     Invariants: ``volumes`` maps a volume's name to its directory once it is complete; ``_tokens``
-    holds when each projected token is due for renewal (80 % of its life).
+    holds when each projected token is due for renewal (80 % of its life); Secret, ConfigMap and
+    downward-API files are rewritten where they changed every ``refresh_every_s`` (``refresh``).
     """
 
     def __init__(self, kube: KubeClient, pod: dict[str, Any], dir: Path, pod_ip: str, api_port: int) -> None:
@@ -62,6 +63,8 @@ class PodFiles:
         self.volumes: dict[str, Path] = {}
         self.volume_error = ""
         self._tokens: dict[Path, float] = {}
+        self.refresh_every_s = 10.0
+        self._refreshed_at = time.monotonic()
         self.fs_group: int | None = (self.spec.get("securityContext") or {}).get("fsGroup")
 
     # -- 1. volumes --------------------------------------------------------------------------------
@@ -150,6 +153,8 @@ class PodFiles:
 
     def _write(self, target: Path, content: bytes, mode: int) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_file() and target.read_bytes() == content:
+            return  # unchanged (a refresh): no new file for watchers to see
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_bytes(content)
         tmp.chmod(mode)
@@ -197,6 +202,28 @@ class PodFiles:
         answer = await self.kube.create(path, body)
         self._write(target, str(answer["status"]["token"]).encode(), mode)
         self._tokens[target] = time.monotonic() + 0.8 * ttl
+
+    async def refresh(self, now: float) -> None:
+        """Every ``refresh_every_s``: rewrite what changed in the Secret, ConfigMap and downward-API
+        files (the kubelet's periodic sync; tokens renew on their own schedule). A failed read
+        keeps the files as they are, as the kubelet does."""
+        if now - self._refreshed_at < self.refresh_every_s:
+            return
+        self._refreshed_at = now
+        for vol in self.spec.get("volumes") or []:
+            path = self.volumes.get(vol["name"])
+            if path is None:
+                continue
+            try:
+                if "secret" in vol or "configMap" in vol or "downwardAPI" in vol:
+                    await self._volume(vol)
+                elif "projected" in vol:
+                    mode = int(vol["projected"].get("defaultMode", 0o644))
+                    for source in vol["projected"].get("sources") or []:
+                        if "serviceAccountToken" not in source:
+                            await self._projected(path, source, mode)
+            except (VolumeError, KubeError):
+                continue
 
     async def renew_tokens(self, now: float) -> None:
         due = [t for t, at in self._tokens.items() if now >= at]
