@@ -1,0 +1,124 @@
+"""The process kubelet on the real API server, the parts the StatefulSet test does not reach: env and
+volumes from a Secret and a ConfigMap, an ``exec`` readiness probe inside the container's mount
+namespace, a crash restarted by ``restartPolicy: Always`` (restart count, last state) with the
+``emptyDir`` kept across the restart, and a claim's volume removed with its directory once the claim
+is deleted (reclaim ``Delete``)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from multilane.testing.cluster import LocalCluster
+from multilane.testing.kubelet_node import STORAGE_CLASS
+from multilane.testing.process_kubelet import ProcessKubelet
+
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# First run: record what it sees, then crash (exit 3). Second run: record again, become ready, wait.
+SCRIPT = (
+    'echo "$PASSWORD $MODE $(cat /etc/creds/password) $(cat /etc/settings/mode) $(id -u)" >> /work/out; '
+    "if [ ! -f /work/crashed ]; then touch /work/crashed; exit 3; fi; "
+    "touch /work/ready; exec sleep 3600"
+)
+
+
+def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
+    return dict(json.loads(cluster.kubectl("get", "-o", "json", *args)))
+
+
+def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    )
+
+
+def _until(what: str, check: Callable[[], Any], timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last: {last!r})")
+
+
+def test_secrets_config_probe_and_restart(
+    real_cluster: LocalCluster, process_kubelet: ProcessKubelet
+) -> None:
+    cluster, ns = real_cluster, f"pk-{uuid.uuid4().hex[:6]}"
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})
+    container = {
+        "name": "app",
+        "image": "example.invalid/app:1",
+        "command": ["sh", "-c", SCRIPT],
+        "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}],
+        "envFrom": [{"configMapRef": {"name": "settings"}}],
+        "volumeMounts": [
+            {"name": "creds", "mountPath": "/etc/creds", "readOnly": True},
+            {"name": "settings", "mountPath": "/etc/settings"},
+            {"name": "work", "mountPath": "/work"},
+        ],
+        "readinessProbe": {"exec": {"command": ["test", "-f", "/work/ready"]}, "periodSeconds": 1},
+        "securityContext": RESTRICTED,
+    }
+    _apply(
+        cluster,
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": ns},
+         "stringData": {"password": "s3cret"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": ns},
+         "data": {"MODE": "fast", "mode": "fast"}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": ns},
+         "spec": {"securityContext": {"runAsUser": 1234, "fsGroup": 1234}, "containers": [container],
+                  "volumes": [{"name": "creds", "secret": {"secretName": "creds", "defaultMode": 0o400}},
+                              {"name": "settings", "configMap": {"name": "settings"}},
+                              {"name": "work", "emptyDir": {}}]}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": "scratch", "namespace": ns},
+         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}},
+    )  # fmt: skip
+    try:
+
+        def ready() -> dict[str, Any] | None:
+            pod = _get(cluster, "-n", ns, "pod", "app")
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            return pod if conditions.get("Ready") == "True" else None
+
+        pod = _until("the pod Ready after one crash", ready)
+        [status] = pod["status"]["containerStatuses"]
+        assert status["restartCount"] == 1
+        assert status["lastState"]["terminated"]["exitCode"] == 3
+        assert "running" in status["state"]
+        worker = process_kubelet.worker(ns, "app")
+        assert worker is not None
+        out = (worker.files.volumes["work"] / "out").read_text().splitlines()
+        assert out == ["s3cret fast s3cret fast 1234"] * 2  # the emptyDir outlived the crash
+
+        # the claim: provisioned by the local-path class (the default), bound, then removed with its dir
+        def bound() -> dict[str, Any] | None:
+            pvc = _get(cluster, "-n", ns, "pvc", "scratch")
+            return pvc if pvc["status"].get("phase") == "Bound" else None
+
+        pvc = _until("the claim Bound", bound)
+        assert pvc["spec"]["storageClassName"] == STORAGE_CLASS
+        pv = _get(cluster, "pv", pvc["spec"]["volumeName"])
+        directory = Path(pv["spec"]["hostPath"]["path"])
+        assert directory.is_dir()
+        cluster.kubectl("-n", ns, "delete", "pvc", "scratch", "--wait=false")
+        _until(
+            "the volume deleted",
+            lambda: not cluster.kubectl("get", "pv", "-o", "name").count(pv["metadata"]["name"]),
+        )
+        assert not directory.exists()
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
