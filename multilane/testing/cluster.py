@@ -134,10 +134,14 @@ def write_kubeconfig(path: Path, server: str, ca: Path, client: ClientCert, user
     return path
 
 
+# resolved once in the parent: the child between fork and exec only calls it (no dlopen there, which
+# could wait forever on a lock another thread held at the fork)
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def die_with_parent() -> None:
     """In the child before exec: SIGKILL when the parent (thread) dies (``PR_SET_PDEATHSIG``)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    _PRCTL(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
 
 
 @dataclass
