@@ -122,3 +122,28 @@ def test_secrets_config_probe_and_restart(
         assert not directory.exists()
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_a_deployment_gets_its_pod_running(
+    real_cluster: LocalCluster, process_kubelet: ProcessKubelet
+) -> None:
+    """The chart runs the operator as a Deployment: deployment and replicaset controllers, then a
+    pod on the process kubelet (as the chart's operator would be)."""
+    cluster, ns = real_cluster, f"dep-{uuid.uuid4().hex[:6]}"
+    _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    container = {"name": "c", "image": "example.invalid/c:1", "command": ["sleep", "3600"],
+                 "securityContext": RESTRICTED}  # fmt: skip
+    _apply(cluster, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "op", "namespace": ns},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "op"}},
+                 "template": {"metadata": {"labels": {"app": "op"}}, "spec": {"containers": [container]}}},
+    })  # fmt: skip
+    try:
+        _until(
+            "2 ready replicas",
+            lambda: _get(cluster, "-n", ns, "deploy", "op")["status"].get("readyReplicas") == 2,
+        )
+        pods = _get(cluster, "-n", ns, "pods")["items"]
+        assert [len(process_kubelet.pids(ns, p["metadata"]["name"])) for p in pods] == [1, 1]
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
