@@ -140,6 +140,7 @@ class PodWorker:
         self.terminating = False
         self._transitions: dict[str, tuple[str, str]] = {}  # condition -> (status, since)
         self.files = PodFiles(kube, pod, dir, pod_ip, api_port)  # steps 1 and 2
+        self._kills: set[asyncio.Future[None]] = set()  # containers being stopped after a failed probe
 
     # -- 3. containers -----------------------------------------------------------------------------
 
@@ -236,6 +237,7 @@ class PodWorker:
     def _exited(self, run: ContainerRun, policy: str, now: float) -> None:
         assert run.proc is not None
         code = run.proc.returncode
+        code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a container runtime says
         run.exit_code = code
         run.last_state = {
             "terminated": {
@@ -272,7 +274,23 @@ class PodWorker:
                 state.running = False
             state.record(time.monotonic(), ok, why)
             if kind in ("liveness", "startup") and state.failed:
-                self.signal(run, signal.SIGKILL)  # the next tick sees the exit and restarts by policy
+                # the next tick sees the exit and restarts by policy; no more probes for this one
+                run.probes = {}
+                grace = float(self.spec.get("terminationGracePeriodSeconds", 30))
+                kill = asyncio.ensure_future(self._kill(run, grace))
+                self._kills.add(kill)
+                kill.add_done_callback(self._kills.discard)
+                return
+
+    async def _kill(self, run: ContainerRun, grace_s: float) -> None:
+        """A failed liveness or startup probe: SIGTERM, SIGKILL after the grace period."""
+        proc = run.proc
+        self.signal(run, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while proc is not None and proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        if proc is not None and proc is run.proc:
+            self.signal(run, signal.SIGKILL)
 
     # -- 6. delete ---------------------------------------------------------------------------------
 

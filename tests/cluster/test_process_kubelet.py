@@ -147,3 +147,30 @@ def test_a_deployment_gets_its_pod_running(
         assert [len(process_kubelet.pids(ns, p["metadata"]["name"])) for p in pods] == [1, 1]
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_a_failing_liveness_probe_restarts_the_container(
+    real_cluster: LocalCluster, process_kubelet: ProcessKubelet
+) -> None:
+    """The probe fails twice in a row: SIGTERM (ignored here), SIGKILL after the grace period, exit
+    code 137, and a restart by ``restartPolicy: Always``."""
+    cluster, ns = real_cluster, f"live-{uuid.uuid4().hex[:6]}"
+    _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    script = "trap '' TERM; touch /w/alive; (sleep 2; rm /w/alive) & while true; do sleep 1; done"
+    container = {"name": "c", "image": "example.invalid/c:1", "command": ["sh", "-c", script],
+                 "volumeMounts": [{"name": "w", "mountPath": "/w"}],
+                 "livenessProbe": {"exec": {"command": ["test", "-f", "/w/alive"]}, "periodSeconds": 1,
+                                   "failureThreshold": 2}}  # fmt: skip
+    _apply(cluster, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns},
+                     "spec": {"terminationGracePeriodSeconds": 1, "containers": [container],
+                              "volumes": [{"name": "w", "emptyDir": {}}]}})  # fmt: skip
+    try:
+
+        def restarted() -> dict[str, Any] | None:
+            statuses = _get(cluster, "-n", ns, "pod", "p")["status"].get("containerStatuses") or [{}]
+            return statuses[0] if statuses[0].get("restartCount", 0) >= 1 else None
+
+        status = _until("a restart after the liveness probe failed", restarted, 60)
+        assert status["lastState"]["terminated"]["exitCode"] == 137
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

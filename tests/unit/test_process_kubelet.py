@@ -24,7 +24,7 @@ def _pod(policy: str) -> dict[str, Any]:
 
 def _exit(worker: PodWorker, code: int, now: float) -> None:
     run = worker.containers[0]
-    run.proc = subprocess.Popen(["sh", "-c", f"exit {code}"])
+    run.proc = subprocess.Popen(["sh", "-c", "kill -9 $$" if code == 137 else f"exit {code}"])
     run.proc.wait()
     run.started_mono = now - 1
     worker._exited(run, worker.spec["restartPolicy"], now)
@@ -33,7 +33,7 @@ def _exit(worker: PodWorker, code: int, now: float) -> None:
 @pytest.mark.parametrize(
     ("policy", "code", "phase", "restarts"),
     [("Always", 0, "Running", 1), ("OnFailure", 0, "Succeeded", 0), ("OnFailure", 3, "Running", 1),
-     ("Never", 3, "Failed", 0)],
+     ("Never", 3, "Failed", 0), ("Never", 137, "Failed", 0)],
 )  # fmt: skip
 def test_an_exit_restarts_or_ends_the_pod_by_restart_policy(
     tmp_path: Path, policy: str, code: int, phase: str, restarts: int
