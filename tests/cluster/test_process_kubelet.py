@@ -1,8 +1,8 @@
-"""The process kubelet on the real API server, the parts the StatefulSet test does not reach: env and
-volumes from a Secret and a ConfigMap, an ``exec`` readiness probe inside the container's mount
-namespace, a crash restarted by ``restartPolicy: Always`` (restart count, last state) with the
-``emptyDir`` kept across the restart, and a claim's volume removed with its directory once the claim
-is deleted (reclaim ``Delete``)."""
+"""The process kubelet on the real API server, the parts the StatefulSet test does not reach: env
+from a Secret and a ConfigMap and both in one projected volume, an ``exec`` readiness probe inside
+the container's mount namespace, a crash restarted by ``restartPolicy: Always`` (restart count, last
+state) with the ``emptyDir`` kept across the restart, a claim's volume removed with its directory
+once the claim is deleted (reclaim ``Delete``), a Deployment's pods, and a liveness restart."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ RESTRICTED = {
 }
 # First run: record what it sees, then crash (exit 3). Second run: record again, become ready, wait.
 SCRIPT = (
-    'echo "$PASSWORD $MODE $(cat /etc/creds/password) $(cat /etc/settings/mode) $(id -u)" >> /work/out; '
-    "if [ ! -f /work/crashed ]; then touch /work/crashed; exit 3; fi; "
-    "touch /work/ready; exec sleep 3600"
+    'echo "$PASSWORD $MODE $(cat /media/password) $(cat /media/mode) $(id -u)" >> /srv/out; '
+    "if [ ! -f /srv/crashed ]; then touch /srv/crashed; exit 3; fi; "
+    "touch /srv/ready; exec sleep 3600"
 )
 
 
@@ -65,11 +65,10 @@ def test_secrets_config_probe_and_restart(
         "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}],
         "envFrom": [{"configMapRef": {"name": "settings"}}],
         "volumeMounts": [
-            {"name": "creds", "mountPath": "/etc/creds", "readOnly": True},
-            {"name": "settings", "mountPath": "/etc/settings"},
-            {"name": "work", "mountPath": "/work"},
+            {"name": "config", "mountPath": "/media", "readOnly": True},
+            {"name": "work", "mountPath": "/srv"},
         ],
-        "readinessProbe": {"exec": {"command": ["test", "-f", "/work/ready"]}, "periodSeconds": 1},
+        "readinessProbe": {"exec": {"command": ["test", "-f", "/srv/ready"]}, "periodSeconds": 1},
         "securityContext": RESTRICTED,
     }
     _apply(
@@ -80,8 +79,8 @@ def test_secrets_config_probe_and_restart(
          "data": {"MODE": "fast", "mode": "fast"}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": ns},
          "spec": {"securityContext": {"runAsUser": 1234, "fsGroup": 1234}, "containers": [container],
-                  "volumes": [{"name": "creds", "secret": {"secretName": "creds", "defaultMode": 0o400}},
-                              {"name": "settings", "configMap": {"name": "settings"}},
+                  "volumes": [{"name": "config", "projected": {"defaultMode": 0o400, "sources": [
+                      {"secret": {"name": "creds"}}, {"configMap": {"name": "settings"}}]}},
                               {"name": "work", "emptyDir": {}}]}},
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
          "metadata": {"name": "scratch", "namespace": ns},
@@ -156,10 +155,10 @@ def test_a_failing_liveness_probe_restarts_the_container(
     code 137, and a restart by ``restartPolicy: Always``."""
     cluster, ns = real_cluster, f"live-{uuid.uuid4().hex[:6]}"
     _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    script = "trap '' TERM; touch /w/alive; (sleep 2; rm /w/alive) & while true; do sleep 1; done"
+    script = "trap '' TERM; touch /srv/alive; (sleep 2; rm /srv/alive) & while true; do sleep 1; done"
     container = {"name": "c", "image": "example.invalid/c:1", "command": ["sh", "-c", script],
-                 "volumeMounts": [{"name": "w", "mountPath": "/w"}],
-                 "livenessProbe": {"exec": {"command": ["test", "-f", "/w/alive"]}, "periodSeconds": 1,
+                 "volumeMounts": [{"name": "w", "mountPath": "/srv"}],
+                 "livenessProbe": {"exec": {"command": ["test", "-f", "/srv/alive"]}, "periodSeconds": 1,
                                    "failureThreshold": 2}}  # fmt: skip
     _apply(cluster, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns},
                      "spec": {"terminationGracePeriodSeconds": 1, "containers": [container],
@@ -174,3 +173,7 @@ def test_a_failing_liveness_probe_restarts_the_container(
         assert status["lastState"]["terminated"]["exitCode"] == 137
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# Mount paths are existing, empty directories of the host (/srv, /media) where possible: a bind mount
+# needs its mount point, and one that is missing is created on the host (docs/real-cluster.md).

@@ -33,10 +33,10 @@ except urllib.error.HTTPError as e:
     status, uid = e.code, e.read().decode()[:300]
 facts = {"pod": name, "namespace": ns, "uid": os.getuid(), "api_status": status, "pod_uid": uid,
          "pod_ip": os.environ["POD_IP"], "greeting": os.environ["GREETING"]}
-with open("/data/facts-%d.json" % os.getpid(), "w") as f:
+with open("/srv/facts-%d.json" % os.getpid(), "w") as f:
     json.dump(facts, f)
 def term(*_):
-    with open("/data/terminated", "a") as f:
+    with open("/srv/terminated", "a") as f:
         f.write(name + "\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)
@@ -106,7 +106,7 @@ def _statefulset(name: str, namespace: str) -> dict[str, Any]:
                             ],
                             "ports": [{"name": "http", "containerPort": 8080}],
                             "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
-                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                            "volumeMounts": [{"name": "data", "mountPath": "/srv"}],
                             "securityContext": RESTRICTED,
                         }
                     ],
