@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from multilane.testing.broker import KafkaBroker
+from multilane.testing.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.broker, pytest.mark.matrix]
 
@@ -90,7 +90,7 @@ def _time_to_first_assignment(bootstrap: str, topic: str, session_timeout_ms: in
         c.close()
 
 
-def test_group_join_delay(broker: KafkaBroker, topic_name: str, broker_kind: str) -> None:
+def test_group_join_delay(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
     """Gap 1. Tansu: the first assignment waits ~1/2 session.timeout.ms (at least 1 s). Apache Kafka:
     a lone member is assigned at once (``group.initial.rebalance.delay.ms``, 0 in the test bed),
     whatever its session timeout.
@@ -112,7 +112,7 @@ def test_group_join_delay(broker: KafkaBroker, topic_name: str, broker_kind: str
     assert short < 6.0, f"join with session.timeout.ms=1000 took {short:.2f}s; tests budget for ~1 s"
 
 
-def test_commit_metadata(broker: KafkaBroker, topic_name: str, broker_kind: str) -> None:
+def test_commit_metadata(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
     """Gap 2. Tansu: commit metadata is accepted but not returned by committed(). Apache Kafka: it is
     stored and returned.
 
@@ -137,7 +137,7 @@ def test_commit_metadata(broker: KafkaBroker, topic_name: str, broker_kind: str)
 
 
 def test_null_and_empty_values_are_delivered_contrary_to_the_listed_gap(
-    broker: KafkaBroker, topic_name: str
+    broker: EmbeddedBroker, topic_name: str
 ) -> None:
     """The same on both brokers. Gap 3 as listed ("null/empty values are never delivered") does NOT reproduce.
 
@@ -157,7 +157,7 @@ def test_null_and_empty_values_are_delivered_contrary_to_the_listed_gap(
     )
 
 
-def test_end_offset_from_list_offsets(broker: KafkaBroker, topic_name: str, broker_kind: str) -> None:
+def test_end_offset_from_list_offsets(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
     """Gap 4. Tansu: the end offset from list-offsets is the last batch's base offset + 1 (the high
     watermark in fetch responses is right). Apache Kafka: both are right.
 
@@ -199,13 +199,13 @@ def test_end_offset_from_list_offsets(broker: KafkaBroker, topic_name: str, brok
         c.close()
 
 
-def test_compaction(broker: KafkaBroker, topic_name: str, broker_kind: str) -> None:
+def test_compaction(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
     """Gap 5. Tansu: cleanup.policy=compact is accepted, but old values of a key are never removed.
     Apache Kafka: the cleaner removes them from rolled segments within seconds (``segment.ms`` 100,
     the test bed's cleaner backoff 1 s), so a compacted topic has gaps in its offsets.
 
     Lives with it: restore reads the whole changelog and keeps the newest value per key; the offset
-    tracker tolerates gaps (tests/integration/test_offset_gaps.py, where present, reads such a topic).
+    tracker tolerates gaps in offsets.
     """
     broker.create_topic(
         topic_name,
@@ -232,7 +232,7 @@ def test_compaction(broker: KafkaBroker, topic_name: str, broker_kind: str) -> N
     assert [m.value() for m in got] == [b"version-0", b"version-1", b"version-2"]
 
 
-def test_fetch_response_size(broker: KafkaBroker, topic_name: str, broker_kind: str) -> None:
+def test_fetch_response_size(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
     """Gap 6 (found by the chaos tests). Tansu: fetch responses can exceed ``fetch.max.bytes`` by about
     one producer batch (~2 MB answered for a 1 MiB request). Apache Kafka: they stay within it (one
     batch larger than the limit is still returned, so a consumer always makes progress).
@@ -266,32 +266,6 @@ def test_fetch_response_size(broker: KafkaBroker, topic_name: str, broker_kind: 
         f"a consumer with receive.message.max.bytes = fetch.max.bytes + 64 KiB got {len(tight)} records: "
         "the broker now keeps fetch responses within fetch.max.bytes"
     )
-
-
-def test_an_end_of_partition_event_after_a_seek_waits_out_fetch_wait_max_ms(
-    broker: KafkaBroker, topic_name: str
-) -> None:
-    """The same on both brokers. A consumer positioned at the end of a partition gets its
-    end-of-partition event only after the broker held its fetch for ``fetch.wait.max.ms`` (measured
-    on Tansu: about twice that, 1.0 s at 500 ms, 0.1 s at 50 ms). So a learner's promotion that
-    waited for that event after a seek (a fresh fetch) paid at least one full wait inside the pause;
-    the release now hands over the changelog's end instead (``PartitionLearner.promote``, step 3)."""
-    broker.create_topic(topic_name, 1)
-    _produce(broker.bootstrap, topic_name, [b"a", b"b"])
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
-                  "enable.partition.eof": True, "fetch.wait.max.ms": 500, "enable.auto.commit": False})
-    try:
-        c.assign([TopicPartition(topic_name, 0, 0)])
-        deadline = time.monotonic() + 30
-        while not any(m.error() is not None for m in c.consume(10, 0.05)):  # read to the first EOF
-            assert time.monotonic() < deadline, "no end-of-partition event"
-        t0 = time.monotonic()
-        c.assign([TopicPartition(topic_name, 0, 2)])  # the end: a fresh fetch, nothing new to read
-        while not any(m.error() is not None for m in c.consume(10, 0.01)):
-            assert time.monotonic() < deadline, "no end-of-partition event after the seek"
-        assert time.monotonic() - t0 >= 0.45
-    finally:
-        c.close()
 
 
 # --- Facts found with the broker matrix (issue 31): transactions and topic creation -----------------
@@ -329,7 +303,7 @@ def _three_transactions(bootstrap: str, topic: str) -> list[tuple[bytes, int]]:
 
 
 def test_aborted_transactions_and_read_committed(
-    broker: KafkaBroker, topic_name: str, broker_kind: str
+    broker: EmbeddedBroker, topic_name: str, broker_kind: str
 ) -> None:
     """Tansu: an aborted transaction's records that reached the broker are delivered to
     ``isolation.level=read_committed`` consumers (no isolation: exactly-once outputs are not possible
@@ -350,7 +324,7 @@ def test_aborted_transactions_and_read_committed(
         assert committed == [(b"c1", 0), (b"c2", 1), (b"c3", 5)]
 
 
-def test_produce_creates_a_missing_topic(broker: KafkaBroker, topic_name: str, broker_kind: str) -> None:
+def test_produce_creates_a_missing_topic(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
     """Both brokers create a missing topic on the first produce to it (``auto.create.topics.enable``,
     on by default): a mistyped output topic name gets a new topic, not an error. Tansu gives it 4
     partitions, Apache Kafka ``num.partitions`` (1 by default)."""
@@ -363,3 +337,30 @@ def test_produce_creates_a_missing_topic(broker: KafkaBroker, topic_name: str, b
     meta = p.list_topics(topic_name, timeout=10).topics[topic_name]
     assert meta.error is None
     assert len(meta.partitions) == (4 if _on_tansu(broker_kind) else 1)
+
+
+def test_an_end_of_partition_event_after_a_seek_waits_out_fetch_wait_max_ms(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """The same on both brokers. A consumer positioned at the end of a partition gets its
+    end-of-partition event only after the broker held its fetch for ``fetch.wait.max.ms`` (measured
+    on Tansu: about twice that, 1.0 s at 500 ms, 0.1 s at 50 ms). So a learner's promotion that
+    waited for that event after a seek (a fresh fetch) paid at least one full wait inside the pause;
+    the release now hands over the changelog's end instead (``PartitionLearner.promote``, step 3)."""
+    broker.create_topic(topic_name, 1)
+    _produce(broker.bootstrap, topic_name, [b"a", b"b"])
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                  "enable.partition.eof": True, "fetch.wait.max.ms": 500, "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic_name, 0, 0)])
+        deadline = time.monotonic() + 30
+        while not any(m.error() is not None for m in c.consume(10, 0.05)):  # read to the first EOF
+            assert time.monotonic() < deadline, "no end-of-partition event"
+        t0 = time.monotonic()
+        c.assign([TopicPartition(topic_name, 0, 2)])  # the end: a fresh fetch, nothing new to read
+        while not any(m.error() is not None for m in c.consume(10, 0.01)):
+            assert time.monotonic() < deadline, "no end-of-partition event after the seek"
+        assert time.monotonic() - t0 >= 0.45
+    finally:
+        c.close()
+
