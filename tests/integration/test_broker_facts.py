@@ -363,4 +363,3 @@ def test_an_end_of_partition_event_after_a_seek_waits_out_fetch_wait_max_ms(
         assert time.monotonic() - t0 >= 0.45
     finally:
         c.close()
-
