@@ -185,7 +185,10 @@ class Engine:
         progress = ProgressCycle(store if txns is None else None, self._hooks, commits)
         commit_due = asyncio.Event()
         if txns is not None:
-            txns.on_full = lambda: loop.call_soon_threadsafe(commit_due.set)
+            def commit_now() -> None:  # any thread: a partition's transaction is full
+                loop.call_soon_threadsafe(commit_due.set)
+
+            txns.on_full = commit_now
         runtimes = RuntimeFactory(cfg, self.control, env, self._flow, self._retry, dlq, self._hist)
         ownership = self._ownership = Ownership(cfg, self.partitions, self.control, state, self._consumer,
                                                 self._producer, store, commits, fetch, runtimes,
