@@ -250,7 +250,7 @@ class CommitCycle:
         turns: list[tuple[PartitionRuntime, PartitionTransaction]] = []
         for part in parts:
             txn = txns.transaction((part.topic, part.partition))
-            if txn is None or txn.fenced:
+            if txn is None or txn.fenced or txn.broken:
                 continue
             if not txn.turn.acquire(blocking=False):  # the partition's previous commit still runs
                 await asyncio.to_thread(txn.turn.acquire)
@@ -273,7 +273,8 @@ class CommitCycle:
         turns = []
         for part in parts:
             txn = txns.transaction((part.topic, part.partition))
-            if txn is not None and not txn.fenced and txn.turn.acquire(timeout=txns.timeout_s):
+            usable = txn is not None and not (txn.fenced or txn.broken)
+            if usable and txn is not None and txn.turn.acquire(timeout=txns.timeout_s):
                 turns.append((part, txn))
         jobs = self._plan_transactions(turns, True)
         results: list[Any] = []

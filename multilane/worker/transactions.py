@@ -110,10 +110,18 @@ def check_transactions(conf: Mapping[str, Any], timeout_s: float = 15.0) -> None
         _close(producer)
 
 
-def _close(producer: Any) -> None:
+def _close(producer: Any, broken: bool = False) -> None:
+    """Close without waiting for unsent outputs: a transaction not committed is dropped anyway.
+    ``broken`` (fenced, or an abort failed): purge and let the client go without ``close()``, which
+    aborts and flushes first and can hang on a fenced producer (seen with librdkafka 2.16 after a
+    ``send_offsets_to_transaction`` failed with ``_FENCED``); dropping the last reference destroys it."""
     close = getattr(producer, "close", None)
     try:
-        if close is not None:
+        purge = getattr(producer, "purge", None)
+        if purge is not None:
+            purge(True, True, False)
+            producer.poll(0)
+        if close is not None and not broken:
             close()
     except Exception as exc:  # closing after a lost broker
         log.debug("transactional producer close: %s", exc)
@@ -158,6 +166,7 @@ class PartitionTransaction:
         self.turn = threading.Lock()
         self.committed: int | None = None
         self.fenced = False
+        self.broken = False  # an abort failed too: the producer is not used again
         self._errors: list[Any] = []
 
     # 1.
@@ -225,13 +234,14 @@ class PartitionTransaction:
                 self.fenced = True
                 raise TransactionFencedError(
                     f"{self.tid}: fenced by a newer owner ({_text(abort_exc)})") from None
+            self.broken = True
             raise TransactionAbortedError(f"{self.tid}: commit failed ({_text(exc)}) and so did the "
                                           f"abort ({_text(abort_exc)})") from None
         raise TransactionAbortedError(f"{self.tid}: aborted ({_text(exc)})") from None
 
     # 4.
     def close(self) -> None:
-        _close(self.producer)
+        _close(self.producer, broken=self.fenced or self.broken)
 
 
 _FENCED_CODES = {getattr(KafkaError, n) for n in ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
