@@ -100,14 +100,16 @@ def check_transactions(conf: Mapping[str, Any], timeout_s: float = 15.0) -> None
     """Blocking: ``init_transactions`` with a probe id; :class:`TransactionsUnavailableError` (one line)
     when the broker does not answer it (no transaction coordinator, too old, or refused)."""
     producer = Producer(dict(conf))
+    broken = True
     try:
         producer.init_transactions(timeout_s)
+        broken = False
     except KafkaException as exc:
         raise TransactionsUnavailableError(
             "--outputs exactly-once needs Kafka transactions, and the broker at "
             f"{conf.get('bootstrap.servers')} did not initialise one ({_text(exc)})") from None
     finally:
-        _close(producer)
+        _close(producer, broken=broken)
 
 
 def _close(producer: Any, broken: bool = False) -> None:

@@ -262,3 +262,48 @@ def test_the_wrapper_holds_a_returning_attempts_outputs_only(sync: bool) -> None
     assert txns.held(TP) == 0
     attempt()
     assert txns.take(TP, lambda o: True) == [("out", b"a", b"k", [])]
+
+
+def _parse(argv: list[str], app: Any = None) -> Any:
+    import argparse
+
+    from multilane.worker.cli import add_arguments, parse_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parse_args(parser, ["--bootstrap-servers", "127.0.0.1:1", "--group", "g", "--topic", "t", *argv],
+                      app=app, environ={})
+
+
+def test_the_setting_and_what_it_refuses() -> None:
+    """``--outputs exactly-once`` (or the App's ``outputs="exactly-once"``) parses; with a state
+    directory, or fewer than one record per transaction, the worker refuses with one line."""
+    import multilane
+    from multilane.worker.cli import ConfigError, check_exactly_once_args
+
+    app = multilane.App(name="copy", outputs="exactly-once")
+    assert _parse([], app).outputs == "exactly-once"
+    check_exactly_once_args(_parse(["--outputs", "exactly-once"]))
+    with pytest.raises(ConfigError, match="--state-dir is not supported yet") as exc:
+        check_exactly_once_args(_parse(["--outputs", "exactly-once", "--state-dir", "/tmp/x"]))
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match="at least 1"):
+        check_exactly_once_args(_parse(["--outputs", "exactly-once", "--transaction-max-records", "0"]))
+    check_exactly_once_args(_parse(["--state-dir", "/tmp/x"]))  # at-least-once: state is fine
+
+
+def test_a_broker_without_transactions_is_refused_in_one_line() -> None:
+    """Nothing that answers ``init_transactions`` (here: no broker at all) -> one line naming the need."""
+    from multilane.testing.broker import free_port
+    from multilane.worker.transactions import (
+        TransactionsUnavailableError,
+        check_transactions,
+        transactional_producer_config,
+    )
+
+    conf = transactional_producer_config(f"127.0.0.1:{free_port()}", "probe", "multilane.g.probe.w")
+    conf["log_level"] = 0
+    with pytest.raises(TransactionsUnavailableError) as exc:
+        check_transactions(conf, timeout_s=1.0)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("--outputs exactly-once needs Kafka transactions")
