@@ -12,7 +12,6 @@ calls run on a worker thread.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 import weakref
@@ -27,14 +26,10 @@ from multilane.formats.progress import ProgressCodec, ProgressRecord
 from multilane.worker.hooks import EngineHooks, PartitionStateHooks
 from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
-from multilane.worker.progress_store import ProgressStore, progress_key
+from multilane.worker.progress_store import ProgressStore
 from multilane.worker.state.errors import StateDurabilityError
-from multilane.worker.transactions import (
-    PartitionTransaction,
-    ProgressTarget,
-    TransactionAbortedError,
-    TransactionalOutputs,
-)
+from multilane.worker.transactions import TransactionalOutputs
+from multilane.worker.txn_commits import TransactionCommits
 
 __all__ = ["CommitBatch", "CommitCycle", "CommitItem", "ProgressCycle", "plan_commit", "progress_for_base"]
 
@@ -113,11 +108,9 @@ class CommitCycle:
         self._consumer = consumer
         self._store = store
         self._hooks = hooks
-        # exactly-once: each partition's commit is its transaction (:meth:`_run_transactions`)
-        self._txns = transactions
-        self._txn_pool: concurrent.futures.ThreadPoolExecutor | None = (
-            concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="multilane-txn")
-            if transactions is not None else None)
+        # exactly-once: each partition's commit is its transaction (multilane/worker/txn_commits.py)
+        self._eos = (TransactionCommits(transactions, consumer, store, self) if transactions is not None
+                     else None)
         self._progress_timeout_s = progress_timeout_s
         self.last_progress_bytes = 0
         self.commit_errors = 0
@@ -130,6 +123,10 @@ class CommitCycle:
         # Set by ``Engine.fence()`` (lease lost): while True no commit request is sent, not even by a
         # cycle that was already running when it was set (checked right before each commit).
         self.fenced = False
+
+    def plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
+        """Step 1 (:func:`plan_commit`), keeping the size of the last progress record (a metric)."""
+        return self._plan(parts, final)
 
     def _plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
         batch = plan_commit(parts, with_progress=self._store is not None, final=final)
@@ -146,8 +143,8 @@ class CommitCycle:
         started = time.monotonic()
         if self.fenced:
             return []  # no progress record and no commit while fenced
-        if self._txns is not None:
-            return await self._run_transactions(parts, final, started)
+        if self._eos is not None:
+            return await self._eos.run(parts, final, started)
         # 1. plan
         batch = self._plan(parts, final)
         if not batch.items:
@@ -201,8 +198,8 @@ class CommitCycle:
         started = time.monotonic()
         if self.fenced:
             return []
-        if self._txns is not None:
-            return self._run_transactions_blocking(parts, started)
+        if self._eos is not None:
+            return self._eos.run_blocking(parts, started)
         # 1. plan
         batch = self._plan(parts, final=True)
         if not batch.items:
@@ -234,104 +231,6 @@ class CommitCycle:
         self._commit(batch, started, synchronous=True)
         for part in unwritten:
             part.last_progress = None
-        return lost
-
-    # -- exactly-once: a partition's commit is its transaction (multilane/worker/transactions.py) --------
-
-    async def _run_transactions(self, parts: Sequence[PartitionRuntime], final: bool,
-                                started: float) -> list[PartitionRuntime]:
-        """The async driver with transactions: each partition's turn (commits of a partition in the
-        order planned), then steps 1 and 3 of :mod:`multilane.worker.transactions` without an await
-        between the plan and the take (the held outputs taken are those of exactly the records the
-        plan counts complete), then the transactions in parallel on the commit threads. Returns the
-        partitions whose transaction aborted (the caller reopens them; a fenced one is dropped)."""
-        txns = self._txns
-        assert txns is not None and self._txn_pool is not None
-        turns: list[tuple[PartitionRuntime, PartitionTransaction]] = []
-        for part in parts:
-            txn = txns.transaction((part.topic, part.partition))
-            if txn is None or txn.fenced or txn.broken:
-                continue
-            if not txn.turn.acquire(blocking=False):  # the partition's previous commit still runs
-                await asyncio.to_thread(txn.turn.acquire)
-            turns.append((part, txn))
-        if self.fenced:
-            for _part, txn in turns:
-                txn.turn.release()
-            return []
-        jobs = self._plan_transactions(turns, final)
-        loop = asyncio.get_running_loop()
-        results = await asyncio.gather(*(loop.run_in_executor(self._txn_pool, *job) for _item, job in jobs),
-                                       return_exceptions=True)
-        return self._apply_transactions([item for item, _job in jobs], results, started)
-
-    def _run_transactions_blocking(self, parts: Sequence[PartitionRuntime],
-                                   started: float) -> list[PartitionRuntime]:
-        """The blocking driver with transactions (rebalance callbacks): the same, one by one."""
-        txns = self._txns
-        assert txns is not None
-        turns = []
-        for part in parts:
-            txn = txns.transaction((part.topic, part.partition))
-            usable = txn is not None and not (txn.fenced or txn.broken)
-            if usable and txn is not None and txn.turn.acquire(timeout=txns.timeout_s):
-                turns.append((part, txn))
-        jobs = self._plan_transactions(turns, True)
-        results: list[Any] = []
-        for _item, (fn, *args) in jobs:
-            try:
-                results.append(fn(*args))
-            except Exception as exc:
-                results.append(exc)
-        return self._apply_transactions([item for item, _job in jobs], results, started)
-
-    def _plan_transactions(self, turns: list[tuple[PartitionRuntime, PartitionTransaction]],
-                           final: bool) -> list[tuple[CommitItem, tuple[Any, ...]]]:
-        """On the loop, every turn held, no await: plan, take the held outputs of the records counted
-        complete, and build each transaction's call (it releases the turn); turns of partitions with
-        nothing to commit are released here."""
-        txns = self._txns
-        store = self._store
-        assert txns is not None
-        batch = self._plan([p for p, _ in turns], final)
-        planned = {id(i.part): i for i in batch.items}
-        meta = self._consumer.consumer_group_metadata() if batch.items else None
-        jobs = []
-        for part, txn in turns:
-            item = planned.get(id(part))
-            if item is None:
-                txn.turn.release()
-                continue
-            outputs = txns.take((part.topic, part.partition), part.tracker.is_complete)
-            progress = None
-            if store is not None and item.encoded is not None:
-                target = ProgressTarget(store.topic, store.partition_index(part.partition),
-                                        progress_key(part.topic, part.partition))
-                progress = (target, item.encoded)
-            part.commit_sent = item.offset
-            jobs.append((item, (txns.commit, txn, outputs, progress, part.topic, part.partition, item.offset,
-                                meta)))
-        return jobs
-
-    def _apply_transactions(self, items: list[CommitItem], results: list[Any],
-                            started: float) -> list[PartitionRuntime]:
-        lost = []
-        for item, result in zip(items, results, strict=True):
-            part = item.part
-            if isinstance(result, BaseException):
-                part.commit_sent = None
-                self.commit_errors += 1
-                if isinstance(result, TransactionAbortedError):
-                    log.warning("%s/%d: %s; its records after offset %s run again", part.topic,
-                                part.partition, result, part.committed)
-                else:
-                    log.error("%s/%d: transaction failed: %r", part.topic, part.partition, result)
-                lost.append(part)
-                continue
-            part.last_progress = item.encoded
-            if part.committed is None or item.offset >= part.committed:
-                part.committed = item.offset
-            self.latency.observe(time.monotonic() - started)
         return lost
 
     def _commit(self, batch: CommitBatch, started: float, *, synchronous: bool) -> None:
