@@ -168,7 +168,9 @@ class PartitionTransaction:
         self.turn = threading.Lock()
         self.committed: int | None = None
         self.fenced = False
-        self.broken = False  # an abort failed too: the producer is not used again
+        # a transaction failed: no further transaction of this producer (the partition is reopened with a
+        # new one; its records after the committed offset run again)
+        self.broken = False
         self._errors: list[Any] = []
 
     # 1.
@@ -369,7 +371,10 @@ class TransactionalOutputs:
                 self._fenced.add((topic, partition))
             self.aborted_transactions += 1
             raise
-        except TransactionAbortedError:
+        except BaseException:
+            # the records whose outputs this transaction carried count complete in the tracker: no later
+            # transaction of this producer may commit an offset past them; the partition is reopened
+            txn.broken = True
             self.aborted_transactions += 1
             raise
         finally:

@@ -186,6 +186,11 @@ def test_an_aborted_transaction_returns_the_partition_and_its_outputs_are_gone()
     assert lost == [part] and part.committed is None and part.commit_sent is None
     assert producer.calls[-2:] == ["abort", "begin"] and txns.aborted_transactions == 1
     assert not txns.fenced(TP) and txns.held(TP) == 0  # the caller reopens: the record runs again
+    # until the reopen replaced the transaction, no later cycle commits past the aborted records
+    txns.hold(*TP, 1, _out(1))
+    part.tracker.prefix = 2
+    assert asyncio.run(cycle.run([part])) == []  # type: ignore[list-item]
+    assert producer.offsets == [[("orders", 3, 1)]] and part.committed is None
 
 
 def test_a_fenced_partition_is_lost_for_good() -> None:
