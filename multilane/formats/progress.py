@@ -167,7 +167,7 @@ def union_progress(own: ProgressRecord, restored: ProgressRecord) -> ProgressRec
     if own.mode is OrderingMode.KEY:
         cuts = sorted({r[0] for r in own.ranges} | {r[0] for r in restored.ranges})
         ends = [*cuts[1:], own.ranges[-1][1]]
-        ranges = []
+        ranges: list[tuple[int, int, int]] = []
         for start, end in zip(cuts, ends, strict=True):
             nxt = max(_next_at(own.ranges, start), _next_at(restored.ranges, start), base)
             if ranges and ranges[-1][2] == nxt:
