@@ -68,10 +68,10 @@ def test_exactly_once_outputs_survive_three_kill9s_and_a_handoff(kafka: ApacheKa
     producer = threading.Thread(target=lambda: result.append(
         produce_paced(kafka.bootstrap, topic_name, RateProfile.constant(700, 15), keys=300, zipf_s=1.1,
                       seed=32)))
-    producer.start()
     follower = EventLogFollower(log)
     a = start(both)
     b = start("")  # the scale-up's new worker, empty until the handoff below
+    producer.start()  # after both are ready: the handoff below comes while records still arrive
     for kill_at in (1200, 2800, 4200):
         wait_until(lambda k=kill_at: follower.ended_count() >= k, 120, 0.1, f"{kill_at} records processed")
         a.kill()
