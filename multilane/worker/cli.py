@@ -288,7 +288,8 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> StateManager | 
     return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
                         producer_config=security, consumer_config=security, admin_config=security,
                         changelog_topic_config=_parse_kv(args.changelog_config, "--changelog-config"),
-                        on_corrupt=args.state_on_corrupt, snapshot_uri=args.snapshot_uri or None)
+                        on_corrupt=args.state_on_corrupt, snapshot_uri=args.snapshot_uri or None,
+                        transactional=getattr(args, "outputs", "on") == "exactly-once")
 
 
 async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
@@ -341,10 +342,6 @@ def check_exactly_once_args(args: argparse.Namespace) -> None:
     """ConfigError (one line) for settings ``--outputs exactly-once`` cannot honour."""
     if getattr(args, "outputs", "on") != "exactly-once":
         return
-    if getattr(args, "state_dir", None):
-        raise ConfigError("--outputs exactly-once with --state-dir is not supported yet (the changelog "
-                          "is not written in the transaction, so state could run ahead of the committed "
-                          "outputs after a crash); use --outputs on, or no state")
     if getattr(args, "transaction_max_records", 1) < 1:
         raise ConfigError("--transaction-max-records must be at least 1")
 

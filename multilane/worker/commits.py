@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.api import OrderingMode
 from multilane.formats.progress import ProgressCodec, ProgressRecord
-from multilane.worker.hooks import EngineHooks, PartitionStateHooks
+from multilane.worker.hooks import EngineHooks, PartitionStateHooks, TransactionalStateHooks
 from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress_store import ProgressStore
@@ -109,8 +109,8 @@ class CommitCycle:
         self._store = store
         self._hooks = hooks
         # exactly-once: each partition's commit is its transaction (multilane/worker/txn_commits.py)
-        self._eos = (TransactionCommits(transactions, consumer, store, self) if transactions is not None
-                     else None)
+        self._eos = (TransactionCommits(transactions, consumer, store, self, _transactional_state(hooks))
+                     if transactions is not None else None)
         self._progress_timeout_s = progress_timeout_s
         self.last_progress_bytes = 0
         self.commit_errors = 0
@@ -283,6 +283,17 @@ class CommitCycle:
                 log.warning("commit of %s/%d failed: %s", tp.topic, tp.partition, tp.error)
             elif tp.offset >= 0 and (part.committed is None or tp.offset >= part.committed):
                 part.committed = tp.offset
+
+
+def _transactional_state(hooks: PartitionStateHooks | None) -> TransactionalStateHooks | None:
+    """The state hooks of an exactly-once worker: they must hold their changelog records for the
+    transactions (else a crash could leave state ahead of the committed outputs). Raises ValueError."""
+    if hooks is None:
+        return None
+    if not isinstance(hooks, TransactionalStateHooks) or not hooks.transactional:
+        raise ValueError("exactly-once outputs need transactional state hooks "
+                         "(StateManager(..., transactional=True))")
+    return hooks
 
 
 def _log_lost(item: CommitItem, exc: StateDurabilityError) -> None:

@@ -13,7 +13,9 @@ Per input partition (``docs/outputs.md``, "Exactly-once"), numbered as in the co
    (or the record's dead letter) replace whatever the record held before. A failed attempt holds
    nothing (its retry holds its own).
 3. Commit (:meth:`TransactionalOutputs.take` on the loop, then :meth:`TransactionalOutputs.commit` on an
-   I/O thread, one commit of a partition at a time and in the order taken, see ``turn``): the held
+   I/O thread, one commit of a partition at a time and in the order taken, see ``turn``): with state,
+   the changelog records of those records (held by the state, taken with the outputs; in apply
+   order, to the changelog partition of the input partition), the held
    outputs of every record the offset tracker counts complete, the progress record (base ``C``),
    ``send_offsets_to_transaction`` of ``C``, ``commit_transaction``, ``begin_transaction``. Any failure
    aborts: :class:`TransactionAbortedError` (the caller reopens the partition: its records after ``C`` run
@@ -28,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +56,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Output = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, value, key, headers
+# a state change held for the transaction: source offset, changelog topic, partition, key, value
+# (multilane.worker.state.partition.HeldChange)
+Change = tuple[int, str, int, bytes, bytes | None]
 TopicPartitionId = tuple[str, int]
 
 
@@ -172,6 +177,7 @@ class PartitionTransaction:
         # new one; its records after the committed offset run again)
         self.broken = False
         self._errors: list[Any] = []
+        self._changelog_end: int | None = None
 
     # 1.
     def open(self) -> None:
@@ -183,12 +189,18 @@ class PartitionTransaction:
 
     # 3.
     def commit(self, outputs: list[Output], progress: tuple[ProgressTarget, bytes] | None,
-               offsets: list[Any], group_metadata: Any) -> None:
-        """Send ``outputs`` and ``progress``, add ``offsets``, commit, begin the next transaction.
-        Raises :class:`TransactionFencedError` or :class:`TransactionAbortedError` (after aborting)."""
+               offsets: list[Any], group_metadata: Any,
+               changes: Sequence[Change] = ()) -> int | None:
+        """Send ``changes`` (changelog records, in order), ``outputs`` and ``progress``, add ``offsets``,
+        commit, begin the next transaction. Returns one past the highest changelog offset written
+        (None without changes). Raises :class:`TransactionFencedError` or
+        :class:`TransactionAbortedError` (after aborting)."""
         p = self.producer
         self._errors = []
+        self._changelog_end = None
         try:
+            for _src, cl_topic, cl_partition, cl_key, cl_value in changes:
+                self._produce(cl_topic, cl_value, cl_key, None, cl_partition, self._changelog_delivered)
             for topic, value, key, headers in outputs:
                 self._produce(topic, value, key, headers or None, None)
             if progress is not None:
@@ -201,14 +213,16 @@ class PartitionTransaction:
             self._abort(exc)
         if self._errors:  # a delivery error the commit did not raise (it should have): not committed?
             raise TransactionAbortedError(f"{self.tid}: an output was not delivered: {self._errors[0]}")
+        end = self._changelog_end
         try:
             p.begin_transaction()
         except KafkaException as exc:
             self._abort(exc)
+        return end
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, headers: Any,
-                 partition: int | None) -> None:
-        kwargs: dict[str, Any] = {"on_delivery": self._delivered}
+                 partition: int | None, on_delivery: Callable[[Any, Any], None] | None = None) -> None:
+        kwargs: dict[str, Any] = {"on_delivery": on_delivery or self._delivered}
         if headers:
             kwargs["headers"] = headers
         if partition is not None:
@@ -223,6 +237,14 @@ class PartitionTransaction:
     def _delivered(self, err: Any, _msg: Any) -> None:
         if err is not None:
             self._errors.append(err)
+
+    def _changelog_delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(err)
+            return
+        end = msg.offset() + 1
+        if self._changelog_end is None or end > self._changelog_end:
+            self._changelog_end = end
 
     def _abort(self, exc: BaseException) -> None:
         err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
@@ -358,14 +380,17 @@ class TransactionalOutputs:
 
     def commit(self, txn: PartitionTransaction, outputs: list[Output],
                progress: tuple[ProgressTarget, bytes] | None, topic: str, partition: int, offset: int,
-               group_metadata: Any) -> None:
+               group_metadata: Any, changes: Sequence[Change] = ()) -> int | None:
         """Blocking (I/O thread), with ``txn.turn`` held by the caller (released here): one
-        transaction of the partition. Raises :class:`TransactionAbortedError` or
-        :class:`TransactionFencedError`."""
+        transaction of the partition, with the state's ``changes`` (changelog records). Returns one
+        past the highest changelog offset written (None without changes). Raises
+        :class:`TransactionAbortedError` or :class:`TransactionFencedError`."""
         try:
-            txn.commit(outputs, progress, [TopicPartition(topic, partition, offset)], group_metadata)
+            end = txn.commit(outputs, progress, [TopicPartition(topic, partition, offset)], group_metadata,
+                             changes)
             txn.committed = offset
             self.committed_transactions += 1
+            return end
         except TransactionFencedError:
             with self._lock:
                 self._fenced.add((topic, partition))

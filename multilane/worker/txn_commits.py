@@ -8,9 +8,11 @@ step 1 (:func:`~multilane.worker.commits.plan_commit`), and steps 2-4 become, pe
 1. take the partition's ``turn`` (its previous transaction finished; commits of a partition run one at
    a time, in the order planned);
 2. on the loop, with no await between them: plan (flush completions, completed prefix ``C``, progress
-   record), then take the held outputs of exactly the records the plan counts complete;
-3. the transaction (outputs, progress record, ``C`` as the committed offset, commit), on a commit
-   thread, several partitions in parallel; it releases the turn;
+   record), then take the held outputs, and with state the held changelog records
+   (``take_changes``), of exactly the records the plan counts complete;
+3. the transaction (changelog records, outputs, progress record, ``C`` as the committed offset,
+   commit), on a commit thread, several partitions in parallel; it releases the turn; on success the
+   state learns the commit (``changes_committed``: the changelog end, the committed offset);
 4. a partition whose transaction aborted (or was fenced) is returned to the caller: the housekeeping
    loop reopens it, so its records after ``C`` run again (a fenced one is dropped instead, see
    :mod:`multilane.worker.reopen`).
@@ -25,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from multilane.worker.hooks import TransactionalStateHooks
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress_store import ProgressStore, progress_key
 from multilane.worker.transactions import (
@@ -57,8 +60,9 @@ class TransactionCommits:
     """
 
     def __init__(self, transactions: TransactionalOutputs, consumer: Any, store: ProgressStore | None,
-                 cycle: CommitOwner, threads: int = 8) -> None:
+                 cycle: CommitOwner, state: TransactionalStateHooks | None = None, threads: int = 8) -> None:
         self._txns = transactions
+        self._state = state
         self._consumer = consumer
         self._store = store
         self._cycle = cycle
@@ -130,6 +134,8 @@ class TransactionCommits:
                 txn.turn.release()
                 continue
             outputs = txns.take((part.topic, part.partition), part.tracker.is_complete)
+            changes = (self._state.take_changes(part.topic, part.partition, part.tracker.is_complete)
+                       if self._state is not None else [])
             progress = None
             if store is not None and item.encoded is not None:
                 target = ProgressTarget(store.topic, store.partition_index(part.partition),
@@ -137,7 +143,7 @@ class TransactionCommits:
                 progress = (target, item.encoded)
             part.commit_sent = item.offset
             jobs.append((item, (txns.commit, txn, outputs, progress, part.topic, part.partition, item.offset,
-                                meta)))
+                                meta, changes)))
         return jobs
 
     def _apply(self, items: list[Any], results: list[Any],
@@ -156,6 +162,8 @@ class TransactionCommits:
                 lost.append(part)
                 continue
             part.last_progress = item.encoded
+            if self._state is not None:
+                self._state.changes_committed(part.topic, part.partition, item.offset, result)
             if part.committed is None or item.offset >= part.committed:
                 part.committed = item.offset
             self._cycle.latency.observe(time.monotonic() - started)
