@@ -6,6 +6,8 @@ and the outputs checker. Does I/O (the event log, a consumer reading the output 
   :mod:`multilane.testing.processors` (event log, env knobs), then ``MULTILANE_TEST_OUTPUTS`` outputs
   (default 2) per record to ``MULTILANE_TEST_OUTPUT_TOPIC``, keyed by the input key, valued
   ``pid:topic:partition:offset:i``.
+- :func:`forwarding_counting_async`: :func:`forwarding_async`, counting each key's records in
+  ``ctx.state`` first (as :func:`multilane.worker.state.examples.count_per_key`; needs ``--state-dir``).
 - :func:`read_outputs`: every record of an output topic, parsed.
 - :func:`check_outputs`: every input has all its outputs (duplicates allowed, none missing), and with
   ``ordered`` no key's outputs go backwards within one worker incarnation (pid) in an output partition;
@@ -21,11 +23,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from multilane.api import Context, Record
+from multilane.api import Context, Record, needs_state
 from multilane.testing.checkers import CheckResult, ProducedRecord
 from multilane.testing.processors import _current, _run_async, _run_sync
+from multilane.worker.state.examples import count_per_key
 
-__all__ = ["OutputSeen", "check_outputs", "forwarding_async", "forwarding_sync", "read_outputs"]
+__all__ = ["OutputSeen", "check_outputs", "forwarding_async", "forwarding_counting_async", "forwarding_sync",
+           "read_outputs"]
 
 MAX_VIOLATIONS = 20
 
@@ -42,6 +46,16 @@ async def forwarding_async(record: Record, ctx: Context) -> None:
     """The async test processor, then its outputs (the worker waits for their acknowledgement)."""
     cfg, sink = _current()
     await _run_async(cfg, sink, ctx)
+    _outputs(record, ctx)
+
+
+@needs_state
+async def forwarding_counting_async(record: Record, ctx: Context) -> None:
+    """The async test processor, then the key's counter in ``ctx.state`` (+1), then its outputs: with
+    exactly-once outputs the counter's changelog record goes in the same transaction as the outputs."""
+    cfg, sink = _current()
+    await _run_async(cfg, sink, ctx)
+    count_per_key(record, ctx)
     _outputs(record, ctx)
 
 

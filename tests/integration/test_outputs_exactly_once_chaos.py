@@ -1,15 +1,18 @@
-"""Exactly-once outputs under kill -9 and a handoff, on Apache Kafka (the embedded broker leaks aborted
-transactions to ``read_committed`` readers): real ``multilane worker --outputs exactly-once`` processes
-forwarding every input twice, Zipf keys with a hot key, factor 32, three SIGKILLs while a producer runs,
-then a scale-up: a second worker takes partition 1 through restore-before-handoff (the first releases
-it with a final commit of its open transaction, the second is assigned it with the progress hint).
+"""Exactly-once outputs with state under kill -9 and a handoff, on Apache Kafka (the embedded broker
+leaks aborted transactions to ``read_committed`` readers): real ``multilane worker --outputs exactly-once
+--state-dir`` processes counting each key's records in their state and forwarding every input twice,
+Zipf keys with a hot key, factor 32, three SIGKILLs while a producer runs, then a scale-up: a second
+worker, a learner of partition 1 from the start (it tails the changelog through the kills and their
+aborted transactions), takes partition 1 through restore-before-handoff (the first releases it with a
+final commit of its open transaction, the second is assigned it with the progress hint: a promotion).
 
 An outside ``read_committed`` client reads the output topic: every input's two outputs appear exactly
-once, per key in input order across all incarnations, and the delivery checkers hold.
+once, per key in input order across all incarnations, and the delivery checkers hold. The state equals
+the reference (each key's count of inputs) in the final owners' local stores and in an independent
+restore from the committed changelog.
 
 Runs in the default suite whatever ``--broker`` says: it starts its own Apache Kafka (skipped when Java
-or the jars are missing, failed under ``CI=true``). State is not part of it: ``--outputs exactly-once``
-refuses ``--state-dir`` for now (docs/outputs.md).
+or the jars are missing, failed under ``CI=true``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from multilane.testing.loadgen import LoadResult, RateProfile, produce_paced
 from multilane.testing.outputs import check_outputs, read_outputs
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
+from multilane.worker.state.examples import decode_count, reference_counts
+from multilane.worker.state.manager import StateManager
+from multilane.worker.state.store import PartitionStore, partition_dir
 from tests.support.apache import require_apache_kafka
 
 PER_INPUT = 2
@@ -50,17 +56,20 @@ def test_exactly_once_outputs_survive_three_kill9s_and_a_handoff(kafka: ApacheKa
     both = f"{topic_name}:0,{topic_name}:1"
     moved = {"topic": topic_name, "partition": 1}
 
-    def spec(assign: str) -> WorkerSpec:
+    group = f"g-{topic_name}"
+    dir_a, dir_b = tmp_path / "state-a", tmp_path / "state-b"
+
+    def spec(assign: str, state_dir: Path) -> WorkerSpec:
         return WorkerSpec(
-            kafka.bootstrap, group=f"g-{topic_name}", assign=assign,
-            processor="multilane.testing.outputs:forwarding_async", factor=32, event_log=log,
-            commit_interval_ms=300, extra_args=("--outputs", "exactly-once"),
+            kafka.bootstrap, group=group, assign=assign,
+            processor="multilane.testing.outputs:forwarding_counting_async", factor=32, event_log=log,
+            commit_interval_ms=300, extra_args=("--outputs", "exactly-once", "--state-dir", str(state_dir)),
             env={"MULTILANE_TEST_SLEEP_MS": "1", "MULTILANE_TEST_OUTPUT_TOPIC": out_topic,
                  "MULTILANE_TEST_OUTPUTS": str(PER_INPUT)},
         )  # fmt: skip
 
-    def start(assign: str) -> WorkerProcess:
-        w = WorkerProcess(spec(assign), tmp_path)
+    def start(assign: str, state_dir: Path = dir_a) -> WorkerProcess:
+        w = WorkerProcess(spec(assign, state_dir), tmp_path)
         workers.append(w)
         return w.start().wait_ready(120)
 
@@ -70,7 +79,9 @@ def test_exactly_once_outputs_survive_three_kill9s_and_a_handoff(kafka: ApacheKa
                       seed=32)))
     follower = EventLogFollower(log)
     a = start(both)
-    b = start("")  # the scale-up's new worker, empty until the handoff below
+    b = start("", dir_b)  # the scale-up's new worker: a learner of partition 1 until the handoff below
+    code, learning = b.request("POST", "/v1/learn", {"partitions": [moved]})
+    assert code == 200, learning
     producer.start()  # after both are ready: the handoff below comes while records still arrive
     for kill_at in (1200, 2800, 4200):
         wait_until(lambda k=kill_at: follower.ended_count() >= k, 120, 0.1, f"{kill_at} records processed")
@@ -79,6 +90,8 @@ def test_exactly_once_outputs_survive_three_kill9s_and_a_handoff(kafka: ApacheKa
     # the scale-up: A releases partition 1 (its open transaction commits before the answer), B is
     # assigned it with the released progress record
     wait_until(lambda: follower.ended_count() >= 5000, 120, 0.1, "5000 records processed")
+    code, promotable = b.request("POST", "/v1/promote", {"partitions": [moved]})  # healthy, caught up
+    assert code == 200, promotable
     code, released = a.request("POST", "/v1/release", {"partitions": [moved], "deadline_s": 10})
     assert code == 200, released
     (rel,) = released["released"]
@@ -105,3 +118,20 @@ def test_exactly_once_outputs_survive_three_kill9s_and_a_handoff(kafka: ApacheKa
     assert len(outputs) == PER_INPUT * len(produced) and checked.counts["duplicates"] == 0
     assert len({e.pid for e in events if e.kind == "start"}) == 5, b.stderr_tail(60)
     assert {o.pid for o in outputs} >= {b.pid}  # the new owner's transactions reached the reader
+    assert b.stderr_path is not None
+    assert "slow promotion" not in b.stderr_path.read_text()  # the learner's store was taken over as it is
+    # the state equals the reference: the final owners' stores (closed cleanly) and a restore from the
+    # committed changelog (read_committed: nothing of the aborted transactions)
+    ends = [1 + max(r.offset for r in produced if r.partition == p) for p in (0, 1)]
+    for p, directory in ((0, dir_a), (1, dir_b)):
+        reference = reference_counts(r.key for r in produced if r.partition == p)
+        store = PartitionStore(partition_dir(directory, topic_name, p)).open()
+        try:
+            assert {k: decode_count(v) for k, v in store.items()} == reference, f"partition {p}: local"
+        finally:
+            store.close()
+        with StateManager(tmp_path / f"verify-{p}", kafka.bootstrap, group) as sm:
+            sm.open_partition(topic_name, p, ends[p], None)
+            restored = {k: decode_count(v) for k, v in sm.store(topic_name, p).items()}
+            sm.close_partition(topic_name, p, clean=False)
+        assert restored == reference, f"partition {p}: restored from the committed changelog"

@@ -152,7 +152,7 @@ def test_exactly_once_refuses_state_hooks_that_are_not_transactional(part: Activ
     with pytest.raises(ValueError, match="transactional state hooks"):
         CommitCycle(Consumer(), Store(), Plain(), transactions=txns)  # type: ignore[arg-type]
     hooks = Hooks(part)
-    hooks.transactional = False  # type: ignore[misc]
+    hooks.transactional = False
     with pytest.raises(ValueError, match="transactional state hooks"):
         CommitCycle(Consumer(), Store(), hooks, transactions=txns)  # type: ignore[arg-type]
 
