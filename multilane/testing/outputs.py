@@ -7,7 +7,8 @@ and the outputs checker. Does I/O (the event log, a consumer reading the output 
   (default 2) per record to ``MULTILANE_TEST_OUTPUT_TOPIC``, keyed by the input key, valued
   ``pid:topic:partition:offset:i``.
 - :func:`forwarding_counting_async`: :func:`forwarding_async`, counting each key's records in
-  ``ctx.state`` first (as :func:`multilane.worker.state.examples.count_per_key`; needs ``--state-dir``).
+  ``ctx.state`` before its sleep (as :func:`multilane.worker.state.examples.count_per_key`; needs
+  ``--state-dir``).
 - :func:`read_outputs`: every record of an output topic, parsed.
 - :func:`check_outputs`: every input has all its outputs (duplicates allowed, none missing), and with
   ``ordered`` no key's outputs go backwards within one worker incarnation (pid) in an output partition;
@@ -51,11 +52,12 @@ async def forwarding_async(record: Record, ctx: Context) -> None:
 
 @needs_state
 async def forwarding_counting_async(record: Record, ctx: Context) -> None:
-    """The async test processor, then the key's counter in ``ctx.state`` (+1), then its outputs: with
-    exactly-once outputs the counter's changelog record goes in the same transaction as the outputs."""
+    """The key's counter in ``ctx.state`` (+1), then the async test processor (its sleep: commits come
+    while the change is applied but its record not complete), then its outputs: with exactly-once
+    outputs the counter's changelog record goes in the transaction of the record's outputs."""
+    count_per_key(record, ctx)
     cfg, sink = _current()
     await _run_async(cfg, sink, ctx)
-    count_per_key(record, ctx)
     _outputs(record, ctx)
 
 

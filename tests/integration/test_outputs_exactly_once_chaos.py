@@ -119,7 +119,8 @@ def test_exactly_once_outputs_survive_three_kill9s_and_a_handoff(kafka: ApacheKa
     assert len({e.pid for e in events if e.kind == "start"}) == 5, b.stderr_tail(60)
     assert {o.pid for o in outputs} >= {b.pid}  # the new owner's transactions reached the reader
     assert b.stderr_path is not None
-    assert "slow promotion" not in b.stderr_path.read_text()  # the learner's store was taken over as it is
+    b_log = b.stderr_path.read_text()
+    assert f"promoted {topic_name}[1]" in b_log and "slow promotion" not in b_log  # the learner's store
     # the state equals the reference: the final owners' stores (closed cleanly) and a restore from the
     # committed changelog (read_committed: nothing of the aborted transactions)
     ends = [1 + max(r.offset for r in produced if r.partition == p) for p in (0, 1)]
