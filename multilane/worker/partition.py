@@ -228,6 +228,13 @@ class PartitionRuntime:
             flow.take(fc, taken, taken_bytes)
         return j, refused
 
+    def reached_end(self, position: int) -> None:
+        """The consumer reached the end of the partition at ``position`` with every record below it
+        taken (the fetch loop checks that): offsets past the newest taken record up to there hold no
+        record (transaction markers, compaction), so the committable offset may reach ``position``
+        once every taken record completed (:meth:`OffsetTracker.skip_to`)."""
+        self.tracker.skip_to(position)
+
     def _restored(self, offset: int, kh: int, pending: list[int]) -> bool:
         """True (and the offset recorded as complete) when restored progress says it is done."""
         restore = self.restore
