@@ -103,6 +103,11 @@ class PartitionRuntime:
         self.committed = committed  # last offset the broker confirmed as committed
         self.commit_sent: int | None = None  # last offset sent in a commit request
         self.last_progress: bytes | None = None  # encoded progress of the last commit cycle
+        # The highest base offset of a progress record produced for this partition (by a commit or the
+        # progress cycle; written by multilane.worker.commits only). Invariant: no record of a lower
+        # base is produced after one of this base, so the progress topic holds this runtime's records
+        # in base order (ProgressStore.read_progress stops at a lower base).
+        self.progress_floor: int | None = None
         self.high_watermark: int | None = None
         self.closed = False
         self.user_paused = False
