@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -346,10 +346,14 @@ class ProgressCycle:
 
     MAX_PENDING = 3
 
-    def __init__(self, store: ProgressStore | None, hooks: EngineHooks, commits: CommitCycle) -> None:
+    def __init__(self, store: ProgressStore | None, hooks: EngineHooks, commits: CommitCycle,
+                 on_lost: Callable[[PartitionRuntime], None] | None = None) -> None:
+        """``on_lost``: called with a partition whose first commit (step 0) was left out because its
+        state changes are not durable (the engine reopens it, as after a commit cycle's loss)."""
         self._store = store
         self._hooks = hooks
         self._commits = commits
+        self._on_lost = on_lost
         self._written: weakref.WeakKeyDictionary[PartitionRuntime, _Written] = weakref.WeakKeyDictionary()
         self.records_written = 0  # acknowledged
         self.bytes_written = 0  # acknowledged, encoded value bytes
@@ -364,7 +368,8 @@ class ProgressCycle:
 
         0. First commits: partitions with progress, no committed offset and no commit sent, whose
            committable offset is known, are committed now through the commit cycle (which writes their
-           first progress record before the commit; its records are counted there, not here).
+           first progress record before the commit; its records are counted there, not here); one
+           whose state changes are not durable goes to ``on_lost`` (reopened, as after a commit).
         1. Snapshot: per partition with progress, flush completions, read the committable offset
            ``C`` and the bases (confirmed committed offset; the offset of a commit still awaiting its
            answer); encode the progress for each base; keep only what changed since the last write.
@@ -382,10 +387,9 @@ class ProgressCycle:
         firsts = [p for p in parts if p.mode is not OrderingMode.PARTITION and not p.closed
                   and p.committed is None and p.commit_sent is None and p.tracker.committable() is not None]
         if firsts:
-            lost = await self._commits.run(firsts)
-            if lost:  # the commit cycle's next run meets the same loss and has the partition reopened
-                log.warning("first commit of %s left out: state changes not durable",
-                            [(p.topic, p.partition) for p in lost])
+            for p in await self._commits.run(firsts):
+                if self._on_lost is not None:
+                    self._on_lost(p)
         # 1. snapshot
         batch: list[tuple[PartitionRuntime, _Written, list[int], list[tuple[int, bytes]]]] = []
         for part in parts:

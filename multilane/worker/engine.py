@@ -172,13 +172,13 @@ class Engine:
         store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name, self._producer,
                               security_config(cfg.consumer_overrides), on_produce=producer_loop.wake)
         commits = self._commits = CommitCycle(self._consumer, store, state)
-        progress = ProgressCycle(store, self._hooks, commits)
         runtimes = RuntimeFactory(cfg, self.control, env, self._flow, self._retry, dlq, self._hist)
         ownership = self._ownership = Ownership(cfg, self.partitions, self.control, state, self._consumer,
                                                 self._producer, store, commits, fetch, runtimes,
                                                 self._io_pool)
         reopener = self._reopener = Reopener(ownership, self.partitions, self.control, self._life,
                                              self._control_lock, cfg.drain_timeout_s)
+        progress = ProgressCycle(store, self._hooks, commits, on_lost=reopener.schedule)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
         await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, store,
