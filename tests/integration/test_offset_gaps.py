@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from multilane.testing.broker import KafkaBroker
 from multilane.testing.checkers import ProducedRecord, assert_all, check_delivery
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import FAST_GROUP_CONFIG, WorkerProcess, WorkerSpec, wait_until
@@ -97,7 +98,7 @@ def _outside_committed(bootstrap: str, group: str, topic: str, partitions: int) 
     return {(tp.topic, tp.partition): tp.offset for tp in got}
 
 
-def _run_to_the_end(broker: Any, topic: str, partitions: int, view: list[ProducedRecord],
+def _run_to_the_end(broker: KafkaBroker, topic: str, partitions: int, view: list[ProducedRecord],
                     ends: dict[tuple[str, int], int], tmp_path: Path, workers: list[WorkerProcess]) -> None:
     """Run a key-mode worker over ``topic``; assert everything in ``view`` (and nothing else) is
     processed, the committed offsets reach ``ends`` live and after the stop's final commit, a progress
@@ -142,7 +143,7 @@ def _run_to_the_end(broker: Any, topic: str, partitions: int, view: list[Produce
 
 
 def test_transactional_input_with_aborted_transactions_commits_to_the_end(
-    broker: Any, broker_kind: str, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
+    broker: KafkaBroker, broker_kind: str, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
     """30 transactions of 50 records over 2 partitions, every third aborted (the last one too, so
     each partition ends with aborted records and an abort marker): the worker commits the end."""
@@ -176,7 +177,7 @@ def _has_gaps(view: list[ProducedRecord]) -> bool:
 
 
 def test_compacted_input_with_gaps_commits_to_the_end(
-    broker: Any, broker_kind: str, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
+    broker: KafkaBroker, broker_kind: str, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
     """A compacted input topic, once the broker's cleaner removed older values: gaps between the
     records. Everything left is processed once, and the committed offsets reach the ends."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from multilane.testing.broker import EmbeddedBroker
+from multilane.testing.broker import EmbeddedBroker, KafkaBroker
 from multilane.testing.checkers import ProducedRecord, ReplayCounter, assert_all, check_delivery
 from multilane.testing.loadgen import LoadResult, RateProfile, produce_paced, produce_records
 from multilane.testing.processors import EventLogFollower, read_event_log
@@ -615,7 +615,7 @@ def _replays_per_kill(events: list[Any], pids: list[int], kill_times: list[float
     return out
 
 
-def _kill9_three_times_under_a_hot_key(broker: Any, topic: str, tmp_path: Path,
+def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path: Path,
                                        workers: list[WorkerProcess], seed: int) -> None:
     """4 partitions, key mode, factor 32, Zipf keys with a ~20% hot key, a paced producer, three
     SIGKILLs. After each, README's bound holds: the restart replays at most the records in flight at
@@ -668,7 +668,7 @@ def _kill9_three_times_under_a_hot_key(broker: Any, topic: str, tmp_path: Path,
     assert_all(check_delivery(produced, events, mode="key"))
 
 
-def test_replay_bound_holds_at_every_kill(broker: Any, topic_name: str, tmp_path: Path,
+def test_replay_bound_holds_at_every_kill(broker: KafkaBroker, topic_name: str, tmp_path: Path,
                                           workers: list[WorkerProcess]) -> None:
     """One run in the default suite (three kills); the slow variant below runs eight."""
     _kill9_three_times_under_a_hot_key(broker, topic_name, tmp_path, workers, seed=41)
@@ -676,7 +676,7 @@ def test_replay_bound_holds_at_every_kill(broker: Any, topic_name: str, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
-def test_replay_bound_holds_at_every_kill_repeated(broker: Any, topic_name: str, tmp_path: Path,
+def test_replay_bound_holds_at_every_kill_repeated(broker: KafkaBroker, topic_name: str, tmp_path: Path,
                                                    workers: list[WorkerProcess], seed: int) -> None:
     """Eight runs of three kills: a failure in one run of three (the issue's rate) escapes all eight
     with probability (2/3)^8 < 4%."""
