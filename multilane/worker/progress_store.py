@@ -221,9 +221,10 @@ class ProgressStore:
            then, while nothing usable was found, the ``chunk`` offsets before those, and so on.
         3. Within what was read, newest first: the first record with ``base_offset == committed``
            (and our group/topic/partition) is the answer. Stop searching (None) at a record with an
-           older base (everything before it is older still), when more than two newer bases were
-           passed (only a commit still unanswered at a crash leaves newer bases behind), or after
-           ``lookback`` offsets.
+           older base (everything before it is older still: a worker writes no lower base after a
+           commit wrote its own record, ``PartitionRuntime.progress_floor``), when more than two newer
+           bases were passed (only a commit still unanswered at a crash leaves newer bases behind), or
+           after ``lookback`` offsets.
         """
         # 1.
         if committed is None:
@@ -243,7 +244,7 @@ class ProgressStore:
                 # 2.
                 found = self._scan(consumer, idx, key, start, end, hi, deadline, quiet_s)
                 # 3.
-                for _off, value in reversed(found):
+                for off, value in reversed(found):
                     rec, fault, detail = vet_progress(value, group=self._group, topic=topic,
                                                       partition=partition, committed=committed)
                     if rec is not None:
@@ -256,9 +257,13 @@ class ProgressStore:
                         continue
                     base = ProgressCodec.decode(value).base_offset
                     if base < committed:
+                        log.info("progress of %s/%d: a record of base %d (at %d) is newer than any of the "
+                                 "committed offset %d", topic, partition, base, off, committed)
                         return None
                     newer_bases.add(base)
                     if len(newer_bases) > 2:
+                        log.info("progress of %s/%d: records of bases %s above the committed offset %d "
+                                 "and none of it", topic, partition, sorted(newer_bases), committed)
                         return None
                 if start <= lo or hi - start >= lookback or time.monotonic() >= deadline:
                     return None
