@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from multilane.formats.handover import Handover
 from multilane.operator.rollout.handoff_model import HandoffRecord, take_done_records, with_released
 from multilane.operator.rollout.protocol import MovePhase, Rollout, WorkerObservation
-from multilane.operator.rollout.workers import ReleasedPartition
 
 __all__ = ["HandoffMemory"]
 
@@ -50,15 +49,16 @@ class HandoffMemory:
             self._wall.setdefault(("released", p), time.time())
 
     def release_answered(
-        self, source: str, partitions: Iterable[str], released: Iterable[ReleasedPartition], took: float
+        self,
+        source: str,
+        partitions: Iterable[str],
+        offsets: Mapping[str, int | None],
+        handovers: Mapping[str, Handover],
+        took: float,
     ) -> None:
-        """``source`` answered the release of ``partitions``: its final offsets (for the observation)
-        and handovers (for the promotion) are remembered."""
-        answered = list(released)
-        offsets = {r.partition: r.committed_offset for r in answered}
-        for r in answered:
-            if r.handover is not None:
-                self.handovers[r.partition] = r.handover
+        """``source`` answered the release of ``partitions``: its final committed ``offsets`` (for the
+        observation) and ``handovers`` (for the promotion) are remembered."""
+        self.handovers.update(handovers)
         for p in partitions:
             self._call_s[("release", p)] = took
             self._released[(source, p)] = offsets.get(p)

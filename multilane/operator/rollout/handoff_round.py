@@ -112,7 +112,9 @@ class HandoffRound:
         fenced, answers = await self._calls.push(by_source, assignment, by_name, "release", result)
         for source, (released, took, _answered) in answers.items():
             # 3. remembered for the next observation: the rollout promotes the target
-            self._memory.release_answered(source, by_source[source], released, took)
+            offsets = {r.partition: r.committed_offset for r in released}
+            handovers = {r.partition: r.handover for r in released if r.handover is not None}
+            self._memory.release_answered(source, by_source[source], offsets, handovers, took)
         return (
             AssignmentState(generation=assignment.generation + 1, members=members) if fenced else assignment
         )
