@@ -106,8 +106,12 @@ def test_deleting_a_consumer_forgets_everything_remembered_of_it(monkeypatch: py
     held = set(handlers.memory.remembers(UID))
     assert {"locks", "seen-resource-version", "controls", "sources", "rendered-template"} <= held
     assert handlers.status.view(REF, BODY).get("observedGeneration") == 1  # the status memory's answer
+    control = handlers.controls._controls.get(UID)
+    assert control is not None
     handlers.forget(BODY)
     assert handlers.memory.remembers(UID) == []
+    assert handlers.controls._retired == [control[1]]  # its client is closed at the next call or close()
     assert forgotten == [f"certs:{UID}", f"platform:{UID}"]
     assert handlers.status.view(REF, BODY).get("observedGeneration") is None  # its status memory too
     asyncio.run(handlers.close())
+    assert handlers.controls._retired == []

@@ -5,7 +5,7 @@ Each part of the kopf side keeps its memory of a consumer in a :class:`Slot` of 
 value), asked of :class:`ConsumerMemory` when the parts are wired (``k8s/handlers.py``): a part sees
 only its slots, and writes only those. Parts that keep per-consumer state elsewhere (the certificate
 manager, the status memory, the platform's caches, the metrics' label sets) register a forget
-callback. :meth:`ConsumerMemory.forget` empties every slot and calls every callback for the consumer:
+callback. :meth:`ConsumerMemory.forget` calls every callback and empties every slot for the consumer:
 nothing of a deleted consumer stays, and a new part's memory cannot be left out of the deletion.
 """
 
@@ -81,11 +81,12 @@ class ConsumerMemory:
         self._forgetters.append(forget)
 
     def forget(self, ref: ConsumerRef) -> None:
-        """Drop everything remembered of ``ref``: every slot's value, then every forget callback."""
-        for slot in self._slots.values():
-            slot.pop(ref.uid)
+        """Drop everything remembered of ``ref``: every forget callback (which may still read the slots,
+        e.g. to close a client), then every slot's value."""
         for forget in self._forgetters:
             forget(ref)
+        for slot in self._slots.values():
+            slot.pop(ref.uid)
         log.info("forgot %s/%s (children go with it through owner references)", ref.namespace, ref.name)
 
     def remembers(self, uid: str) -> list[str]:
