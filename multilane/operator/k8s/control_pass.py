@@ -65,10 +65,12 @@ class ControlPass:
         environment: EnvironmentCheck,
         status: StatusWriter,
         gate: LeaderGate,
-        clients: tuple[WorkerControls, MetricSources, HandoffExecutors],
         metrics: OperatorMetrics,
         locks: Slot[asyncio.Lock],
         *,
+        controls: WorkerControls,
+        sources: MetricSources,
+        handoffs: HandoffExecutors,
         release_deadline_s: float,
         last_errors: Slot[str],
         specs: Slot[tuple[Any, ConsumerSpec | None]],
@@ -79,7 +81,9 @@ class ControlPass:
         self._environment = environment
         self._status = status
         self._gate = gate
-        self._controls, self._sources, self._handoffs = clients
+        self._controls = controls  # each consumer's worker-control client
+        self._sources = sources  # each consumer's metric source
+        self._handoffs = handoffs  # each consumer's handoff executor (state enabled)
         self._metrics = metrics
         self._locks = locks  # uid -> the lock one reconcile or control pass of the consumer holds
         self._release_deadline_s = release_deadline_s
