@@ -64,3 +64,40 @@ def test_a_bad_item_is_refused_in_one_line(raw: Any, message: str) -> None:
     with pytest.raises(HandoverError, match=message) as exc:
         decode_handovers(raw)
     assert "\n" not in str(exc.value)
+
+
+def test_the_operators_client_sends_what_the_worker_reads() -> None:
+    """Over HTTP: ``WorkerControlClient.assign(handovers=...)`` -> the body the worker's control endpoint
+    decodes (``multilane.worker.control._handovers``) holds the same handovers."""
+    import asyncio
+
+    from aiohttp import web
+
+    from multilane.operator.rollout.workers import WorkerControlClient
+    from multilane.worker.control import _handovers
+
+    received: list[dict[tuple[str, int], Handover]] = []
+
+    async def assignment(request: web.Request) -> web.Response:
+        received.append(_handovers(await request.json()))
+        return web.json_response({"generation": 4, "released": []})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/assignment", assignment)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        client = WorkerControlClient("t" * 40, timeout_s=5)
+        try:
+            sent = {"in/3": Handover(RECORD, 740), "in/4": Handover(RECORD)}
+            await client.assign(f"http://127.0.0.1:{port}", 4, ["in/3", "in/4"], 1.0, sent)
+            await client.assign(f"http://127.0.0.1:{port}", 5, ["in/3"], 1.0)
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert received == [{("in", 3): Handover(RECORD, 740), ("in", 4): Handover(RECORD)}, {}]
