@@ -151,7 +151,7 @@ class OperatorHandlers:
         locks = memory.slot("locks")
         # 2. status writes, gated on the view they were decided on
         self.gate = LeaderGate(memory.slot("seen-resource-version"))
-        self.status = StatusWriter(kube, self.gate, status_memory)
+        self.status = StatusWriter(kube, self.gate, status_memory, self.metrics.observe_conditions)
         # 3. clients
         self.admins = AdminClients(
             admin_factory or (lambda config: KafkaAdminClient(config, timeout_s=s.kafka_timeout_s))

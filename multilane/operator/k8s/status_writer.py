@@ -2,8 +2,9 @@
 Does I/O (Kubernetes API: the status subresource).
 
 Inputs: the API client, the :class:`~multilane.operator.k8s.leader_gate.LeaderGate` (the control loop's
-writes are conditional) and the :class:`~multilane.operator.spec.status_memory.StatusMemory` (which
-changes a pass writes; the last answer until the watch delivers it). The reconcile handler writes
+writes are conditional), the :class:`~multilane.operator.spec.status_memory.StatusMemory` (which
+changes a pass writes; the last answer until the watch delivers it) and where the written conditions
+go (the metric ``multilane_consumer_condition``). The reconcile handler writes
 unconditionally (it decides on the spec, not on a status it read); the control pass writes through
 :meth:`StatusWriter.write_pass` (only what changed) and the handoff's persist (intent before calls).
 """
@@ -11,7 +12,7 @@ unconditionally (it decides on the spec, not on a status it read); the control p
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from multilane.operator.k8s.kube import KubeClient
@@ -29,10 +30,18 @@ log = logging.getLogger(__name__)
 
 
 class StatusWriter:
-    def __init__(self, kube: KubeClient, gate: LeaderGate, memory: StatusMemory) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        gate: LeaderGate,
+        memory: StatusMemory,
+        conditions_written: Callable[[str, str, Iterable[Any]], None],
+    ) -> None:
         self._kube = kube
         self._gate = gate
         self._memory = memory  # what was written last per consumer (its owner: this writer and forget)
+        # (namespace, consumer, conditions) after every write: the condition metric follows the status
+        self._conditions_written = conditions_written
 
     async def patch(self, ref: ConsumerRef, status: Mapping[str, Any], *, conditional: bool = False) -> None:
         """Every status write; the answer is what the next pass reads until the watch delivers it.
@@ -49,6 +58,10 @@ class StatusWriter:
         self._gate.seen(ref, answer)
         if answer:
             self._memory.written(ref.uid, answer)
+        # the condition metric follows every write (the answer: the whole status as stored)
+        written = ((answer or {}).get("status") or {}).get("conditions") or status.get("conditions")
+        if written:
+            self._conditions_written(ref.namespace, ref.name, written)
 
     def view(self, ref: ConsumerRef, fresh: Mapping[str, Any]) -> dict[str, Any]:
         """The status a pass starts from: the watched object's, or this writer's newer answer."""
