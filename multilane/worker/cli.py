@@ -69,7 +69,8 @@ def bind_host(explicit: str | None, environ: Mapping[str, str] = os.environ) -> 
 
 
 def run_app(app: App, argv: list[str]) -> int:
-    """``App.run``: parse ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
+    """``App.run``'s runner (entry point ``worker`` of ``multilane.runners``, pyproject.toml): parse
+    ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
     parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or app.name,
                                      description=f"{app.name}: a multilane worker",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
