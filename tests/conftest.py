@@ -18,6 +18,9 @@ settings.load_profile("multilane")
 
 _topic_ids = itertools.count()
 
+# The suite leaves nothing in the temporary directory (the session fails otherwise).
+pytest_plugins = ["tests.support.tempdir_check"]
+
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:
