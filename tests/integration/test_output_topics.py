@@ -23,8 +23,6 @@ from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.checkers import assert_all, check_delivery
 from multilane.testing.outputs import check_outputs, read_outputs
 from multilane.testing.processors import read_event_log
-from multilane.worker.config import ConfigError
-from multilane.worker.output_topics import OutputTopic, parse_output_topics
 
 pytestmark = pytest.mark.broker
 
@@ -57,13 +55,6 @@ def test_the_broker_creates_a_missing_topic_on_produce(broker: EmbeddedBroker, t
     finally:
         c.close()
     assert _partitions(broker, quiet) is None
-
-
-def test_declarations_parse() -> None:
-    assert parse_output_topics(["a", "b:3", "a:2"]) == (OutputTopic("a", 2), OutputTopic("b", 3))
-    for bad in ("", "a:0", "a:x", "a b", ":3"):
-        with pytest.raises(ConfigError, match="--output-topic"):
-            parse_output_topics([bad])
 
 
 def _worker(broker: EmbeddedBroker, topic: str, *extra: str) -> list[str]:
