@@ -167,7 +167,13 @@ class WorkerSupervisor:
                                f"{self.cfg.bootstrap_servers}; create them first (multilane does not "
                                "auto-create input topics)", 2)
         if self.output_topics:
-            absent = await loop.run_in_executor(None, check_output_topics, self._admin(), self.output_topics)
+            try:
+                absent = await loop.run_in_executor(None, check_output_topics, self._admin(),
+                                                    self.output_topics)
+            except Exception as exc:  # KafkaException (e.g. not authorised to create), TimeoutError
+                raise StartupError(f"output topics {', '.join(t.name for t in self.output_topics)}: "
+                                   f"cannot check or create them on {self.cfg.bootstrap_servers}: {exc}", 1) \
+                    from exc
             if absent:
                 raise StartupError(missing_message(absent, self.cfg.bootstrap_servers), 2)
 

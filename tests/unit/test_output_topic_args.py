@@ -44,3 +44,30 @@ def test_the_missing_line_names_the_way_out() -> None:
     assert line == ("output topic(s) totals, audit do not exist on broker:9092: create them first, or give "
                     "a partition count for the worker to create them (--output-topic totals:PARTITIONS, "
                     'App(output_topic="totals:PARTITIONS"))')
+
+
+class _RefusingAdmin:
+    """An admin client whose broker answers, but refuses to list topics (e.g. no Describe right)."""
+
+    def list_topics(self, timeout: float) -> object:
+        raise RuntimeError("Broker: Topic authorization failed")
+
+
+def test_a_check_that_cannot_run_is_one_line_too() -> None:
+    import asyncio
+
+    from multilane.worker.cli import build_config
+    from multilane.worker.supervision import StartupError, WorkerSupervisor
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parse_args(parser, ["--bootstrap-servers", "127.0.0.1:1", "--group", "g", "--topic", "in",
+                               "--processor", "m:f", "--output-topic", "out"], environ={})
+    sup = WorkerSupervisor(args, build_config(args, environ={}))
+    sup.probe.check = lambda: (True, ())  # type: ignore[method-assign]
+    sup._admin = _RefusingAdmin  # type: ignore[assignment]
+    with pytest.raises(StartupError) as caught:
+        asyncio.run(sup.preflight())
+    assert caught.value.code == 1
+    assert str(caught.value) == ("output topics out: cannot check or create them on 127.0.0.1:1: "
+                                 "Broker: Topic authorization failed")
