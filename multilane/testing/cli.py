@@ -33,6 +33,8 @@ def parse_topics(specs: list[str]) -> list[tuple[str, int]]:
             count = 0
         if not name or count < 1:
             raise ValueError(f"--topic {spec!r} must look like NAME or NAME:PARTITIONS (PARTITIONS >= 1)")
+        if any(name == seen for seen, _ in out):
+            raise ValueError(f"--topic {name!r} is given twice")
         out.append((name, count))
     return out
 
@@ -49,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with EmbeddedBroker(port=args.port, log=log) as broker:
             for name, partitions in topics:
-                broker.create_topic(name, partitions)
+                try:
+                    broker.create_topic(name, partitions)
+                except Exception as exc:  # KafkaException: e.g. a name the broker refuses
+                    raise BrokerError(f"cannot create topic {name!r}: {exc}") from exc
             print(f"broker ready on {broker.bootstrap} (pid {broker.pid}); Ctrl-C to stop", flush=True)
             try:
                 while not stop.wait(0.5):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from multilane.testing.broker import BrokerError, EmbeddedBroker
+from multilane.testing.broker import BrokerError, EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.broker
 
@@ -101,3 +101,15 @@ def test_an_early_exit_quotes_the_log(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(BrokerError) as caught:
         EmbeddedBroker().start(timeout=10)
     assert str(caught.value) == "broker exited with code 3: first line | storage: no such engine"
+
+
+def test_bad_topics_are_one_line_before_anything_starts() -> None:
+    from multilane.testing.cli import parse_topics
+
+    assert parse_topics(["orders:2", "totals"]) == [("orders", 2), ("totals", 1)]
+    for bad in (["orders:0"], ["orders:x"], [":2"], ["a", "a:2"]):
+        with pytest.raises(ValueError, match="--topic"):
+            parse_topics(bad)
+    done = subprocess.run([sys.executable, "-m", "multilane", "broker", "--port", str(free_port()),
+                           "--topic", "a", "--topic", "a:2"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (2, "multilane broker: --topic 'a' is given twice\n")
