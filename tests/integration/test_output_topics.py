@@ -1,7 +1,8 @@
 """Output topics are checked before a worker consumes (``--output-topic``, ``worker.output_topics``).
 
 1. The broker fact behind it: a produce to a missing topic, or a metadata request naming it, creates
-   it with the broker's default partition count (4 on the embedded broker), silently.
+   it with the broker's default partition count (4 on the embedded broker), silently; a producer with
+   ``allow.auto.create.topics=false`` creates nothing (its record times out).
 2. A declared output topic that is missing stops the worker with one line (exit 2) before it consumes:
    nothing committed, the topic still absent.
 3. Declared with a partition count (``NAME:PARTITIONS``, here through an App's setting) it is created
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 from test_engine_harness import committed_offset, produce, sigterm, wait_for, worker_process
 
@@ -43,6 +44,15 @@ def test_the_broker_creates_a_missing_topic_on_produce(broker: EmbeddedBroker, t
     p.produce(produced, b"v", on_delivery=lambda err, _msg: errors.append(err))
     assert p.flush(30) == 0
     assert errors == [None] and _partitions(broker, produced) == 4
+    # a producer told not to (allow.auto.create.topics=false) creates nothing: the record times out
+    refused = f"{topic_name}-refused"
+    p = Producer({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": "false",
+                  "message.timeout.ms": 1000})
+    errors.clear()
+    p.produce(refused, b"v", on_delivery=lambda err, _msg: errors.append(err))
+    assert p.flush(30) == 0
+    assert [e.code() for e in errors] == [KafkaError._MSG_TIMED_OUT]  # type: ignore[union-attr]
+    assert _partitions(broker, refused) is None
     # a metadata request naming the topic creates it too (the admin client's default)...
     named = f"{topic_name}-named"
     AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(named, timeout=10)
