@@ -113,3 +113,18 @@ def test_bad_topics_are_one_line_before_anything_starts() -> None:
     done = subprocess.run([sys.executable, "-m", "multilane", "broker", "--port", str(free_port()),
                            "--topic", "a", "--topic", "a:2"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (2, "multilane broker: --topic 'a' is given twice\n")
+
+
+def test_fact_tansu_on_a_busy_port_exits_with_code_0() -> None:
+    """Why the port is checked before the broker starts: Tansu itself panics in a worker thread and
+    exits with code 0, and until it has exited a probe of the port reaches the other process."""
+    from multilane.testing.broker import resolve_broker_binary
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        url = f"tcp://127.0.0.1:{held.getsockname()[1]}"
+        done = subprocess.run([resolve_broker_binary(), "broker", "--listener-url", url,
+                               "--advertised-listener-url", url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "AddrInUse" in done.stdout + done.stderr
