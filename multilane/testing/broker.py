@@ -56,10 +56,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Protocol
 
-__all__ = ["BrokerError", "EmbeddedBroker", "LogTarget", "check_port_free", "free_port", "listener_of",
-           "resolve_broker_binary"]
+__all__ = [
+    "BrokerError", "EmbeddedBroker", "KafkaBroker", "LogTarget", "check_port_free", "create_topic",
+    "free_port", "listener_of", "probe_broker", "resolve_broker_binary",
+]
 
 # Where the broker's log goes: a path, an open binary file, a file descriptor, or None (EmbeddedBroker).
 LogTarget = str | os.PathLike[str] | IO[bytes] | int | None
@@ -70,6 +72,23 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 class BrokerError(RuntimeError):
     """The embedded broker could not be found, started or reached."""
+
+
+class KafkaBroker(Protocol):
+    """What tests and tools use of a broker they own: :class:`EmbeddedBroker` and
+    :class:`multilane.testing.apache.ApacheKafka` both provide it."""
+
+    bootstrap: str
+    port: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def free_port() -> int:
@@ -177,6 +196,40 @@ def resolve_broker_binary() -> str:
     return path
 
 
+def probe_broker(port: int, bootstrap: str) -> None:
+    """Raise unless ``127.0.0.1:port`` accepts a connection and a metadata request lists a broker."""
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        pass
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 1000})
+    md = admin.list_topics(timeout=2.0)
+    if not md.brokers:
+        raise BrokerError("metadata lists no brokers")
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Create a topic (replication factor 1) and wait until its metadata shows every partition."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+    )
+    futures[name].result(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=2.0)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == partitions:
+            return
+        time.sleep(0.05)
+    raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
+
+
 class EmbeddedBroker:
     """A memory-only Kafka-compatible broker on 127.0.0.1, owned by this object.
 
@@ -185,19 +238,19 @@ class EmbeddedBroker:
     that started it (``PR_SET_PDEATHSIG``: start it from a thread that lives as long as the broker, e.g.
     the main thread), so a parent killed by SIGKILL leaves no broker behind.
 
-    ``log``: where the broker's own log goes: a path (appended to), an open binary file or a file
+    ``log_path``: where the broker's own log goes: a path (appended to), an open binary file or a file
     descriptor (e.g. ``2``: this process's stderr), or None: an unnamed temporary file that no directory
     lists and that vanishes with the broker (its tail is quoted when the broker fails to start).
     """
 
     def __init__(
-        self, port: int | None = None, log: LogTarget = None, advertised_port: int | None = None
+        self, port: int | None = None, log_path: LogTarget = None, advertised_port: int | None = None
     ) -> None:
         self.port: int = port or free_port()
         # The port clients are told to use (metadata); another port when a proxy sits in front.
         self.advertised_port: int = advertised_port or self.port
         self.bootstrap: str = f"127.0.0.1:{self.advertised_port}"
-        self._log = log
+        self._log_target = log_path
         self._log_file: IO[bytes] | None = None  # opened by start() (a path or None), closed by stop()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -209,7 +262,7 @@ class EmbeddedBroker:
         """Start the broker and wait until it answers a metadata request (steps 1-4).
 
         1. Refuse a port in use (BrokerError naming its holder, when this machine tells).
-        2. Resolve the binary and spawn it in its own session, dying with its parent, logging to ``log``.
+        2. Resolve the binary and spawn it in its own session, dying with its parent, logging to ``log_path``.
         3. Poll the port until a Kafka metadata request succeeds, and the process still runs (another
            process answering on the port does not count).
         4. If the process exits or the deadline passes, stop it and raise :class:`BrokerError`.
@@ -221,12 +274,12 @@ class EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         out: IO[bytes] | int
-        if self._log is None:
+        if self._log_target is None:
             out = self._log_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        elif isinstance(self._log, str | os.PathLike):
-            out = self._log_file = open(self._log, "ab")  # noqa: SIM115 - closed in stop()
+        elif isinstance(self._log_target, str | os.PathLike):
+            out = self._log_file = open(self._log_target, "ab")  # noqa: SIM115 - closed in stop()
         else:
-            out = self._log
+            out = self._log_target
         self._proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised],
             stdout=out,
@@ -282,14 +335,7 @@ class EmbeddedBroker:
         return " | ".join(line for line in kept[-lines:] if line)
 
     def _probe(self) -> None:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-            pass
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 1000})
-        md = admin.list_topics(timeout=2.0)
-        if not md.brokers:
-            raise BrokerError("metadata lists no brokers")
+        probe_broker(self.port, self.bootstrap)
 
     def stop(self) -> None:
         """Kill the broker by PID (SIGTERM, then SIGKILL) and wait for it."""
@@ -312,21 +358,7 @@ class EmbeddedBroker:
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
     ) -> None:
         """Create a topic and wait until its metadata shows every partition."""
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
-        )
-        futures[name].result(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            md = admin.list_topics(name, timeout=2.0)
-            t = md.topics.get(name)
-            if t is not None and t.error is None and len(t.partitions) == partitions:
-                return
-            time.sleep(0.05)
-        raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
+        create_topic(self.bootstrap, name, partitions, config, timeout)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -86,7 +86,7 @@ def test_the_broker_dies_with_its_parent(tmp_path: Path) -> None:
 
 def test_the_log_goes_where_the_caller_says(tmp_path: Path) -> None:
     log = tmp_path / "broker.log"
-    with EmbeddedBroker(log=log) as b:
+    with EmbeddedBroker(log_path=log) as b:
         pid = b.pid
     assert "listening on: tcp://127.0.0.1:" in log.read_text()
     assert pid is not None and not _alive(pid)
