@@ -36,14 +36,17 @@ def _partitions(broker: EmbeddedBroker, topic: str) -> int | None:
     return len(t.partitions) if t is not None and t.error is None else None
 
 
-def test_the_broker_creates_a_missing_topic_on_produce(broker: EmbeddedBroker, topic_name: str) -> None:
-    """1. The fact the start-time check is for (the default producer, consumer and admin settings)."""
+def test_the_broker_creates_a_missing_topic_on_produce(broker: EmbeddedBroker, topic_name: str,
+                                                       broker_kind: str) -> None:
+    """1. The fact the start-time check is for (the default producer, consumer and admin settings):
+    Tansu gives a new topic 4 partitions, Apache Kafka ``num.partitions`` (1 by default)."""
+    default = 4 if broker_kind == "embedded" else 1
     produced = f"{topic_name}-produced"
     p = Producer({"bootstrap.servers": broker.bootstrap})
     errors: list[object] = []
     p.produce(produced, b"v", on_delivery=lambda err, _msg: errors.append(err))
     assert p.flush(30) == 0
-    assert errors == [None] and _partitions(broker, produced) == 4
+    assert errors == [None] and _partitions(broker, produced) == default
     # a producer told not to (allow.auto.create.topics=false) creates nothing: the record times out
     refused = f"{topic_name}-refused"
     p = Producer({"bootstrap.servers": broker.bootstrap, "allow.auto.create.topics": "false",
@@ -56,7 +59,7 @@ def test_the_broker_creates_a_missing_topic_on_produce(broker: EmbeddedBroker, t
     # a metadata request naming the topic creates it too (the admin client's default)...
     named = f"{topic_name}-named"
     AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(named, timeout=10)
-    assert _partitions(broker, named) == 4
+    assert _partitions(broker, named) == default
     # ...but not a consumer's (librdkafka's consumer default: allow.auto.create.topics=false)
     quiet = f"{topic_name}-quiet"
     c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": quiet})
@@ -128,7 +131,7 @@ def test_an_output_topic_with_a_partition_count_is_created(broker: EmbeddedBroke
     assert proc.returncode == 0, err[-3000:]
     assert f"created output topic {out_topic} with 3 partitions" in err
     # the worker's own progress topic has the input's partition count (not the broker's default: a
-    # metadata request naming a missing topic would have created it with 4)
+    # metadata request naming a missing topic would have created it with Tansu's 4)
     assert _partitions(broker, f"multilane-progress.g-{topic_name}") == 2
     seen = read_outputs(broker.bootstrap, out_topic, 3)
     assert_all(check_delivery(produced, read_event_log(log_path), mode="key"),
