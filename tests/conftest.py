@@ -26,6 +26,9 @@ settings.load_profile("multilane")
 
 _topic_ids = itertools.count()
 
+# The suite leaves nothing in the temporary directory (the session fails otherwise).
+pytest_plugins = ["tests.support.tempdir_check"]
+
 
 BROKER_KINDS = ("embedded", "apache")
 
