@@ -14,8 +14,11 @@ the per-pair ratios ``rate(on) / rate(off)`` (>= 0.8).
 from __future__ import annotations
 
 import argparse
+import marshal
+import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -30,6 +33,9 @@ QUICK_PAIRS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from benchmarks._data import add_broker_argument
+
+    add_broker_argument(parser)
     parser.add_argument("--pairs", type=int, default=0, help="alternated off/on pairs (default 3, quick 2)")
     parser.add_argument("--records", type=int, default=0, help="records per row (default 60k, quick 8k)")
     parser.add_argument("--linger-ms", type=float, default=1.0, help="the output producer's linger.ms")
@@ -45,9 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def body(args: argparse.Namespace, report: Report) -> None:
     """1. Start a broker, produce the input topic once. 2. Alternate off/on rows. 3. Table and goal."""
     from benchmarks._children import ChildError, run_json_child
-    from benchmarks._data import broker_session, produce_zipf
+    from benchmarks._data import broker_passes, broker_session, produce_zipf
     from benchmarks.engine_rows import N_KEYS, VALUE_BYTES, ZIPF_S
 
+    kinds = broker_passes(report, args.broker)  # before the table: it leads with a broker column
     records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
     pairs = args.pairs or (QUICK_PAIRS if args.quick else FULL_PAIRS)
     report.params.update(records=records, pairs=pairs, in_flight=IN_FLIGHT, base_ms=BASE_MS,
@@ -59,45 +66,51 @@ def body(args: argparse.Namespace, report: Report) -> None:
                              Column("rate", "rec/s", ",.0f"), Column("efficiency", fmt=".2f"),
                              Column("cpu_us", "CPU us/rec", ",.1f"), Column("note")])
     ideal = IN_FLIGHT / (BASE_MS / 1000)
-    with broker_session() as broker:
-        # 1.
-        topic = f"outputs-in-{int(time.time())}"
-        broker.create_topic(topic, 1)
-        produced = produce_zipf(broker.bootstrap, topic, records, VALUE_BYTES, N_KEYS, ZIPF_S, seed=1)
-        log(f"produced {produced.records:,} records to {topic}")
-        # 2.
-        ratios: list[float] = []
-        for i in range(pairs):
-            rates: dict[str, float | None] = {}
-            for variant in ("off", "on"):
-                out_topic = f"outputs-out-{i}-{variant}-{int(time.time() * 1000)}"
-                if variant == "on":
-                    broker.create_topic(out_topic, 1)
-                argv = [sys.executable, "-m", "benchmarks.outputs", "child", "--bootstrap", broker.bootstrap,
-                        "--topic", topic, "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
-                        "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
-                        "--linger-ms", str(args.linger_ms), "--poll", args.poll,
-                        "--idempotence", args.idempotence, "--timeout", "240"]
-                argv += [a for kv in args.producer_config for a in ("--producer-config", kv)]
-                try:
-                    res = run_json_child(argv, timeout=300)
-                except ChildError as exc:
-                    table.add_unavailable(str(exc)[:200], run=i + 1, outputs=variant, records=records)
-                    rates[variant] = None
-                    continue
-                log(f"  pair {i + 1} outputs={variant}: {res['rate']:,.0f} rec/s")
-                rates[variant] = float(res["rate"])
-                sent = f"{res.get('outputs_sent', 0):,} outputs acknowledged" if variant == "on" else ""
-                table.add(run=i + 1, outputs=variant, records=records, rate=res["rate"],
-                          efficiency=res["rate"] / ideal, cpu_us=res["cpu_us_per_record"], note=sent)
-            r = ratio(rates.get("on"), rates.get("off"))
-            if r is not None:
-                ratios.append(r)
-    # 3.
-    median = statistics.median(ratios) if ratios else None
-    report.note("pair ratios (on/off): " + ", ".join(f"{r:.3f}" for r in ratios))
-    report.goal(f"consume-transform-produce rate / same processor without outputs, {IN_FLIGHT} in flight "
-                "(median of alternated pairs)", median, 0.8)
+    for kind in kinds:
+        with broker_session(kind) as broker, tempfile.TemporaryDirectory(prefix="bench-outputs-") as scratch:
+            # 1.
+            topic = f"outputs-in-{int(time.time())}"
+            broker.create_topic(topic, 1)
+            produced = produce_zipf(broker.bootstrap, topic, records, VALUE_BYTES, N_KEYS, ZIPF_S, seed=1)
+            log(f"produced {produced.records:,} records to {topic}")
+            keys_file = os.path.join(scratch, "keys.marshal")
+            with open(keys_file, "wb") as f:
+                marshal.dump(produced.keys, f)
+            # 2.
+            ratios: list[float] = []  # this broker's pairs
+            for i in range(pairs):
+                rates: dict[str, float | None] = {}
+                for variant in ("off", "on"):
+                    out_topic = f"outputs-out-{i}-{variant}-{int(time.time() * 1000)}"
+                    if variant == "on":
+                        broker.create_topic(out_topic, 1)
+                    argv = [sys.executable, "-m", "benchmarks.outputs", "child",
+                            "--bootstrap", broker.bootstrap, "--topic", topic, "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
+                            "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
+                            "--linger-ms", str(args.linger_ms), "--poll", args.poll,
+                            "--idempotence", args.idempotence, "--timeout", "240",
+                            "--keys-file", keys_file, "--first-offset", str(produced.first_offset)]
+                    argv += [a for kv in args.producer_config for a in ("--producer-config", kv)]
+                    try:
+                        res = run_json_child(argv, timeout=300)
+                    except ChildError as exc:
+                        table.add_unavailable(str(exc)[:200], run=i + 1, outputs=variant, records=records)
+                        rates[variant] = None
+                        continue
+                    log(f"  pair {i + 1} outputs={variant}: {res['rate']:,.0f} rec/s")
+                    rates[variant] = float(res["rate"])
+                    sent = f"{res.get('outputs_sent', 0):,} outputs acknowledged" if variant == "on" else ""
+                    note = "; ".join(x for x in (sent, "delivery checked" if res.get("checked") else "") if x)
+                    table.add(run=i + 1, outputs=variant, records=records, rate=res["rate"],
+                              efficiency=res["rate"] / ideal, cpu_us=res["cpu_us_per_record"], note=note)
+                r = ratio(rates.get("on"), rates.get("off"))
+                if r is not None:
+                    ratios.append(r)
+        # 3.
+        median = statistics.median(ratios) if ratios else None
+        report.note(f"{kind}: pair ratios (on/off): " + ", ".join(f"{r:.3f}" for r in ratios))
+        report.goal(f"consume-transform-produce rate / same processor without outputs, {IN_FLIGHT} in flight "
+                    "(median of alternated pairs)", median, 0.8)
 
 
 # ------------------------------------------------------------------------------------------ child
@@ -110,7 +123,7 @@ def child_main(argv: list[str]) -> int:
 
     from benchmarks._children import Meter, emit_child_result
     from benchmarks.baselines.kafka import add_consumer_arguments
-    from benchmarks.engine_child import EventRecorder, RunningCounter, make_processor
+    from benchmarks.engine_child import EventRecorder, RunningCounter, check_run, make_processor
     from multilane.api import Context, OrderingMode, Record
     from multilane.worker.config import EngineConfig
     from multilane.worker.engine import Engine
@@ -124,7 +137,10 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--poll", choices=("thread", "loop"), default="loop")
     parser.add_argument("--idempotence", choices=("on", "off"), default="on")
     parser.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--keys-file", help="marshal'ed list of the produced keys (for the checkers)")
+    parser.add_argument("--first-offset", type=int, default=0, help="offset of the first produced key")
     args = parser.parse_args(argv)
+    args.ordering = "unordered"
 
     meter = Meter()
     lock = threading.Lock()
@@ -143,7 +159,8 @@ def child_main(argv: list[str]) -> int:
 
     # The completion counter must count a record once its outputs are acknowledged: with outputs the
     # inner processor only sleeps; the count happens after with_outputs returned (outer wrapper).
-    sleep = make_processor("async-sleep", BASE_MS, 0.0, 0.0, lambda: None, RunningCounter(), EventRecorder())
+    recorder = EventRecorder()  # the processor's starts and ends, for the delivery checkers
+    sleep = make_processor("async-sleep", BASE_MS, 0.0, 0.0, lambda: None, RunningCounter(), recorder)
     out: OutputProducer | None = None
     out_topic = args.out_topic
 
@@ -193,7 +210,10 @@ def child_main(argv: list[str]) -> int:
                 await asyncio.to_thread(out.close)
 
     asyncio.run(go())
-    emit_child_result(meter.result(args.records, outputs=args.outputs,
+    failures = check_run(args, recorder)  # at-least-once over the input's records; a failure fails the row
+    if failures:
+        raise AssertionError("delivery checks failed: " + " / ".join(failures))
+    emit_child_result(meter.result(args.records, outputs=args.outputs, checked=True,
                                    outputs_sent=out.sent if out is not None else 0))
     return 0
 
