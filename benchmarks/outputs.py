@@ -85,7 +85,8 @@ def body(args: argparse.Namespace, report: Report) -> None:
                     if variant == "on":
                         broker.create_topic(out_topic, 1)
                     argv = [sys.executable, "-m", "benchmarks.outputs", "child",
-                            "--bootstrap", broker.bootstrap, "--topic", topic, "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
+                            "--bootstrap", broker.bootstrap, "--topic", topic,
+                            "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
                             "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
                             "--linger-ms", str(args.linger_ms), "--poll", args.poll,
                             "--idempotence", args.idempotence, "--timeout", "240",
