@@ -47,7 +47,7 @@ def broker_session(kind: str = "embedded") -> Iterator[Any]:
         broker = ApacheKafka()
     else:
         raise ValueError(f"unknown broker kind {kind!r}; choose from {BROKER_KINDS}")
-    broker.start()
+    broker.start(timeout=300) if kind == "apache" else broker.start()  # a JVM starts slowly under load
     log(f"{kind} broker pid {broker.pid} on {broker.bootstrap}")
     try:
         yield broker
