@@ -193,6 +193,8 @@ def run_share_group(
         "replayed": replays["ended_more_than_once"],
         "recovery_s": (t_end - kill_time) if kill_time is not None else None,
         "lost": 0,
+        "shares": sorted((sum(1 for r in rows if r[1] == "end" and r[2] == proc.pid) for proc in procs),
+                         reverse=True),
     }
 
 
@@ -274,8 +276,10 @@ def _rows(
                 continue
             rates[system] = r["rate"]
             log(f"  {system}: {r['rate']:,.0f} rec/s")
+            shares = "/".join(f"{x:,}" for x in r.pop("shares"))
             table.add(system=system, setting=share_setting, records=n, efficiency=r["rate"] / ideal,
-                      note=f"delivery checked; lock {args.lock_ms} ms", **r)
+                      note=f"delivery checked; lock {args.lock_ms} ms; records ended per process {shares}",
+                      **r)  # fmt: skip
 
 
 if __name__ == "__main__":

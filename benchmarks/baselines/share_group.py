@@ -67,6 +67,7 @@ async def run(args: argparse.Namespace, events: TextIO) -> dict[str, Any]:
             # 1. (poll blocks the loop for at most 0.1 s; nothing else runs between batches)
             batch = [m for m in consumer.poll(0.1) if m.error() is None]
             if not batch:
+                await asyncio.sleep(0)  # lets the loop run the SIGTERM handler
                 continue
             if cpu0 is None:
                 cpu0 = _cpu_s()
