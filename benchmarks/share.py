@@ -5,7 +5,9 @@ Does I/O: an Apache Kafka broker, child processes, files under a temp dir.
 ``python -m benchmarks.share [--quick] [--json] [--records N] [--consumers P] [--concurrency C]
 [--lock-ms MS]``
 
-One topic of one partition (the engine benchmark's 100-byte Zipf-keyed records), consumed by:
+One topic of one partition (the engine benchmark's 100-byte Zipf-keyed records, produced in batches
+of ``--producer-batch`` records: a share fetch acquires whole batches, so with the benchmarks' usual
+1 MB batches one consumer would take thousands of records and the others none), consumed by:
 
 1. ``multilane``: the engine in unordered mode at F = P x C in flight (``benchmarks.engine_child``;
    its delivery checkers run in the child).
@@ -52,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consumers", type=int, default=4, help="share-consumer processes (P)")
     parser.add_argument("--concurrency", type=int, default=64, help="records in flight per process (C)")
     parser.add_argument("--lock-ms", type=int, default=5000, help="the group's acquisition lock (ms)")
+    parser.add_argument("--producer-batch", type=int, default=64,
+                        help="records per produced batch (batch.num.messages): a share fetch acquires whole "
+                             "batches, so this bounds what one consumer takes at a time")
 
 
 def _set_group_config(bootstrap: str, group: str, lock_ms: int) -> None:
@@ -205,7 +210,8 @@ def body(args: argparse.Namespace, report: Report) -> None:
     n = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
     in_flight = args.consumers * args.concurrency
     report.params.update(broker="apache", records=n, consumers=args.consumers, concurrency=args.concurrency,
-                         in_flight=in_flight, base_ms=BASE_MS, lock_ms=args.lock_ms, **SERVER_CONFIG)
+                         in_flight=in_flight, base_ms=BASE_MS, lock_ms=args.lock_ms,
+                         producer_batch=args.producer_batch, **SERVER_CONFIG)
     table = report.table("share", f"Unordered, {BASE_MS:g} ms asyncio.sleep per record, {in_flight} in "
                          "flight, Apache Kafka, one partition", [
                              Column("system"), Column("setting"), Column("records", fmt=","),
@@ -243,7 +249,8 @@ def _rows(
         scratch = Path(tmp)
         topic = f"share-in-{uuid.uuid4().hex[:8]}"
         broker.create_topic(topic, 1)
-        produced = produce_zipf(broker.bootstrap, topic, n, VALUE_BYTES, N_KEYS, ZIPF_S, seed=1)
+        produced = produce_zipf(broker.bootstrap, topic, n, VALUE_BYTES, N_KEYS, ZIPF_S, seed=1,
+                                producer_config={"batch.num.messages": args.producer_batch})
         keys_file = scratch / "keys.marshal"
         with open(keys_file, "wb") as f:
             marshal.dump(produced.keys, f)

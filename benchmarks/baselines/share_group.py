@@ -6,8 +6,9 @@ benchmark's unordered 10 ms workload. Does I/O: Kafka, its event file, stdout.
 
 The loop (explicit acknowledgement, as a careful user would write it):
 
-1. ``poll()`` returns the records the broker acquired for this member (a batch; the client takes no
-   size limit, see docs/benchmarks.md).
+1. ``poll()`` returns the records the broker acquired for this member: ``max.poll.records`` = C, a
+   soft limit (the broker hands out whole record batches of the topic: KIP-1206's strict
+   ``record_limit`` acquire mode is not a setting of librdkafka 2.16).
 2. The batch runs on asyncio with at most C records sleeping at once (``asyncio.sleep(latency)``, the
    shared latency model of :mod:`benchmarks.baselines.workload`); each record is acknowledged
    (ACCEPT) as soon as it ends.
@@ -46,7 +47,7 @@ async def run(args: argparse.Namespace, events: TextIO) -> dict[str, Any]:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     consumer = ShareConsumer({
         "bootstrap.servers": args.bootstrap, "group.id": args.group,
-        "share.acknowledgement.mode": "explicit", "log_level": 4,
+        "share.acknowledgement.mode": "explicit", "max.poll.records": args.concurrency, "log_level": 4,
     })  # fmt: skip
     consumer.subscribe([args.topic])
     base = args.base_ms / 1000
