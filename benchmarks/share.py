@@ -14,7 +14,7 @@ of ``--producer-batch`` records: a share fetch acquires whole batches, so with t
 2. ``share group``: P processes (:mod:`benchmarks.baselines.share_group`), one share consumer each,
    each running its polled batch with at most C records in flight (P x C in flight in all).
 3. ``share group, kill -9``: the same, one process killed by SIGKILL once a third of the records
-   ended. The records it had acquired and not acknowledged go back to the group when their
+   ended (the one with the most records in flight, as its event file shows). The records it had acquired and not acknowledged go back to the group when their
    acquisition lock expires (``share.record.lock.duration.ms``, set on the group to ``--lock-ms``;
    the broker's minimum is lowered to 1 s so a run does not wait Kafka's default 30 s).
 
@@ -92,6 +92,7 @@ class _EventTail:
         self.files: dict[int, tuple[Path, int]] = {}
         self.events: list[tuple[float, str, int, int, int]] = []
         self.ended: dict[int, float] = {}  # offset -> time of its first end
+        self.running: dict[int, set[int]] = {}  # pid -> offsets started and not ended (as far as written)
 
     def watch(self, pid: int, path: Path) -> None:
         self.files[pid] = (path, 0)
@@ -110,6 +111,11 @@ class _EventTail:
                 kind, offset, count, t = line.split()
                 o, when = int(offset), float(t)
                 self.events.append((when, "start" if kind == "s" else "end", pid, o, int(count)))
+                running = self.running.setdefault(pid, set())
+                if kind == "s":
+                    running.add(o)
+                else:
+                    running.discard(o)
                 if kind == "e" and o not in self.ended:
                     self.ended[o] = when
 
@@ -128,6 +134,7 @@ def run_share_group(
     procs: list[subprocess.Popen[bytes]] = []
     killed: dict[int, float] = {}  # pid -> CPU seconds just before the kill
     kill_time: float | None = None
+    held = 0
     try:
         for i in range(args.consumers):
             path = scratch / f"{group}-{i}.events"
@@ -149,12 +156,17 @@ def run_share_group(
             time.sleep(0.1)
             tail.read()
             if kill and not killed and len(tail.ended) >= n // 3:
-                victim = procs[0]
+                # the process holding the most records in flight (acquired, not acknowledged)
+                victim = max(procs, key=lambda p: len(tail.running.get(p.pid, ())))
+                held = len(tail.running.get(victim.pid, ()))
+                if held == 0:
+                    continue
                 killed[victim.pid] = _proc_cpu_s(victim.pid) or 0.0
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 kill_time = time.time()
-                log(f"  killed share consumer {victim.pid} at {len(tail.ended):,}/{n:,} records")
+                log(f"  killed share consumer {victim.pid} at {len(tail.ended):,}/{n:,} records, "
+                    f"{held} of its records in flight")
         cpu = sum(killed.values())
         for proc in procs:
             if proc.pid not in killed:
@@ -197,6 +209,7 @@ def run_share_group(
         "redelivered": sum(1 for r in starts if r[4] > 1),
         "replayed": replays["ended_more_than_once"],
         "recovery_s": (t_end - kill_time) if kill_time is not None else None,
+        "held": held if kill_time is not None else None,
         "lost": 0,
         "shares": sorted((sum(1 for r in rows if r[1] == "end" and r[2] == proc.pid) for proc in procs),
                          reverse=True),
@@ -217,6 +230,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
                              Column("system"), Column("setting"), Column("records", fmt=","),
                              Column("rate", "rec/s", ",.0f"), Column("efficiency", fmt=".2f"),
                              Column("cpu_us", "CPU µs/rec", ",.1f"),
+                             Column("held", "in flight in the killed process", ","),
                              Column("redelivered", "redelivered", ","),
                              Column("replayed", "ended twice", ","),
                              Column("recovery_s", "kill -> all ended (s)", ".1f"), Column("lost"),

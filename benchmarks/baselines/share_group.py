@@ -16,7 +16,7 @@ The loop (explicit acknowledgement, as a careful user would write it):
    a record of the previous batch is unacknowledged, so a batch waits for its slowest record.
 
 Every start and end goes to ``--events`` as a line ``s|e offset delivery_count time`` (flushed per
-batch; the parent reads it for the delivery checkers and redelivery counts). The process runs until
+batch and once its first records started; the parent reads it for the delivery checkers and redelivery counts). The process runs until
 SIGTERM, then closes the consumer (leaves the group) and prints one JSON line with its CPU time
 from its first polled record on.
 """
@@ -73,7 +73,10 @@ async def run(args: argparse.Namespace, events: TextIO) -> dict[str, Any]:
             if cpu0 is None:
                 cpu0 = _cpu_s()
             # 2.
-            await asyncio.gather(*(one(m) for m in batch))
+            tasks = [asyncio.ensure_future(one(m)) for m in batch]
+            await asyncio.sleep(0)  # the batch's first starts are written: flush them (the parent's view)
+            events.flush()
+            await asyncio.gather(*tasks)
             processed += len(batch)
             events.flush()
             # 3.
