@@ -14,9 +14,10 @@ of ``--producer-batch`` records: a share fetch acquires whole batches, so with t
 2. ``share group``: P processes (:mod:`benchmarks.baselines.share_group`), one share consumer each,
    each running its polled batch with at most C records in flight (P x C in flight in all).
 3. ``share group, kill -9``: the same, one process killed by SIGKILL once a third of the records
-   ended (the one with the most records in flight, as its event file shows). The records it had acquired and not acknowledged go back to the group when their
-   acquisition lock expires (``share.record.lock.duration.ms``, set on the group to ``--lock-ms``;
-   the broker's minimum is lowered to 1 s so a run does not wait Kafka's default 30 s).
+   ended (the one with the most records in flight, as its event file shows). The records it had
+   acquired and not acknowledged go back to the group when their acquisition lock expires
+   (``share.record.lock.duration.ms``, set on the group to ``--lock-ms``; the broker's minimum is
+   lowered to 1 s so a run does not wait Kafka's default 30 s).
 
 Rates run from the first record started to the moment every record had ended; CPU per record is the
 consumer processes' own CPU (all of them, from their first polled record to their stop) ÷ records.

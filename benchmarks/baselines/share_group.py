@@ -15,10 +15,10 @@ The loop (explicit acknowledgement, as a careful user would write it):
 3. ``commit_async()`` sends the acknowledgements; then the next poll. The client refuses a poll while
    a record of the previous batch is unacknowledged, so a batch waits for its slowest record.
 
-Every start and end goes to ``--events`` as a line ``s|e offset delivery_count time`` (flushed per
-batch and once its first records started; the parent reads it for the delivery checkers and redelivery counts). The process runs until
-SIGTERM, then closes the consumer (leaves the group) and prints one JSON line with its CPU time
-from its first polled record on.
+Every start and end goes to ``--events`` as a line ``s|e offset delivery_count time`` (flushed once a
+batch started and when it ended; the parent reads it for the delivery checkers and redelivery counts).
+The process runs until SIGTERM, then closes the consumer (leaves the group) and prints one JSON line
+with its CPU time from its first polled record on.
 """
 
 from __future__ import annotations
