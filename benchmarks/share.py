@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consumers", type=int, default=4, help="share-consumer processes (P)")
     parser.add_argument("--concurrency", type=int, default=64, help="records in flight per process (C)")
     parser.add_argument("--lock-ms", type=int, default=5000, help="the group's acquisition lock (ms)")
+    parser.add_argument("--share-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra librdkafka setting of every share consumer (e.g. fetch.wait.max.ms=10)")
     parser.add_argument("--producer-batch", type=int, default=64,
                         help="records per produced batch (batch.num.messages): a share fetch acquires whole "
                              "batches, so this bounds what one consumer takes at a time")
@@ -142,7 +144,8 @@ def run_share_group(
             proc = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.baselines.share_group", "--bootstrap", bootstrap,
                  "--topic", topic, "--group", group, "--events", str(path),
-                 "--concurrency", str(args.concurrency), "--base-ms", str(BASE_MS)],
+                 "--concurrency", str(args.concurrency), "--base-ms", str(BASE_MS),
+                 *(a for kv in args.share_config for a in ("--config", kv))],
                 stdout=subprocess.PIPE, stderr=open(scratch / f"{group}-{i}.log", "wb"),  # noqa: SIM115
             )  # fmt: skip
             procs.append(proc)
@@ -225,7 +228,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
     in_flight = args.consumers * args.concurrency
     report.params.update(broker="apache", records=n, consumers=args.consumers, concurrency=args.concurrency,
                          in_flight=in_flight, base_ms=BASE_MS, lock_ms=args.lock_ms,
-                         producer_batch=args.producer_batch, **SERVER_CONFIG)
+                         producer_batch=args.producer_batch, share_config=args.share_config, **SERVER_CONFIG)
     table = report.table("share", f"Unordered, {BASE_MS:g} ms asyncio.sleep per record, {in_flight} in "
                          "flight, Apache Kafka, one partition", [
                              Column("system"), Column("setting"), Column("records", fmt=","),

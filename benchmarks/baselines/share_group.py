@@ -48,6 +48,7 @@ async def run(args: argparse.Namespace, events: TextIO) -> dict[str, Any]:
     consumer = ShareConsumer({
         "bootstrap.servers": args.bootstrap, "group.id": args.group,
         "share.acknowledgement.mode": "explicit", "max.poll.records": args.concurrency, "log_level": 4,
+        **dict(item.split("=", 1) for item in args.config),
     })  # fmt: skip
     consumer.subscribe([args.topic])
     base = args.base_ms / 1000
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", required=True, help="file the starts and ends are appended to")
     parser.add_argument("--concurrency", type=int, default=64, help="records of a batch sleeping at once")
     parser.add_argument("--base-ms", type=float, default=10.0)
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra librdkafka setting of the share consumer")
     args = parser.parse_args(argv)
     with open(args.events, "a", encoding="utf-8", buffering=1 << 16) as events:
         result = asyncio.run(run(args, events))
