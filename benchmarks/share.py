@@ -137,7 +137,6 @@ def run_share_group(
     procs: list[subprocess.Popen[bytes]] = []
     killed: dict[int, float] = {}  # pid -> CPU seconds just before the kill
     kill_time: float | None = None
-    held = 0
     try:
         for i in range(args.consumers):
             path = scratch / f"{group}-{i}.events"
@@ -161,16 +160,15 @@ def run_share_group(
             tail.read()
             if kill and not killed and len(tail.ended) >= n // 3:
                 # the process holding the most records in flight (acquired, not acknowledged)
+                tail.read()
                 victim = max(procs, key=lambda p: len(tail.running.get(p.pid, ())))
-                held = len(tail.running.get(victim.pid, ()))
-                if held == 0:
+                if not tail.running.get(victim.pid):
                     continue
                 killed[victim.pid] = _proc_cpu_s(victim.pid) or 0.0
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 kill_time = time.time()
-                log(f"  killed share consumer {victim.pid} at {len(tail.ended):,}/{n:,} records, "
-                    f"{held} of its records in flight")
+                log(f"  killed share consumer {victim.pid} at {len(tail.ended):,}/{n:,} records")
         cpu = sum(killed.values())
         for proc in procs:
             if proc.pid not in killed:
@@ -186,6 +184,9 @@ def run_share_group(
                 proc.kill()
                 proc.wait()
     tail.read()
+    # records in flight at the kill: the victim's starts without its end (read after the fact: the
+    # parent's view during the run lags by up to one poll of the files)
+    held = sum(len(tail.running.get(pid, ())) for pid in killed)
     # the checkers' view: every process's starts and ends in time order, the kill as a marker
     rows = sorted(tail.events)
     if kill_time is not None:
