@@ -235,7 +235,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
                              Column("system"), Column("setting"), Column("records", fmt=","),
                              Column("rate", "rec/s", ",.0f"), Column("efficiency", fmt=".2f"),
                              Column("cpu_us", "CPU µs/rec", ",.1f"),
-                             Column("held", "in flight in the killed process", ","),
+                             Column("held", "started, not ended, in the killed process", ","),
                              Column("redelivered", "redelivered", ","),
                              Column("replayed", "ended twice", ","),
                              Column("recovery_s", "kill -> all ended (s)", ".1f"), Column("lost"),
