@@ -332,7 +332,7 @@ def _row(
 def body(args: argparse.Namespace, report: Report) -> None:
     sizes = tuple(int(s) for s in args.partitions.split(",") if s) or ((4,) if args.quick else (4, 24, 64))
     variants = [v for v in args.variants.split(",") if v in VARIANTS]
-    kinds = list(broker_passes(report, args.broker))  # before the tables: they lead with a broker column
+    passes = broker_passes(report, args.broker)  # before the tables: they lead with a broker column
     report.params.update(
         {
             "partitions": list(sizes),
@@ -371,8 +371,9 @@ def body(args: argparse.Namespace, report: Report) -> None:
         ],
     )
     rows: dict[tuple[str, int, str], dict[str, Any]] = {}
-    for kind in kinds:
-        report.stamp["broker"] = kind
+    kinds: list[str] = []
+    for kind in passes:
+        kinds.append(kind)
         with broker_session(kind) as broker, tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch:
             tmp = Path(args.keep or scratch) / kind
             tmp.mkdir(parents=True, exist_ok=True)
