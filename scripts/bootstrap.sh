@@ -7,6 +7,10 @@
 # - `all` also installs Debian packages: prometheus and shellcheck (tests), a JRE for Spark and Apache
 #   Kafka if `java` is missing, Maven if `mvn` is; then Apache Kafka's jars (scripts/kafka-jars.sh,
 #   for the tests' `--broker=apache`). `demo` needs none of these.
+# - `all` also builds the real control plane for the cluster tier (tests/cluster, docs/real-cluster.md):
+#   etcd, kube-apiserver, kube-controller-manager and kubectl from the pinned Go module deps/k8s, once
+#   per version (scripts/k8s-binaries.sh: 766 s of CPU the first time, seconds after). Needs
+#   Go; without it this says so and the tier skips (fails under CI=true). MULTILANE_K8S_BUILD=0 skips.
 # - A virtualenv in .venv gets multilane (editable) with the extras, at the versions CI tested:
 #   constraints.txt (refresh it with scripts/refresh-constraints.sh).
 # Prints the venv's python path as its last line. Safe to run again; an `all` install also serves
@@ -56,5 +60,13 @@ if ! current "$EXTRAS" && ! current all; then
 fi
 if [ "$EXTRAS" = all ]; then
   bash scripts/kafka-jars.sh >/dev/null
+fi
+if [ "$EXTRAS" = all ] && [ "${MULTILANE_K8S_BUILD:-1}" != 0 ]; then
+  if command -v go >/dev/null 2>&1; then
+    k8s_bin=$(bash scripts/k8s-binaries.sh | tail -n 1)  # a failed build fails the bootstrap
+    echo "bootstrap: Kubernetes binaries in $k8s_bin" >&2
+  else
+    echo "bootstrap: no Go toolchain: the real-cluster tier (tests/cluster) cannot run here" >&2
+  fi
 fi
 echo "$(pwd)/.venv/bin/python"

@@ -5,8 +5,9 @@ on a free loopback port. :class:`EmbeddedBroker` starts it, waits until it answe
 and stops it by PID.
 
 Known gaps of this broker, measured on these machines (see ``tests/integration/test_broker_facts.py``,
-which re-checks each one), and what multilane's code does about them. The code stays correct for
-Apache Kafka; where a test relies on one of these behaviours it says so.
+which re-checks each one on each broker), and what multilane's code does about them. The code stays
+correct for Apache Kafka (the tests marked ``matrix`` run on it too; docs/brokers.md lists what differs);
+where a test relies on one of these behaviours it says so.
 
 1. Consumer-group joins wait half of ``session.timeout.ms`` (rounded up to whole seconds, at least
    1 s). Lives with it: tests and the demo use ``session.timeout.ms`` of 1-2 s; the engine's operator
