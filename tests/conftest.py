@@ -11,6 +11,9 @@ from hypothesis import settings
 
 from multilane.testing.broker import EmbeddedBroker
 
+# Session-wide checks under pytest-xdist: run on the controller over every worker's record.
+pytest_plugins = ["tests.support.after_workers"]
+
 # Property tests check behaviour, not speed: no per-example deadline, so a loaded 2-core machine (CI
 # beside other work) cannot fail them by timing alone.
 settings.register_profile("multilane", deadline=None)
