@@ -11,8 +11,8 @@ from hypothesis import settings
 
 from multilane.testing.broker import EmbeddedBroker
 
-# Session-wide checks under pytest-xdist: run on the controller over every worker's record.
-pytest_plugins = ["tests.support.after_workers"]
+# Under pytest-xdist: session-wide checks on the controller; the longest modules first.
+pytest_plugins = ["tests.support.after_workers", "tests.support.xdist_order"]
 
 # Property tests check behaviour, not speed: no per-example deadline, so a loaded 2-core machine (CI
 # beside other work) cannot fail them by timing alone.

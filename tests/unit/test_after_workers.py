@@ -106,3 +106,10 @@ def test_a_run_stopped_early_skips_the_checks(tmp_path: Path) -> None:
     assert proc.returncode != 0, out
     assert "FAILED test_stop.py::test_stop" in out, out
     assert "passed, 2 failed" not in out, out
+
+
+def test_the_modules_that_start_first_exist() -> None:
+    """``tests/support/xdist_order.py`` names modules by path: a renamed one would silently start late."""
+    from tests.support.xdist_order import STARTS_FIRST
+
+    assert [p for p in STARTS_FIRST if not (ROOT / p).is_file()] == []
