@@ -9,6 +9,14 @@ input key) and the record completes only once the broker acknowledged it
 or by a poll thread with ``--poll thread``). The two variants are alternated (off, on, off, on, ...)
 in one run on one input topic, so that load from other work hits both alike; the goal is the median of
 the per-pair ratios ``rate(on) / rate(off)`` (>= 0.8).
+
+``--mode exactly-once`` adds a third variant to each round, ``--outputs exactly-once``
+(:mod:`multilane.worker.transactions`: outputs held per record and sent in the input partition's
+transaction with the offset and the progress record), on Apache Kafka by default (``--broker``); its row
+counts a record when its transaction committed (the committed offset reached the end), the others when
+the record completed. Goal: exactly-once / no outputs >= 0.6. The commit interval (``--commit-interval-ms``,
+every variant) bounds the latency exactly-once adds to an output; the report names it and the load
+average.
 """
 
 from __future__ import annotations
@@ -40,26 +48,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the output producer's idempotence (the worker's --output-idempotence)")
     parser.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE",
                         help="extra librdkafka setting of the output producer (the worker's --output-config)")
+    parser.add_argument("--mode", choices=("at-least-once", "exactly-once"), default="at-least-once",
+                        help="at-least-once: rounds of no outputs / outputs; exactly-once: a third row per "
+                             "round with --outputs exactly-once")
+    parser.add_argument("--broker", choices=("embedded", "apache"), default=None,
+                        help="the broker (default: apache with --mode exactly-once, else embedded)")
+    parser.add_argument("--commit-interval-ms", type=int, default=100,
+                        help="the engine's commit interval in every row (exactly-once: its transactions)")
+    parser.add_argument("--transaction-max-records", type=int, default=10_000,
+                        help="exactly-once: a transaction commits after this many records too")
+
+
+def _broker(kind: str) -> Any:
+    """The run's broker: the embedded one, or Apache Kafka (``multilane.testing.apache``)."""
+    from benchmarks._data import broker_session
+
+    if kind == "embedded":
+        return broker_session()
+    from multilane.testing.apache import ApacheKafka
+
+    return ApacheKafka()
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
     """1. Start a broker, produce the input topic once. 2. Alternate off/on rows. 3. Table and goal."""
+    import os
+
     from benchmarks._children import ChildError, run_json_child
-    from benchmarks._data import broker_session, produce_zipf
+    from benchmarks._data import produce_zipf
     from benchmarks.engine_rows import N_KEYS, VALUE_BYTES, ZIPF_S
 
     records = args.records or (QUICK_RECORDS if args.quick else FULL_RECORDS)
     pairs = args.pairs or (QUICK_PAIRS if args.quick else FULL_PAIRS)
+    eos = args.mode == "exactly-once"
+    broker_kind = args.broker or ("apache" if eos else "embedded")
+    variants = ("off", "on", "exactly-once") if eos else ("off", "on")
     report.params.update(records=records, pairs=pairs, in_flight=IN_FLIGHT, base_ms=BASE_MS,
                          value_bytes=VALUE_BYTES, keys=N_KEYS, linger_ms=args.linger_ms, poll=args.poll,
-                         idempotence=args.idempotence, producer_config=args.producer_config)
+                         idempotence=args.idempotence, producer_config=args.producer_config,
+                         mode=args.mode, broker=broker_kind, commit_interval_ms=args.commit_interval_ms,
+                         transaction_max_records=args.transaction_max_records,
+                         load_average_at_start=[round(x, 2) for x in os.getloadavg()])
+    log(f"broker {broker_kind}, commit interval {args.commit_interval_ms} ms, load average {os.getloadavg()}")
     table = report.table("outputs", f"Consume-transform-produce at {IN_FLIGHT} in flight, {BASE_MS:g} ms "
                          "asyncio.sleep per record", [
                              Column("run", "run"), Column("outputs"), Column("records", fmt=","),
                              Column("rate", "rec/s", ",.0f"), Column("efficiency", fmt=".2f"),
                              Column("cpu_us", "CPU us/rec", ",.1f"), Column("note")])
     ideal = IN_FLIGHT / (BASE_MS / 1000)
-    with broker_session() as broker:
+    eos_ratios: list[float] = []
+    with _broker(broker_kind) as broker:
         # 1.
         topic = f"outputs-in-{int(time.time())}"
         broker.create_topic(topic, 1)
@@ -69,15 +107,17 @@ def body(args: argparse.Namespace, report: Report) -> None:
         ratios: list[float] = []
         for i in range(pairs):
             rates: dict[str, float | None] = {}
-            for variant in ("off", "on"):
+            for variant in variants:
                 out_topic = f"outputs-out-{i}-{variant}-{int(time.time() * 1000)}"
-                if variant == "on":
+                if variant != "off":
                     broker.create_topic(out_topic, 1)
                 argv = [sys.executable, "-m", "benchmarks.outputs", "child", "--bootstrap", broker.bootstrap,
                         "--topic", topic, "--group", f"bench-outputs-{i}-{variant}-{time.time_ns()}",
                         "--records", str(records), "--outputs", variant, "--out-topic", out_topic,
                         "--linger-ms", str(args.linger_ms), "--poll", args.poll,
-                        "--idempotence", args.idempotence, "--timeout", "240"]
+                        "--idempotence", args.idempotence, "--timeout", "240",
+                        "--commit-interval-ms", str(args.commit_interval_ms),
+                        "--transaction-max-records", str(args.transaction_max_records)]
                 argv += [a for kv in args.producer_config for a in ("--producer-config", kv)]
                 try:
                     res = run_json_child(argv, timeout=300)
@@ -87,15 +127,27 @@ def body(args: argparse.Namespace, report: Report) -> None:
                     continue
                 log(f"  pair {i + 1} outputs={variant}: {res['rate']:,.0f} rec/s")
                 rates[variant] = float(res["rate"])
-                sent = f"{res.get('outputs_sent', 0):,} outputs acknowledged" if variant == "on" else ""
+                sent = {"on": f"{res.get('outputs_sent', 0):,} outputs acknowledged",
+                        "exactly-once": f"{res.get('transactions', 0):,} transactions committed"
+                        }.get(variant, "")
                 table.add(run=i + 1, outputs=variant, records=records, rate=res["rate"],
                           efficiency=res["rate"] / ideal, cpu_us=res["cpu_us_per_record"], note=sent)
             r = ratio(rates.get("on"), rates.get("off"))
             if r is not None:
                 ratios.append(r)
+            r = ratio(rates.get("exactly-once"), rates.get("off"))
+            if r is not None:
+                eos_ratios.append(r)
     # 3.
     median = statistics.median(ratios) if ratios else None
     report.note("pair ratios (on/off): " + ", ".join(f"{r:.3f}" for r in ratios))
+    report.note(f"broker {broker_kind}; commit interval {args.commit_interval_ms} ms; load average at the "
+                f"end {tuple(round(x, 2) for x in os.getloadavg())}")
+    if eos:
+        report.note("ratios (exactly-once/off): " + ", ".join(f"{r:.3f}" for r in eos_ratios))
+        report.goal(f"exactly-once rate / same processor without outputs, {IN_FLIGHT} in flight, commit "
+                    f"interval {args.commit_interval_ms} ms (median of rounds)",
+                    statistics.median(eos_ratios) if eos_ratios else None, 0.6)
     report.goal(f"consume-transform-produce rate / same processor without outputs, {IN_FLIGHT} in flight "
                 "(median of alternated pairs)", median, 0.8)
 
@@ -118,7 +170,9 @@ def child_main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.outputs child")
     add_consumer_arguments(parser)
-    parser.add_argument("--outputs", choices=("on", "off"), required=True)
+    parser.add_argument("--outputs", choices=("on", "off", "exactly-once"), required=True)
+    parser.add_argument("--commit-interval-ms", type=int, default=1000)
+    parser.add_argument("--transaction-max-records", type=int, default=10_000)
     parser.add_argument("--out-topic", required=True)
     parser.add_argument("--linger-ms", type=float, default=1.0)
     parser.add_argument("--poll", choices=("thread", "loop"), default="loop")
@@ -131,13 +185,15 @@ def child_main(argv: list[str]) -> int:
     done = 0
     finished = threading.Event()
 
+    eos = args.outputs == "exactly-once"
+
     def on_done() -> None:
         nonlocal done
         with lock:
             done += 1
             if done == 1:
                 meter.start(already=1)
-            if done == args.records:
+            if done == args.records and not eos:  # exactly-once: when the last transaction committed
                 meter.stop()
                 finished.set()
 
@@ -167,6 +223,18 @@ def child_main(argv: list[str]) -> int:
             raise RuntimeError("the output producer's warm-up record was not acknowledged in 30 s")
         out = OutputProducer(client, poll_on_loop=args.poll == "loop")
         inner = with_outputs(transform, out)
+    txns: Any = None
+    if eos:
+        from multilane.worker.transactions import (
+            TransactionalOutputs,
+            transactional_producer_config,
+            with_transactional_outputs,
+        )
+
+        txns = TransactionalOutputs.from_config(
+            transactional_producer_config(args.bootstrap, "bench-eos", ""), args.group,
+            max_records=args.transaction_max_records)
+        inner = with_transactional_outputs(transform, txns)
 
     async def processor(record: Record, ctx: Context) -> None:
         await inner(record, ctx)
@@ -174,8 +242,13 @@ def child_main(argv: list[str]) -> int:
 
     config = EngineConfig(bootstrap_servers=args.bootstrap, group=args.group,
                           assign=((args.topic, args.partition),), operator_mode=True,
-                          ordering=OrderingMode.UNORDERED, factor=IN_FLIGHT)
-    engine = Engine(config, processor)
+                          ordering=OrderingMode.UNORDERED, factor=IN_FLIGHT,
+                          commit_interval_ms=args.commit_interval_ms)
+    engine = Engine(config, processor, transactions=txns)
+
+    def all_committed() -> bool:
+        txn = txns.transaction((args.topic, args.partition)) if txns is not None else None
+        return txn is not None and (txn.committed or 0) >= args.records
 
     async def go() -> None:
         if out is not None:
@@ -184,6 +257,10 @@ def child_main(argv: list[str]) -> int:
         deadline = time.monotonic() + args.timeout
         try:
             while not finished.is_set():
+                if eos and all_committed():
+                    meter.stop()
+                    finished.set()
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{done}/{args.records} records after {args.timeout}s")
                 await asyncio.sleep(0.005)
@@ -194,7 +271,8 @@ def child_main(argv: list[str]) -> int:
 
     asyncio.run(go())
     emit_child_result(meter.result(args.records, outputs=args.outputs,
-                                   outputs_sent=out.sent if out is not None else 0))
+                                   outputs_sent=out.sent if out is not None else 0,
+                                   transactions=txns.committed_transactions if txns is not None else 0))
     return 0
 
 

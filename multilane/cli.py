@@ -35,8 +35,12 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "simulate": ("multilane.sim.cli", "compare autoscaling policies on simulated traces", ()),
     "snapshot": ("multilane.pipeline.cli", "build state snapshots from changelogs with PySpark",
                  ("pipeline",)),
-    "broker": ("multilane.testing.cli", "run the embedded Kafka-compatible broker in the foreground",
-               ("embedded",)),
+    # --kind embedded needs the 'embedded' extra (the command says so); --kind apache needs Java + jars
+    "broker": ("multilane.testing.cli",
+               "run a broker in the foreground: embedded (Tansu, default) or --kind apache", ()),
+    "cluster": ("multilane.testing.cluster_cli",
+                "a real Kubernetes control plane on loopback: up, down, status (docs/real-cluster.md)",
+                ("operator",)),
     "check-logs": ("multilane.testing.check_logs", "delivery checkers over event logs collected from pods",
                    ()),
 }

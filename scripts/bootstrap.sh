@@ -4,8 +4,13 @@
 #   bash scripts/bootstrap.sh          # `all`: everything the tests and CI need
 #   bash scripts/bootstrap.sh demo     # only what `multilane demo` runs (scripts/demo.sh)
 #
-# - `all` also installs Debian packages: prometheus and shellcheck (tests), a JRE for Spark if `java`
-#   is missing. `demo` needs none.
+# - `all` also installs Debian packages: prometheus and shellcheck (tests), a JRE for Spark and Apache
+#   Kafka if `java` is missing, Maven if `mvn` is; then Apache Kafka's jars (scripts/kafka-jars.sh,
+#   for the tests' `--broker=apache`). `demo` needs none of these.
+# - `all` also builds the real control plane for the cluster tier (tests/cluster, docs/real-cluster.md):
+#   etcd, kube-apiserver, kube-controller-manager and kubectl from the pinned Go module deps/k8s, once
+#   per version (scripts/k8s-binaries.sh: 766 s of CPU the first time, seconds after). Needs
+#   Go; without it this says so and the tier skips (fails under CI=true). MULTILANE_K8S_BUILD=0 skips.
 # - A virtualenv in .venv gets multilane (editable) with the extras, at the versions CI tested:
 #   constraints.txt (refresh it with scripts/refresh-constraints.sh).
 # Prints the venv's python path as its last line. Safe to run again; an `all` install also serves
@@ -27,6 +32,7 @@ if [ "$EXTRAS" = all ]; then
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
   command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
   command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing Debian packages: ${need_apt[*]}" >&2
@@ -51,5 +57,16 @@ if ! current "$EXTRAS" && ! current all; then
   echo "bootstrap: installing multilane[$EXTRAS] into .venv (versions from constraints.txt)" >&2
   PIP_DISABLE_PIP_VERSION_CHECK=1 .venv/bin/python -m pip install -q -c constraints.txt -e ".[$EXTRAS]" >&2
   touch ".venv/.multilane-installed-$EXTRAS"
+fi
+if [ "$EXTRAS" = all ]; then
+  bash scripts/kafka-jars.sh >/dev/null
+fi
+if [ "$EXTRAS" = all ] && [ "${MULTILANE_K8S_BUILD:-1}" != 0 ]; then
+  if command -v go >/dev/null 2>&1; then
+    k8s_bin=$(bash scripts/k8s-binaries.sh | tail -n 1)  # a failed build fails the bootstrap
+    echo "bootstrap: Kubernetes binaries in $k8s_bin" >&2
+  else
+    echo "bootstrap: no Go toolchain: the real-cluster tier (tests/cluster) cannot run here" >&2
+  fi
 fi
 echo "$(pwd)/.venv/bin/python"

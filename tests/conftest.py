@@ -1,4 +1,10 @@
-"""Shared pytest fixtures: one embedded broker per test session, unique topic names."""
+"""Shared pytest fixtures: one broker per test session (``--broker=embedded|apache``), unique topic names.
+
+``--broker=embedded`` (the default) gives the session's tests the embedded Tansu broker;
+``--broker=apache`` gives them Apache Kafka (``multilane.testing.apache``), so every test that takes
+the ``broker`` fixture runs on either. When Apache Kafka cannot run here (no java, or no jars: run
+``bash scripts/kafka-jars.sh``), its tests are skipped with that reason, and fail under ``CI=true``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from multilane.testing.apache import ApacheKafka, ApacheKafkaUnavailableError
 from multilane.testing.broker import EmbeddedBroker
+from tests.support.apache import unavailable
 
 # Under pytest-xdist: session-wide checks on the controller; the longest modules first.
 pytest_plugins = ["tests.support.after_workers", "tests.support.xdist_order"]
@@ -22,11 +30,40 @@ settings.load_profile("multilane")
 _topic_ids = itertools.count()
 
 
+BROKER_KINDS = ("embedded", "apache")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker", choices=BROKER_KINDS, default="embedded",
+        help="the broker of the session's `broker` fixture: embedded (Tansu, default) or apache "
+             "(Apache Kafka from scripts/kafka-jars.sh)",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"broker: {config.getoption('--broker')}"
+
+
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """Which broker the session runs on: ``embedded`` or ``apache`` (``--broker``)."""
+    return str(request.config.getoption("--broker"))
+
+
+@pytest.fixture(scope="session")
+def broker(broker_kind: str) -> Iterator[EmbeddedBroker | ApacheKafka]:
     """A broker shared by the session; tests isolate themselves by unique topic and group names."""
-    b = EmbeddedBroker()
-    b.start()
+    b: EmbeddedBroker | ApacheKafka
+    if broker_kind == "apache":
+        b = ApacheKafka()
+        try:
+            b.start()
+        except ApacheKafkaUnavailableError as exc:
+            unavailable(exc)
+    else:
+        b = EmbeddedBroker()
+        b.start()
     try:
         yield b
     finally:

@@ -24,11 +24,18 @@ ParallelConsumer's name; the worker PodMonitor gives worker series the same two 
 - gauges ``multilane_operator_replicas``, ``_factor``, ``_replicas_max``, ``_factor_max``,
   ``_assignment_generation``;
 
-plus ``multilane_operator_reconciles_total{result}``, ``_ticks_total``, ``_decisions_total{changed}`` and
-``_errors_total{kind}`` (operator-wide). Decisions count by ``rule``: the policy decision's ``rule``
-(:func:`decision_rule`, one of ``policy_model.RULES``); ``bounds`` when the spec (changed bounds, a
-pinned replica count) moved the size the policy held.
-Direction compares the decision with the previous decision (:func:`decision_direction`).
+- ``multilane_consumer_condition{namespace, consumer, type, status}`` (gauge): 1 for the status each
+  condition of the ParallelConsumer has (``True``, ``False``, ``Unknown``), 0 for the other two; set
+  from every status write (:meth:`OperatorMetrics.observe_conditions`), so it follows what
+  ``kubectl get pc`` shows;
+
+plus ``multilane_operator_reconciles_total{result}``, ``_ticks_total``, ``_decisions_total{changed}``,
+``_errors_total{kind}`` and ``multilane_operator_leader`` (operator-wide; 1 while this replica runs the
+control loops: it holds the leader Lease, or runs without leader election; 0 while it waits).
+Decisions count by ``rule``: the policy decision's ``rule`` (:func:`decision_rule`, one of
+``policy_model.RULES``); ``bounds`` when the spec (changed bounds, a pinned replica count) moved the
+size the policy held. Direction compares the decision with the previous decision
+(:func:`decision_direction`).
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ MOVE_PHASES = ("pending", "learning", "releasing", "promoting", "eager")
 #: appears with it.
 DERIVED_RULES = ("bounds",)
 DIRECTIONS = ("up", "down", "none")
+CONDITION_STATUSES = ("True", "False", "Unknown")
 ERROR_KINDS = ("metrics", "kafka", "kubernetes", "worker", "internal")
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -205,10 +213,24 @@ class OperatorMetrics:
             "multilane_operator_assignment_generation", "Assignment generation in force.", consumer,
             registry=r,
         )
+        self.consumer_condition = Gauge(
+            "multilane_consumer_condition",
+            "Conditions of a ParallelConsumer as last written to its status: 1 for the condition's "
+            "status (True, False, Unknown), 0 for the others.",
+            [*consumer, "type", "status"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "multilane_operator_leader",
+            "1 while this operator replica runs the control loops (it holds the leader Lease, or runs "
+            "without leader election); 0 while it waits as a standby.",
+            registry=r,
+        )
         self._per_consumer: tuple[MetricWrapperBase, ...] = (
             self.decision_duration, self.scaling_decisions, self.moves_in_flight, self.move_duration,
             self.handoff_pause, self.learner_timeouts, self.fencing_events, self.metric_source_errors,
             self.replicas, self.factor, self.replicas_max, self.factor_max, self.assignment_generation,
+            self.consumer_condition,
         )  # fmt: skip
         # (namespace, consumer) -> label tuples created per metric (for forget)
         self._children: dict[tuple[str, str], set[tuple[int, tuple[str, ...]]]] = {}
@@ -264,6 +286,22 @@ class OperatorMetrics:
                 by_id[metric_id].remove(*values)
             except KeyError:
                 pass
+
+    def set_leader(self, leading: bool) -> None:
+        """This replica started (True) or stopped (False) running the control loops."""
+        self.leader.set(1 if leading else 0)
+
+    def observe_conditions(self, namespace: str, consumer: str, conditions: Iterable[Any]) -> None:
+        """The conditions of a status just written (``status.conditions``): for each type, 1 on its
+        status and 0 on the other two (an unknown status counts as ``Unknown``)."""
+        for cond in conditions:
+            if not isinstance(cond, Mapping) or not cond.get("type"):
+                continue
+            now = str(cond.get("status"))
+            now = now if now in CONDITION_STATUSES else "Unknown"
+            for status in CONDITION_STATUSES:
+                child = self._child(self.consumer_condition, namespace, consumer, str(cond["type"]), status)
+                child.set(1 if status == now else 0)
 
     def fencing(self, namespace: str, consumer: str, reason: str) -> None:
         self._known(namespace, consumer)

@@ -1,5 +1,6 @@
-"""Test and demo support for multilane: an embedded Kafka-compatible broker, delivery checkers, and
-``run_processor`` for unit tests of a processor.
+"""Test and demo support for multilane: an embedded Kafka-compatible broker, Apache Kafka
+(``ApacheKafka``, imported on first use), delivery checkers, and ``run_processor`` for unit tests of a
+processor.
 
 Public API used by the test suite, the demo, the benchmarks and users' tests. This package does I/O:
 it starts and stops broker processes and talks to them over loopback. ``run_processor`` and its result
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from multilane.testing.broker import BrokerError, EmbeddedBroker
 
 if TYPE_CHECKING:
+    from multilane.testing.apache import ApacheKafka
     from multilane.testing.harness import (
         DeadLetter,
         Output,
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
     )
     from multilane.testing.memory_state import MemoryStateView
 
-__all__ = ["BrokerError", "DeadLetter", "EmbeddedBroker", "MemoryStateView", "Output", "ProcessorRun",
-           "run_processor", "run_processor_async"]
+__all__ = ["ApacheKafka", "BrokerError", "DeadLetter", "EmbeddedBroker", "MemoryStateView", "Output",
+           "ProcessorRun", "run_processor", "run_processor_async"]
 
 _HARNESS = frozenset({"DeadLetter", "Output", "ProcessorRun", "run_processor", "run_processor_async"})
 
@@ -31,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from multilane.testing import harness
 
         return getattr(harness, name)
+    if name == "ApacheKafka":
+        from multilane.testing.apache import ApacheKafka
+
+        return ApacheKafka
     if name == "MemoryStateView":
         from multilane.testing.memory_state import MemoryStateView
 

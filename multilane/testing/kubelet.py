@@ -14,6 +14,10 @@ pods exist; this starts, stops and describes their containers):
    the pod's TLS front.
 4. Command: ``$(VAR)`` expanded, container ports and mount paths in arguments rewritten, ``multilane``
    run as ``sys.executable -m multilane``; the process started in its own session.
+
+Against a real kube-apiserver the pods run on :class:`multilane.testing.process_kubelet.ProcessKubelet`
+instead (a registered Node, real bindings, tokens and claims, mount namespaces in place of the path
+rewriting here; docs/real-cluster.md).
 """
 
 from __future__ import annotations

@@ -107,9 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lease", choices=["auto", "on", "off"], default="auto",
       help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' "
            "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
-    a("--outputs", choices=("on", "off"), default="on",
-      help="ctx.produce: one idempotent producer per worker; a record completes (and may be committed) "
-           "only once every output it produced is acknowledged")
+    a("--outputs", choices=("on", "off", "exactly-once"), default="on",
+      help="ctx.produce: 'on': one idempotent producer per worker; a record completes (and may be "
+           "committed) only once every output it produced is acknowledged (at-least-once); "
+           "'exactly-once': outputs, offsets and progress in one transaction per input partition "
+           "(read_committed readers see each input's outputs once; docs/outputs.md)")
+    a("--transaction-max-records", type=int, default=10_000,
+      help="exactly-once: a partition's transaction commits at --commit-interval-ms or once this many "
+           "of its records hold outputs, whichever comes first")
     a("--output-linger-ms", type=float, default=1.0,
       help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
     a("--output-idempotence", choices=("on", "off"), default="on",

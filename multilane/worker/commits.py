@@ -28,6 +28,8 @@ from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.state.errors import StateDurabilityError
+from multilane.worker.transactions import TransactionalOutputs
+from multilane.worker.txn_commits import TransactionCommits
 
 __all__ = ["CommitBatch", "CommitCycle", "CommitItem", "ProgressCycle", "plan_commit", "progress_for_base"]
 
@@ -102,10 +104,13 @@ class CommitCycle:
     """
 
     def __init__(self, consumer: Any, store: ProgressStore | None, hooks: PartitionStateHooks | None,
-                 progress_timeout_s: float = 10.0) -> None:
+                 progress_timeout_s: float = 10.0, transactions: TransactionalOutputs | None = None) -> None:
         self._consumer = consumer
         self._store = store
         self._hooks = hooks
+        # exactly-once: each partition's commit is its transaction (multilane/worker/txn_commits.py)
+        self._eos = (TransactionCommits(transactions, consumer, store, self) if transactions is not None
+                     else None)
         self._progress_timeout_s = progress_timeout_s
         self.last_progress_bytes = 0
         self.commit_errors = 0
@@ -118,6 +123,10 @@ class CommitCycle:
         # Set by ``Engine.fence()`` (lease lost): while True no commit request is sent, not even by a
         # cycle that was already running when it was set (checked right before each commit).
         self.fenced = False
+
+    def plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
+        """Step 1 (:func:`plan_commit`), keeping the size of the last progress record (a metric)."""
+        return self._plan(parts, final)
 
     def _plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
         batch = plan_commit(parts, with_progress=self._store is not None, final=final)
@@ -134,6 +143,8 @@ class CommitCycle:
         started = time.monotonic()
         if self.fenced:
             return []  # no progress record and no commit while fenced
+        if self._eos is not None:
+            return await self._eos.run(parts, final, started)
         # 1. plan
         batch = self._plan(parts, final)
         if not batch.items:
@@ -187,6 +198,8 @@ class CommitCycle:
         started = time.monotonic()
         if self.fenced:
             return []
+        if self._eos is not None:
+            return self._eos.run_blocking(parts, started)
         # 1. plan
         batch = self._plan(parts, final=True)
         if not batch.items:

@@ -14,7 +14,7 @@ from typing import Any
 
 from multilane.api import OrderingMode
 from multilane.formats.keyranges import key_hash
-from multilane.formats.progress import ProgressRecord, intervals_from_offsets
+from multilane.formats.progress import ProgressRecord, intervals_from_offsets, union_progress
 from multilane.worker.flow import FlowController, FlowCounters
 from multilane.worker.lane_core import LaneCore
 from multilane.worker.lane_group import LaneGroup
@@ -315,10 +315,16 @@ class PartitionRuntime:
     # -- progress --------------------------------------------------------------------------------------
 
     def progress(self, base: int) -> ProgressRecord:
-        """The progress record to accompany committed offset ``base`` (a snapshot of now).
+        """The progress record to accompany committed offset ``base`` (a snapshot of now), never
+        claiming less than the restored record while fetching has not passed it (``union_progress``).
 
         Call :meth:`flush` first (``base`` comes from the tracker after a flush).
         """
+        rec = self._own_progress(base)
+        restore = self.restore
+        return union_progress(rec, restore) if restore is not None else rec
+
+    def _own_progress(self, base: int) -> ProgressRecord:
         position = self.tracker.position
         high = position if position is not None else base
         if self.mode is OrderingMode.KEY:

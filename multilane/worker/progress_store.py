@@ -140,6 +140,10 @@ class ProgressStore:
                         self.topic, self._partitions, min_partitions)
         return self._partitions
 
+    def partition_index(self, partition: int) -> int:
+        """The progress topic's partition that holds ``partition``'s records."""
+        return self._index(partition)
+
     def _index(self, partition: int) -> int:
         if self._partitions is None:
             raise RuntimeError("ProgressStore.ensure_topic() must run before reads and writes")

@@ -123,7 +123,13 @@ class WorkerSupervisor:
     def wrap(self, processor: Processor, outputs: Any = None) -> Processor:
         """Outputs (``ctx.produce``) inside, the guard outside (a failed output meets the breaker)."""
         self.outputs = outputs
-        if outputs is not None:
+        from multilane.worker.transactions import TransactionalOutputs
+
+        if isinstance(outputs, TransactionalOutputs):  # exactly-once: outputs held for the transaction
+            from multilane.worker.transactions import with_transactional_outputs
+
+            processor = with_transactional_outputs(processor, outputs)
+        elif outputs is not None:
             from multilane.worker.outputs import with_outputs
 
             processor = with_outputs(processor, outputs)

@@ -4,6 +4,8 @@ manifest validity, CRD sync with crds/, least-privilege RBAC, pod security, Netw
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -525,9 +527,54 @@ def test_leader_election_and_replicas(render: Any, chart: Any) -> None:
     assert {"get", "update"} == {
         v for r in role["rules"] if r.get("resourceNames") == [FULLNAME] for v in r["verbs"]
     }
-    # two operators without any election: refused
+    # two operators without leader election: refused, with kopf peering too (both replicas would have
+    # the same priority, and kopf pauses every operator of the highest priority when there are several)
+    for values in (
+        {"replicas": 2, "leaderElection": {"enabled": False}},
+        {"replicas": 2, "leaderElection": {"enabled": False}, "peering": {"enabled": True}},
+        {"replicas": 3, "leaderElection": {"enabled": False}, "peering": {"enabled": True, "priority": 5}},
+    ):
+        with pytest.raises(helm.HelmValuesError) as excinfo:
+            chart.validate_schema(values)
+        assert "leaderElection" in str(excinfo.value) or "enabled" in str(excinfo.value), str(excinfo.value)
+    # one replica with peering and no election: Recreate too (a surge pod would pause both)
+    peered = one(render({"replicas": 1, "leaderElection": {"enabled": False}, "peering": {"enabled": True}}),
+                 "Deployment")
+    assert peered["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_global_values_are_admitted_for_use_as_a_subchart(
+    render: Any, chart: Any, tmp_path: Path
+) -> None:
+    """Helm hands every subchart a ``global`` key (``{}`` when the parent sets none) and validates it
+    against the subchart's schema: without ``global`` in the schema, no parent chart could depend on
+    this one at all (Helm: "additional properties 'global' not allowed")."""
+    values = {"global": {"imageRegistry": "registry.example.com", "storageClass": "fast"}}
+    chart.validate_schema(values)
+    docs = render(values)
+    assert one(docs, "Deployment")["spec"]["replicas"] == 2
+    assert [d["kind"] for d in docs] == [d["kind"] for d in render()]
     with pytest.raises(helm.HelmValuesError):
-        chart.validate_schema({"replicas": 2, "leaderElection": {"enabled": False}})
+        chart.validate_schema({"global": "not-an-object"})
+    # a parent chart with multilane as its dependency, with and without global values of its own
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART_DIR, parent / "charts" / "multilane")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: multilane\n    version: 0.1.0\n"
+    )
+    loaded = helm.Chart.load(str(parent))
+    for parent_values in ({}, {**values, "multilane": {"replicas": 3}}):
+        out = loaded.render(parent_values, name="platform", namespace=NAMESPACE, is_install=True)
+        [deployment] = [
+            doc
+            for path, text in out.items()
+            if path.endswith("templates/deployment.yaml")
+            for doc in yaml.safe_load_all(text)
+            if doc
+        ]
+        assert deployment["metadata"]["name"] == "platform-multilane"
+        assert deployment["spec"]["replicas"] == parent_values.get("multilane", {}).get("replicas", 2)
 
 
 def test_image_digest_wins_over_tag(render: Any) -> None:

@@ -74,6 +74,7 @@ CONTRACT_SPEC_FIELDS = {
         "affinity",
         "topologySpreadConstraints",
         "priorityClassName",
+        "securityContext",
         "volumes",
         "volumeMounts",
     },
@@ -183,6 +184,11 @@ def test_schema_carries_the_contract_fields(openapi_schema: Manifest) -> None:
     assert set(state["storage"]["properties"]) == {"size", "storageClassName"}
     assert set(state["snapshot"]["properties"]) == {"uri", "schedule", "retention"}
     assert set(state["pvcRetention"]["properties"]) == {"whenDeleted", "whenScaled"}
+    security = spec["properties"]["podTemplate"]["properties"]["securityContext"]["properties"]
+    assert set(security) == {
+        "platformAssignsIds", "runAsUser", "runAsGroup", "fsGroup",
+        "fsGroupChangePolicy", "supplementalGroups",
+    }  # fmt: skip
     status = openapi_schema["properties"]["status"]
     assert set(status["properties"]) == CONTRACT_STATUS_FIELDS
     condition = status["properties"]["conditions"]["items"]["properties"]
@@ -364,6 +370,18 @@ BAD_BY_SCHEMA: dict[str, tuple[Any, str]] = {
         "is not one of",
     ),
     "bad storage size": (lambda cr: cr["spec"].update(state={"storage": {"size": "ten gigs"}}), "ten gigs"),
+    "worker uid 0": (
+        lambda cr: cr["spec"].update(podTemplate={"securityContext": {"runAsUser": 0}}),
+        "less than the minimum of 1",
+    ),
+    "worker runAsNonRoot not settable": (
+        lambda cr: cr["spec"].update(podTemplate={"securityContext": {"runAsNonRoot": False}}),
+        "Additional properties",
+    ),
+    "unknown fsGroupChangePolicy": (
+        lambda cr: cr["spec"].update(podTemplate={"securityContext": {"fsGroupChangePolicy": "Never"}}),
+        "is not one of",
+    ),
 }
 
 
@@ -490,6 +508,18 @@ BAD_BY_CEL: dict[str, tuple[Any, str]] = {
         lambda cr: cr["spec"].update(podTemplate={"volumeMounts": [{"name": "x", "mountPath": "/data"}]}),
         "must name a volume of podTemplate.volumes",
     ),
+    "platform-assigned ids with a uid": (
+        lambda cr: cr["spec"].update(
+            podTemplate={"securityContext": {"platformAssignsIds": True, "runAsUser": 1000}}
+        ),
+        "set none of them with it",
+    ),
+    "platform-assigned ids with an fsGroup": (
+        lambda cr: cr["spec"].update(
+            podTemplate={"securityContext": {"platformAssignsIds": True, "fsGroup": 0}}
+        ),
+        "set none of them with it",
+    ),
     "snapshot schedule without uri": (
         lambda cr: cr["spec"].update(state={"snapshot": {"schedule": "0 * * * *"}}),
         "state.snapshot.uri is required",
@@ -503,6 +533,18 @@ def test_bad_cr_is_rejected_by_cel(case: str, openapi_schema: Manifest) -> None:
     cr = apply_defaults(openapi_schema, _mutated(mutation))
     assert list(validator(openapi_schema).iter_errors(cr)) == [], "the schema alone accepts it"
     assert any(expected in m for m in cel_violations(openapi_schema, cr))
+
+
+def test_cel_accepts_platform_assigned_ids(openapi_schema: Manifest) -> None:
+    """OpenShift: no ids, the platform assigns them; or ids set with platformAssignsIds false."""
+    for context in (
+        {"platformAssignsIds": True, "fsGroupChangePolicy": "OnRootMismatch"},
+        {"platformAssignsIds": False, "runAsUser": 1000, "fsGroup": 0},
+    ):
+        cr = apply_defaults(openapi_schema, _mutated(lambda cr, c=context: cr["spec"].update(
+            podTemplate={"securityContext": c})))  # fmt: skip
+        assert list(validator(openapi_schema).iter_errors(cr)) == []
+        assert cel_violations(openapi_schema, cr) == []
 
 
 def test_cel_accepts_pinned_replicas_within_bounds(openapi_schema: Manifest) -> None:

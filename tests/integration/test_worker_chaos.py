@@ -86,7 +86,7 @@ def _wait_quiet(follower: EventLogFollower, quiet_s: float, timeout: float) -> i
 # -- (a) kill -9 mid-stream under load ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["assign", "subscribe"])
+@pytest.mark.parametrize("mode", ["assign", pytest.param("subscribe", marks=pytest.mark.matrix)])
 def test_kill9_mid_stream_under_load_loses_nothing(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], mode: str
 ) -> None:
@@ -447,7 +447,8 @@ JOIN_S = 10.0  # the long records outlast the second worker's ready line by this
 
 
 @pytest.mark.parametrize(
-    "processor", ["logging_sync", pytest.param("logging_async", marks=pytest.mark.slow)]
+    "processor", [pytest.param("logging_sync", marks=pytest.mark.matrix),
+                  pytest.param("logging_async", marks=pytest.mark.slow)]
 )
 def test_rebalance_mid_record_keeps_keys_exclusive(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], processor: str

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,20 @@ async def test_chart_rendered_operator_drives_a_stateful_scale_up(k8s: K8sHarnes
         await wait_until(lambda: h.balanced(2), 90, "2 pods with 2 partitions each", h)
         await wait_until(h.drained, 90, "every produced record committed", h)
         assert proc.returncode is None, "the operator exited"
+
+        # the series the operator alerts read: this replica leads, the consumer is Ready
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as answer:
+                return str(answer.read().decode())
+
+        async def alert_series() -> bool:
+            text = await asyncio.to_thread(scrape)
+            ready = (
+                'multilane_consumer_condition{consumer="orders",namespace="team-a",status="True",type="Ready"}'
+            )
+            return "multilane_operator_leader 1.0" in text and f"{ready} 1.0" in text
+
+        await wait_until(alert_series, 60, "multilane_operator_leader 1 and Ready=True on /metrics", h)
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)

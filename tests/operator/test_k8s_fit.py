@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from multilane.operator.k8s.kube import api_path
+from multilane.operator.metrics import OperatorMetrics
 from tests.operator.conftest import NS, cr_path
 from tests.operator.k8s_harness import NAME, K8sHarness, k8s, wait_until
 
@@ -81,10 +82,15 @@ async def test_image_pull_failure_is_degraded_and_an_image_fix_replaces_the_pod(
 
 async def test_unschedulable_pod_is_degraded(k8s: K8sHarness) -> None:
     h = k8s
-    runner = h.operator()
+    metrics = OperatorMetrics()
+    runner = h.operator(metrics=metrics)
     await runner.start()
     body = h.body(replicas=1)
-    body["spec"]["podTemplate"] = {"nodeSelector": {"pool": "gpu"}}
+    # and OpenShift's way with ids: none set, the platform assigns them (the CRD's CEL rules admit it)
+    body["spec"]["podTemplate"] = {
+        "nodeSelector": {"pool": "gpu"},
+        "securityContext": {"platformAssignsIds": True},
+    }
     await h.create(body)
 
     async def unscheduled() -> bool:
@@ -93,6 +99,21 @@ async def test_unschedulable_pod_is_degraded(k8s: K8sHarness) -> None:
 
     cond = await surfaced_after(h, unscheduled, "Unschedulable")
     assert f"pod {NAME}-0" in cond["message"] and "node(s) didn't match" in cond["message"], cond
+
+    sts = await h.kube.get(api_path("apps/v1", "statefulsets", NS, NAME))
+    pod_security = sts["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}, pod_security
+
+    # the condition metric the alerts read follows the status write
+    def sample(type_: str, status: str) -> float | None:
+        labels = {"namespace": NS, "consumer": NAME, "type": type_, "status": status}
+        return metrics.registry.get_sample_value("multilane_consumer_condition", labels)
+
+    degraded_now = (sample("Degraded", "True"), sample("Degraded", "False"), sample("Degraded", "Unknown"))
+    assert degraded_now == (1, 0, 0)
+    ready = (await h.status())["conditions"]
+    ready_status = next(c["status"] for c in ready if c["type"] == "Ready")
+    assert ready_status != "True" and sample("Ready", ready_status) == 1 and sample("Ready", "True") == 0
 
 
 async def test_quota_refusing_a_pod_is_degraded(k8s: K8sHarness) -> None:

@@ -193,6 +193,12 @@ def test_snapshot_cronjob_is_a_child_when_a_schedule_is_set() -> None:
     assert sc["capabilities"] == {"drop": ["ALL"]}
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     assert {"/tmp", "/scratch"} <= writable
+    # the snapshot Job's pods take the workers' identity from spec.podTemplate.securityContext
+    worker_pod = ch.stateful_set(REF, STATE_SPEC, 1)["spec"]["template"]["spec"]
+    assert pod["securityContext"] == worker_pod["securityContext"]
+    openshift = dict(STATE_SPEC, podTemplate={"securityContext": {"platformAssignsIds": True}})
+    job_pod = ch.children(REF, openshift, 2)[-1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert job_pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 @pytest.mark.parametrize(
@@ -362,3 +368,39 @@ def test_default_requests_when_the_workload_names_none() -> None:
     limits_only = {**SPEC, "workload": {**SPEC["workload"], "resources": {"limits": {"cpu": "1"}}}}
     container = ch.stateful_set(REF, limits_only, 1)["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == {"limits": {"cpu": "1"}}  # Kubernetes takes requests from limits
+
+
+def _pod_security(pod_template: dict[str, Any] | None) -> dict[str, Any]:
+    spec = dict(SPEC, podTemplate=pod_template) if pod_template is not None else SPEC
+    context: dict[str, Any] = ch.stateful_set(REF, spec, 1)["spec"]["template"]["spec"]["securityContext"]
+    return context
+
+
+def test_worker_ids_default_are_set_or_left_to_the_platform() -> None:
+    """uid, gid and fsGroup: 65532 by default, the spec's when it sets them, none at all with
+    platformAssignsIds (OpenShift's restricted SCCs assign them); non-root and seccomp always."""
+    locked = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert _pod_security(None) == {**locked, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532}
+    chosen = _pod_security(
+        {"securityContext": {"runAsUser": 1000, "fsGroup": 0, "fsGroupChangePolicy": "OnRootMismatch",
+                             "supplementalGroups": [2000]}}
+    )  # fmt: skip
+    assert chosen == {
+        **locked, "runAsUser": 1000, "runAsGroup": 65532, "fsGroup": 0,
+        "fsGroupChangePolicy": "OnRootMismatch", "supplementalGroups": [2000],
+    }  # fmt: skip
+    openshift = _pod_security({"securityContext": {"platformAssignsIds": True}})
+    assert openshift == locked
+    assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(openshift)
+    # the container keeps its own lock-down whatever the pod's ids
+    sts = ch.stateful_set(REF, dict(SPEC, podTemplate={"securityContext": {"platformAssignsIds": True}}), 1)
+    container = sts["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert container["runAsNonRoot"] is True and container["capabilities"] == {"drop": ["ALL"]}
+    assert container["readOnlyRootFilesystem"] is True and container["allowPrivilegeEscalation"] is False
+    # a change of the ids is a template change: the pods are replaced one at a time
+    fits: list[dict[str, Any]] = [
+        {}, {"securityContext": {"runAsUser": 1000}}, {"securityContext": {"platformAssignsIds": True}},
+    ]  # fmt: skip
+    templates = [ch.stateful_set(REF, dict(SPEC, podTemplate=f), 1)["spec"]["template"] for f in fits]
+    hashes = {ch.template_hash(t) for t in templates}
+    assert len(hashes) == 3

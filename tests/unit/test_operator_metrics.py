@@ -236,3 +236,36 @@ def test_snapshot_of_endpoints(tmp_path: Path) -> None:
     if shutil.which("promtool"):
         done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_consumer_conditions_follow_the_status_written_and_go_with_the_consumer() -> None:
+    m = OperatorMetrics()
+
+    def cond(type_: str, status: str) -> float | None:
+        labels = {"namespace": "ns", "consumer": "c", "type": type_, "status": status}
+        return m.registry.get_sample_value("multilane_consumer_condition", labels)
+
+    m.observe_conditions("ns", "c", [
+        {"type": "Ready", "status": "False", "reason": "WaitingForWorkers"},
+        {"type": "Degraded", "status": "True", "reason": "Unschedulable"},
+        {"type": "Paused", "status": "maybe"},  # not a condition status: Unknown
+        {"status": "True"},  # no type: ignored
+    ])  # fmt: skip
+    assert (cond("Ready", "True"), cond("Ready", "False"), cond("Ready", "Unknown")) == (0, 1, 0)
+    assert (cond("Degraded", "True"), cond("Degraded", "False")) == (1, 0)
+    assert cond("Paused", "Unknown") == 1 and cond("Paused", "True") == 0
+    m.observe_conditions("ns", "c", [
+        {"type": "Degraded", "status": "False"}, {"type": "Ready", "status": "True"}
+    ])
+    assert (cond("Degraded", "True"), cond("Degraded", "False"), cond("Ready", "True")) == (0, 1, 1)
+    m.forget("ns", "c")
+    assert cond("Ready", "True") is None and cond("Degraded", "False") is None
+
+
+def test_leader_gauge() -> None:
+    m = OperatorMetrics()
+    assert value(m, "multilane_operator_leader") == 0  # a standby until it leads
+    m.set_leader(True)
+    assert value(m, "multilane_operator_leader") == 1
+    m.set_leader(False)
+    assert value(m, "multilane_operator_leader") == 0

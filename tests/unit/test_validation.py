@@ -54,3 +54,28 @@ def test_environment_problems() -> None:
     down = check_environment(parsed, secret_exists=True, topic_partitions=None, kafka_error="timed out")
     assert [p.reason for p in down] == ["KafkaUnreachable"] and "timed out" in down[0].message
     assert check_environment(parsed, secret_exists=True, topic_partitions={"orders": 3, "audit": 1}) == []
+
+
+def test_pod_security_context_is_checked() -> None:
+    def with_security(context: Any) -> dict[str, Any]:
+        s = spec()
+        s["podTemplate"] = {"securityContext": context}
+        return s
+
+    assert reasons(with_security({"platformAssignsIds": True})) == []
+    assert reasons(with_security({"runAsUser": 1000, "runAsGroup": 0, "fsGroup": 0})) == []
+    for bad in (
+        {"runAsUser": 0},  # root
+        {"runAsUser": "1000"},
+        {"fsGroup": -1},
+        {"runAsGroup": True},
+        {"supplementalGroups": [-5]},
+        {"fsGroupChangePolicy": "Never"},
+        {"platformAssignsIds": "yes"},
+        {"platformAssignsIds": True, "runAsUser": 1000},
+        {"platformAssignsIds": True, "fsGroup": 0},
+        "restricted",
+    ):
+        assert reasons(with_security(bad)) == ["InvalidSpec"], bad
+    _, problems = validate_spec(with_security({"platformAssignsIds": True, "runAsUser": 1000}))
+    assert "set none of them with it" in problems[0].message

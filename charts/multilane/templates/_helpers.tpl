@@ -122,8 +122,8 @@ Every rule names its resources and verbs; there is no wildcard, no bind/escalate
   resources: [events]
   verbs: [list, create]
 # Children of every ParallelConsumer, created (or merge-patched when they exist) with owner
-# references; the garbage collector deletes them with their owner, so no delete verb (but for the
-# StatefulSet's opt-in recreate).
+# references; the garbage collector deletes them with their owner, so no delete verb but for the
+# StatefulSet's opt-in recreate and the pods' day-2 replacement (below).
 # delete: only the opt-in recreate of a StatefulSet whose immutable fields a spec change would change
 # (annotation multilane.dev/recreate-on-immutable-change; propagationPolicy Orphan keeps the pods).
 # list/watch: the operator reads StatefulSets, pods and Leases from kopf indexes (watches), not by

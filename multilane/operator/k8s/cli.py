@@ -197,6 +197,13 @@ async def _main(args: argparse.Namespace) -> int:
         configure_kopf(kopf_settings)
 
         async def operate() -> None:
+            metrics.set_leader(True)  # multilane_operator_leader: the alerts' "no operator leads"
+            try:
+                await run_kopf()
+            finally:
+                metrics.set_leader(False)
+
+        async def run_kopf() -> None:
             await kopf.operator(
                 registry=registry,
                 settings=kopf_settings,

@@ -244,3 +244,7 @@ class HandlerCore:
         self._seen(ref, answer)
         if answer:
             self.status_memory.written(ref.uid, answer)
+        # the condition metric follows every write (the answer: the whole status as stored)
+        written = ((answer or {}).get("status") or {}).get("conditions") or status.get("conditions")
+        if written:
+            self.metrics.observe_conditions(ref.namespace, ref.name, written)

@@ -304,6 +304,7 @@ class LocalControlPlane:
         await asyncio.to_thread(self._ensure_progress_topic)
         if self.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.metrics_port, addr="127.0.0.1")
+        self.metrics.set_leader(True)  # the one control plane of its consumer
         replicas = int((self.status.get("lastDecision") or {}).get("replicas") or self.platform.replicas or 0)
         await self.platform.ensure_workers(self.ref, max(replicas, self.spec.min_replicas))
 
@@ -314,7 +315,7 @@ class LocalControlPlane:
            scale-up, the ``HandoffExecutor``'s placements and restore-before-handoff rollout over the
            workers that stay, sync and factor, scale-down once the leaving workers own nothing,
            status and conditions.
-        2. Persist the status.
+        2. Persist the status; the condition metric follows it.
         """
         done_before = len(self.executor.completed) if self.executor is not None else 0
         # 1.
@@ -340,6 +341,8 @@ class LocalControlPlane:
         handoffs = self.executor.completed[done_before:] if self.executor is not None else []
         # 2.
         self.save()
+        conditions = self.status.get("conditions") or ()
+        self.metrics.observe_conditions(self.ref.namespace, self.ref.name, conditions)
         now = time.time()
         for e in events:
             self.events.append((now, *e))
@@ -381,6 +384,7 @@ class LocalControlPlane:
                 await asyncio.wait_for(stop.wait(), max(0.05, self.tick_s - (time.monotonic() - t0)))
 
     async def close(self, stop_workers: bool = True) -> None:
+        self.metrics.set_leader(False)
         self.metrics.stop()
         await self.control.close()
         self.admin.close()

@@ -51,10 +51,13 @@ from multilane.operator.spec.child_meta import (
     KIND,
     LEASE_DURATION_S,
     METRICS_PORT,
+    SECURITY_ID_FIELDS,
+    WORKER_ID,
     ConsumerRef,
     _labels,
     _meta,
     owner_reference,
+    pod_security_context,
     selector_labels,
 )
 from multilane.operator.spec.small_children import (
@@ -78,8 +81,10 @@ __all__ = [
     "KAFKA_ENV_PREFIX",
     "KIND",
     "METRICS_PORT",
+    "SECURITY_ID_FIELDS",
     "TEMPLATE_HASH_ANNOTATION",
     "TOKEN_DIR",
+    "WORKER_ID",
     "ConsumerRef",
     "children",
     "control_token_secret",
@@ -88,6 +93,7 @@ __all__ = [
     "owner_reference",
     "patch_body",
     "pod_disruption_budget",
+    "pod_security_context",
     "role",
     "role_binding",
     "selector_labels",
@@ -259,13 +265,7 @@ def stateful_set(ref: ConsumerRef, spec: Mapping[str, Any], replicas: int) -> di
                 "spec": {
                     "serviceAccountName": ref.service_account,
                     "terminationGracePeriodSeconds": 60,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 65532,
-                        "runAsGroup": 65532,
-                        "fsGroup": 65532,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": pod_security_context(spec.get("podTemplate") or {}),
                     "containers": [_container(ref, spec)],
                     "volumes": [
                         {

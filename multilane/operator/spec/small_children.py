@@ -19,6 +19,7 @@ from multilane.operator.spec.child_meta import (
     _labels,
     _meta,
     owner_reference,
+    pod_security_context,
     selector_labels,
 )
 from multilane.pipeline import k8s as snapshot_k8s
@@ -150,4 +151,7 @@ def snapshot_cronjob(ref: ConsumerRef, spec: Mapping[str, Any]) -> dict[str, Any
     cronjob["metadata"]["labels"] = {**cronjob["metadata"]["labels"], **_labels(ref, "snapshot")}
     cronjob["metadata"]["ownerReferences"] = [owner_reference(ref)]
     cronjob["spec"]["suspend"] = False
+    # the same identity as the workers (spec.podTemplate.securityContext: OpenShift's assigned ids)
+    job_pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    job_pod["securityContext"] = pod_security_context(spec.get("podTemplate") or {})
     return cronjob

@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ConsumerSpec", "MetricsSpec", "Problem", "check_environment", "validate_spec"]
+__all__ = [
+    "ConsumerSpec",
+    "MetricsSpec",
+    "Problem",
+    "check_environment",
+    "pod_security_problems",
+    "validate_spec",
+]
 
 ORDERINGS = ("key", "partition", "unordered")
 SOURCES = ("kafka", "prometheus")
@@ -174,6 +181,8 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
             Problem("InvalidSpec", "scaling.metrics.prometheus.url is required for source prometheus")
         )
 
+    problems.extend(pod_security_problems(spec.get("podTemplate") or {}))
+
     state = spec.get("state") or {}
     recovery_lag = _int(state, "acceptableRecoveryLag", 10_000, problems)
     learner_timeout = _num(state, "learnerTimeoutSeconds", 600, problems)
@@ -217,6 +226,42 @@ def validate_spec(spec: Mapping[str, Any] | None) -> tuple[ConsumerSpec | None, 
         ),
         [],
     )
+
+
+def pod_security_problems(pod_template: Mapping[str, Any]) -> list[Problem]:
+    """``spec.podTemplate.securityContext`` (the CRD checks the same; this catches a spec that
+    bypassed it): ids are integers (``runAsUser`` >= 1: never root; the groups >= 0), and
+    ``platformAssignsIds`` comes with none of ``runAsUser``, ``runAsGroup``, ``fsGroup``."""
+    field = "spec.podTemplate.securityContext"
+    asked = pod_template.get("securityContext") or {}
+    if not isinstance(asked, Mapping):
+        return [Problem("InvalidSpec", f"{field} must be an object")]
+    problems: list[Problem] = []
+
+    def bad_id(value: Any, lowest: int) -> bool:
+        return isinstance(value, bool) or not isinstance(value, int) or value < lowest
+
+    for key, lowest in (("runAsUser", 1), ("runAsGroup", 0), ("fsGroup", 0)):
+        if asked.get(key) is not None and bad_id(asked[key], lowest):
+            problems.append(Problem("InvalidSpec", f"{field}.{key} must be an integer >= {lowest}"))
+    groups = asked.get("supplementalGroups") or []
+    if not isinstance(groups, list) or any(bad_id(g, 0) for g in groups):
+        problems.append(Problem("InvalidSpec", f"{field}.supplementalGroups must be gids >= 0"))
+    policy = asked.get("fsGroupChangePolicy")
+    if policy is not None and policy not in ("OnRootMismatch", "Always"):
+        problems.append(Problem("InvalidSpec", f"{field}.fsGroupChangePolicy {policy!r} is unknown"))
+    platform = asked.get("platformAssignsIds", False)
+    if not isinstance(platform, bool):
+        problems.append(Problem("InvalidSpec", f"{field}.platformAssignsIds must be a boolean"))
+    elif platform and any(asked.get(k) is not None for k in ("runAsUser", "runAsGroup", "fsGroup")):
+        problems.append(
+            Problem(
+                "InvalidSpec",
+                f"{field}: platformAssignsIds leaves runAsUser, runAsGroup and fsGroup to the platform; "
+                "set none of them with it",
+            )
+        )
+    return problems
 
 
 def check_environment(
