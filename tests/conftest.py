@@ -19,15 +19,16 @@ from multilane.testing.apache import ApacheKafka, ApacheKafkaUnavailableError
 from multilane.testing.broker import EmbeddedBroker
 from tests.support.apache import unavailable
 
-# Under pytest-xdist: session-wide checks on the controller; the longest modules first.
-pytest_plugins = ["tests.support.after_workers", "tests.support.xdist_order"]
-
 # Property tests check behaviour, not speed: no per-example deadline, so a loaded 2-core machine (CI
 # beside other work) cannot fail them by timing alone.
 settings.register_profile("multilane", deadline=None)
 settings.load_profile("multilane")
 
 _topic_ids = itertools.count()
+
+# The suite leaves nothing in the temporary directory (the session fails otherwise); under
+# pytest-xdist, session-wide checks run on the controller and the longest modules start first.
+pytest_plugins = ["tests.support.tempdir_check", "tests.support.after_workers", "tests.support.xdist_order"]
 
 
 BROKER_KINDS = ("embedded", "apache")
