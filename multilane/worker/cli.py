@@ -37,6 +37,7 @@ from multilane.worker.config import (
     security_settings,
 )
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
+from multilane.worker.output_topics import parse_output_topics
 
 if TYPE_CHECKING:
     from multilane.app import App
@@ -69,7 +70,8 @@ def bind_host(explicit: str | None, environ: Mapping[str, str] = os.environ) -> 
 
 
 def run_app(app: App, argv: list[str]) -> int:
-    """``App.run``: parse ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
+    """``App.run``'s runner (entry point ``worker`` of ``multilane.runners``, pyproject.toml): parse
+    ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
     parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or app.name,
                                      description=f"{app.name}: a multilane worker",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -502,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
         check_state_args(args)
         check_exactly_once_args(args)
         _parse_kv(getattr(args, "output_config", []), "--output-config")
+        parse_output_topics(getattr(args, "output_topic", []))
         lease = lease_settings(args)
         processor = load_decoding_processor(args, app)
         check_processor_state(processor, args)

@@ -180,9 +180,6 @@ class Engine:
         store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name, self._producer,
                               security_config(cfg.consumer_overrides), on_produce=producer_loop.wake)
         commits = self._commits = CommitCycle(self._consumer, store, state, transactions=txns)
-        # exactly-once: progress records go only in the transactions (between them they would claim
-        # records whose outputs are not committed)
-        progress = ProgressCycle(store if txns is None else None, self._hooks, commits)
         commit_due = asyncio.Event()
         if txns is not None:
             def commit_now() -> None:  # any thread: a partition's transaction is full
@@ -195,6 +192,10 @@ class Engine:
                                                 self._io_pool, txns)
         reopener = self._reopener = Reopener(ownership, self.partitions, self.control, self._life,
                                              self._control_lock, cfg.drain_timeout_s)
+        # exactly-once: progress records go only in the transactions (between them they would claim
+        # records whose outputs are not committed)
+        progress = ProgressCycle(store if txns is None else None, self._hooks, commits,
+                                 on_lost=reopener.schedule)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
         await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, store,
