@@ -163,3 +163,35 @@ def test_block_runs_as_written(
         _after(block, real_cluster, ns)
     finally:
         real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _refusal(cluster: LocalCluster, *args: str, input: str | None = None) -> str:
+    done = subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0, f"kube-apiserver admitted kubectl {' '.join(args)}: {done.stdout}"
+    return done.stderr
+
+
+def test_the_crds_cel_rules_the_docs_cite_are_kube_apiservers(real_cluster: LocalCluster, crd: None) -> None:
+    """docs/operator-install.md: a name over 52 characters is refused at ``kubectl apply``, and
+    ``kubectl scale`` outside ``[minReplicas, maxReplicas]`` is refused (both CEL rules, run by
+    kube-apiserver); the CRD's short name ``pcon`` reaches ParallelConsumers."""
+    ns = f"docs-{uuid.uuid4().hex[:8]}"
+    real_cluster.kubectl("create", "namespace", ns)
+    try:
+        long_name = EXAMPLE.read_text(encoding="utf-8").replace("name: orders", "name: " + "o" * 53)
+        err = _refusal(real_cluster, "apply", "-n", ns, "-f", "-", input=long_name)
+        assert "metadata.name must be at most 52 characters" in err, err
+        _make_pc(real_cluster, ns)
+        assert real_cluster.kubectl("get", "pcon", "-n", ns, "-o", "name").strip() == (
+            "parallelconsumer.multilane.dev/orders"
+        )
+        err = _refusal(real_cluster, "scale", "-n", ns, "pcon/orders", "--replicas=11")  # maxReplicas 10
+        assert "replicas must lie within [minReplicas, maxReplicas]" in err, err
+    finally:
+        real_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
