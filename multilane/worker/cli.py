@@ -37,6 +37,7 @@ from multilane.worker.config import (
     security_settings,
 )
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
+from multilane.worker.output_topics import parse_output_topics
 
 if TYPE_CHECKING:
     from multilane.app import App
@@ -506,6 +507,7 @@ def run(args: argparse.Namespace) -> int:
         check_state_args(args)
         check_exactly_once_args(args)
         _parse_kv(getattr(args, "output_config", []), "--output-config")
+        parse_output_topics(getattr(args, "output_topic", []))
         lease = lease_settings(args)
         processor = load_decoding_processor(args, app)
         check_processor_state(processor, args)

@@ -121,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="the output producer is idempotent (on), or sends one request at a time per broker (off: "
            "order kept, a client retry may duplicate; the embedded test broker's benchmark runs faster "
            "with off: docs/outputs.md)")
+    a("--output-topic", action="append", default=[], metavar="NAME[:PARTITIONS]",
+      help="a topic ctx.produce writes to, checked before the worker consumes (repeatable): NAME must "
+           "exist (else the worker stops with one line, exit 2); NAME:PARTITIONS is created with that "
+           "many partitions when missing. Brokers create unknown topics on the first produce by default")
     a("--output-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting of the output producer (repeatable; security settings come from "
            "the consumer's)")

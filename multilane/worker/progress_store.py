@@ -114,7 +114,9 @@ class ProgressStore:
     def ensure_topic(self, min_partitions: int, timeout: float = 10.0) -> int:
         """Create the progress topic if missing (blocking); return its partition count."""
         admin = AdminClient({"bootstrap.servers": self._bootstrap, **self._client_config})
-        md = admin.list_topics(self.topic, timeout=timeout)
+        # All topics, not ``list_topics(self.topic)``: a metadata request naming a missing topic makes
+        # brokers with auto-creation enabled create it (default partitions, not compacted).
+        md = admin.list_topics(timeout=timeout)
         t = md.topics.get(self.topic)
         if t is None or t.error is not None or not t.partitions:
             futures = admin.create_topics([NewTopic(
@@ -128,7 +130,7 @@ class ProgressStore:
                     raise
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                t = admin.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
+                t = admin.list_topics(timeout=timeout).topics.get(self.topic)
                 if t is not None and t.error is None and t.partitions:
                     break
                 time.sleep(0.05)
