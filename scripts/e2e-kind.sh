@@ -27,7 +27,7 @@
 # processes against the emulated API server; docs/operator.md "End to end through the operator"):
 #   burst           RECORDS records as fast as possible; capacity (replicas x factor) goes up, the lag
 #                   is cleared, capacity comes back down (autoscaling, not pinned).
-#   scale-up-down   `kubectl scale pc --replicas=2` under load, then back to 1.
+#   scale-up-down   `kubectl scale pcon --replicas=2` under load, then back to 1.
 #   kill-learning   scale 1 -> 2 under load; SIGKILL the new pod's process while it learns;
 #   kill-releasing  ... the old owner's process while it releases;
 #   kill-promoting  ... the new owner's process while it promotes.
@@ -92,8 +92,8 @@ cleanup() {
   if [ -n "$WATCH_PID" ]; then kill "$WATCH_PID" 2>/dev/null || true; fi
   if [ "$code" -ne 0 ]; then
     log "failed (exit $code) in scenario ${CURRENT:-setup}: diagnostics"
-    kubectl get pc,sts,pods,pvc -n "$NS" -o wide 2>/dev/null || true
-    if [ -n "$CURRENT" ]; then kubectl describe pc "$CURRENT" -n "$NS" 2>/dev/null | tail -n 40 || true; fi
+    kubectl get pcon,sts,pods,pvc -n "$NS" -o wide 2>/dev/null || true
+    if [ -n "$CURRENT" ]; then kubectl describe pcon "$CURRENT" -n "$NS" 2>/dev/null | tail -n 40 || true; fi
     kubectl logs -n "$OPERATOR_NS" deployment/multilane --tail=100 2>/dev/null || true
   fi
   if [ "$KEEP" = "1" ]; then
@@ -108,7 +108,7 @@ trap cleanup EXIT
 # ---- helpers (NAME = the scenario's ParallelConsumer) --------------------------------------------
 
 # jsonpath of ParallelConsumer $1, empty when unset
-pc() { kubectl get pc "$1" -n "$NS" -o "jsonpath=$2" 2>/dev/null || true; }
+pc() { kubectl get pcon "$1" -n "$NS" -o "jsonpath=$2" 2>/dev/null || true; }
 capacity() {
   local r f
   r=$(pc "$1" '{.status.replicas}'); f=$(pc "$1" '{.status.factor}')
@@ -116,7 +116,7 @@ capacity() {
 }
 snapshot() {
   printf '%s  ' "$(date -u +%H:%M:%S)"
-  kubectl get pc "$1" -n "$NS" --no-headers \
+  kubectl get pcon "$1" -n "$NS" --no-headers \
     -o custom-columns=READY:'.status.conditions[?(@.type=="Ready")].status',REPLICAS:.status.replicas,FACTOR:.status.factor,LAG:.status.lag,REASON:.status.lastDecision.reason \
     2>/dev/null || echo "(not yet)"
 }
@@ -193,7 +193,7 @@ spec:
     intervalSeconds: 5
     $pinned
 EOF
-  kubectl wait -n "$NS" --for=condition=Ready "pc/$name" --timeout=300s
+  kubectl wait -n "$NS" --for=condition=Ready "pcon/$name" --timeout=300s
   wait_owners "$name" 1
 }
 # start the load generator pod load-$1 (records to topic $1): "$2" are loadgen's rate arguments.
@@ -279,7 +279,7 @@ EOF
   kubectl delete pod -n "$NS" "collect-$name" --wait=false >/dev/null
 }
 finish_scenario() {
-  kubectl delete pc "$1" -n "$NS" --wait=true >/dev/null
+  kubectl delete pcon "$1" -n "$NS" --wait=true >/dev/null
   kubectl delete pod -n "$NS" "load-$1" --wait=false >/dev/null 2>&1 || true
   log "scenario $1 passed"
 }
@@ -293,7 +293,7 @@ scenario_immutable_change() {
   sleep 10
   old_uid=$(kubectl get statefulset "$name" -n "$NS" -o jsonpath='{.metadata.uid}')
   pod_uid=$(kubectl get pod "$name-0" -n "$NS" -o jsonpath='{.metadata.uid}')
-  kubectl patch pc "$name" -n "$NS" --type=merge -p '{"spec":{"state":{"storage":{"size":"11Gi"}}}}'
+  kubectl patch pcon "$name" -n "$NS" --type=merge -p '{"spec":{"state":{"storage":{"size":"11Gi"}}}}'
   deadline=$(( $(date +%s) + TIMEOUT_STEP ))
   while [ "$reason" != "ImmutableFieldChange" ] && [ "$(date +%s)" -lt "$deadline" ]; do
     reason=$(pc "$name" '{.status.conditions[?(@.type=="Degraded")].reason}'); sleep 2
@@ -302,7 +302,7 @@ scenario_immutable_change() {
   pc "$name" '{.status.conditions[?(@.type=="Degraded")].message}'; echo
   [ "$(kubectl get statefulset "$name" -n "$NS" -o jsonpath='{.metadata.uid}')" = "$old_uid" ] \
     || die "$name: the StatefulSet changed without the opt-in"
-  kubectl annotate pc "$name" -n "$NS" multilane.dev/recreate-on-immutable-change=true
+  kubectl annotate pcon "$name" -n "$NS" multilane.dev/recreate-on-immutable-change=true
   deadline=$(( $(date +%s) + TIMEOUT_STEP ))
   while [ "$(date +%s)" -lt "$deadline" ]; do
     if [ "$(kubectl get statefulset "$name" -n "$NS" -o jsonpath='{.metadata.uid}' 2>/dev/null)" != "$old_uid" ] \
@@ -322,11 +322,11 @@ scenario_immutable_change() {
 scenario_burst() {
   local name=burst base peak now lag deadline down=0
   apply_consumer "$name" auto
-  kubectl get pc -n "$NS" "$name"
+  kubectl get pcon -n "$NS" "$name"
   base=$(capacity "$name")
   [ "$base" -ge 1 ] || die "no capacity reported before the burst (replicas x factor = $base)"
   echo "capacity before the burst: $base (replicas x factor)"
-  kubectl get pc "$name" -n "$NS" -w >"$OUT/$name-watch.log" 2>&1 &
+  kubectl get pcon "$name" -n "$NS" -w >"$OUT/$name-watch.log" 2>&1 &
   WATCH_PID=$!
   start_load "$name" --records "$RECORDS"
   echo "waiting up to ${TIMEOUT_UP}s for a scale-up"
@@ -365,9 +365,9 @@ scenario_scale_up_down() {
   apply_consumer "$name" pinned
   start_load "$name" --rate "$RATE" --duration "$LOAD_S"
   sleep 10
-  kubectl scale pc "$name" -n "$NS" --replicas=2
+  kubectl scale pcon "$name" -n "$NS" --replicas=2
   wait_owners "$name" 2
-  kubectl scale pc "$name" -n "$NS" --replicas=1
+  kubectl scale pcon "$name" -n "$NS" --replicas=1
   wait_owners "$name" 1
   wait_gone "pod/$name-1"
   wait_drained "$name"
@@ -387,14 +387,14 @@ outdated_pods() {
 scenario_image_change() {
   local name=image-change before after deadline
   apply_consumer "$name" pinned
-  kubectl scale pc "$name" -n "$NS" --replicas=2
+  kubectl scale pcon "$name" -n "$NS" --replicas=2
   wait_owners "$name" 2
   docker tag "$IMAGE" "${IMAGE%%:*}:e2e-v2"
   kind load docker-image "${IMAGE%%:*}:e2e-v2" --name "$CLUSTER"
   before=$(kubectl get pods -n "$NS" -l "multilane.dev/consumer=$name" -o jsonpath='{.items[*].metadata.uid}')
   start_load "$name" --rate "$RATE" --duration "$LOAD_S"
   sleep 10
-  kubectl patch pc "$name" -n "$NS" --type merge \
+  kubectl patch pcon "$name" -n "$NS" --type merge \
     -p "{\"spec\":{\"workload\":{\"image\":\"${IMAGE%%:*}:e2e-v2\"}}}"
   deadline=$(( $(date +%s) + TIMEOUT_STEP ))
   until [ "$(outdated_pods "$name")" = 0 ]; do
@@ -418,7 +418,7 @@ scenario_kill() {
   apply_consumer "$name" pinned
   start_load "$name" --rate "$RATE" --duration "$LOAD_S"
   sleep 10
-  kubectl scale pc "$name" -n "$NS" --replicas=2
+  kubectl scale pcon "$name" -n "$NS" --replicas=2
   deadline=$(( $(date +%s) + TIMEOUT_STEP ))
   while [ -z "$move" ] && [ "$(date +%s)" -lt "$deadline" ]; do
     move=$(move_in_phase "$name" "$phase")
@@ -447,7 +447,7 @@ scenario_operator_restart() {
   start_load "$name" --rate "$RATE" --duration "$LOAD_S"
   sleep 10
   generation=$(pc "$name" '{.status.assignment.generation}')
-  kubectl scale pc "$name" -n "$NS" --replicas=2
+  kubectl scale pcon "$name" -n "$NS" --replicas=2
   deadline=$(( $(date +%s) + TIMEOUT_STEP ))
   while [ -z "$rollout" ] && [ "$(date +%s)" -lt "$deadline" ]; do
     rollout=$(pc "$name" '{.status.rollout}')
@@ -559,7 +559,7 @@ done
 CURRENT=""
 
 log "7. summary"
-kubectl get pc,statefulset,pods,pvc -n "$NS"
+kubectl get pcon,statefulset,pods,pvc -n "$NS"
 for scenario in $SCENARIOS; do
   printf '%-18s %s\n' "$scenario" "$(tail -n 1 "$OUT/$scenario/check-logs.txt")"
 done

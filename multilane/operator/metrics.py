@@ -27,7 +27,7 @@ ParallelConsumer's name; the worker PodMonitor gives worker series the same two 
 - ``multilane_consumer_condition{namespace, consumer, type, status}`` (gauge): 1 for the status each
   condition of the ParallelConsumer has (``True``, ``False``, ``Unknown``), 0 for the other two; set
   from every status write (:meth:`OperatorMetrics.observe_conditions`), so it follows what
-  ``kubectl get pc`` shows;
+  ``kubectl get pcon`` shows;
 
 plus ``multilane_operator_reconciles_total{result}``, ``_ticks_total``, ``_decisions_total{changed}``,
 ``_errors_total{kind}`` and ``multilane_operator_leader`` (operator-wide; 1 while this replica runs the

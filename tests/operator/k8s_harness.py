@@ -172,7 +172,7 @@ class K8sHarness:
         await self.kube.create(CR_COLLECTION, body or self.body())
 
     async def scale(self, replicas: int) -> None:
-        """What ``kubectl scale pc/orders --replicas=N`` writes (spec.scaling.replicas)."""
+        """What ``kubectl scale pcon/orders --replicas=N`` writes (spec.scaling.replicas)."""
         await self.kube.patch(cr_path(NAME), {"spec": {"scaling": {"replicas": replicas}}})
 
     async def status(self) -> dict[str, Any]:
