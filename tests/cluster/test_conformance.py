@@ -26,7 +26,9 @@ from multilane.operator.k8s.kube import api_path
 from multilane.operator.spec import children as ch
 from multilane.operator.spec.network import NetworkPolicySettings, network_policy
 from multilane.testing.cluster import LocalCluster
+from multilane.testing.kube_rbac import RbacAuthorizer, RuleUsage, service_account_user
 from tests.cluster.conformance_harness import JSON_PATCH, MERGE, Req, Row, Target, served_double
+from tests.operator.conftest import render_chart
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "parallelconsumers.multilane.dev.yaml"
 NS = "conformance"
@@ -221,6 +223,140 @@ STS, SVC, SECRETS = path("apps/v1", "statefulsets"), path("v1", "services"), pat
 PCS = path(CR_API, "parallelconsumers")
 POST, PATCH, PUT, DELETE, GET = "POST", "PATCH", "PUT", "DELETE", "GET"
 LONG = "x" * 64
+#: The context key of the operator's token: its ServiceAccount (the chart's, as rendered) on both
+#: servers; kube-apiserver's RBAC and the double's :class:`~multilane.testing.kube_rbac.RbacAuthorizer`
+#: judge the same rules.
+OP = "operator-token"
+RELEASE_NS = "multilane-system"
+RBAC_VALUES: dict[str, Any] = {"rbac": {"secretNamespaces": [NS]}}
+
+
+def worker_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name},
+        "rules": rules,
+    }
+
+
+RBAC_ROWS: list[Row] = [
+    Row("rbac-bad-token", "an unknown bearer token: 401", (Req(GET, SECRETS, token="bad-token"),)),
+    Row("rbac-list-pods", "the operator lists pods (granted)", (Req(GET, path("v1", "pods"), token=OP),)),
+    Row(
+        "rbac-get-pod",
+        "the operator may not get one pod (list/watch/delete only)",
+        (Req(GET, path("v1", "pods", "nope"), token=OP),),
+    ),
+    Row(
+        "rbac-delete-secret",
+        "the operator may not delete Secrets",
+        (
+            Req(POST, SECRETS, secret("keep-me")),
+            Req(DELETE, path("v1", "secrets", "keep-me"), token=OP),
+        ),
+    ),
+    Row(
+        "rbac-secret-other-ns",
+        "Secrets only in the namespaces the chart lists",
+        (Req(GET, api_path("v1", "secrets", "default", "x"), token=OP),),
+    ),
+    Row(
+        "rbac-get-missing-sts",
+        "granted and absent: 404 NotFound",
+        (Req(GET, path("apps/v1", "statefulsets", "absent"), token=OP),),
+    ),
+    Row(
+        "rbac-delete-sts",
+        "the operator deletes a StatefulSet (granted)",
+        (
+            Req(POST, STS, sts("gone")),
+            Req(DELETE, path("apps/v1", "statefulsets", "gone"), token=OP),
+        ),
+    ),
+    Row(
+        "rbac-escalate-role",
+        "a Role granting what the operator lacks: 403 (escalation)",
+        (
+            Req(
+                POST,
+                path("rbac.authorization.k8s.io/v1", "roles"),
+                worker_role("esc", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["delete"]}]),
+                token=OP,
+            ),
+        ),
+    ),
+    Row(
+        "rbac-role-held",
+        "a Role granting only what the operator holds",
+        (
+            Req(
+                POST,
+                path("rbac.authorization.k8s.io/v1", "roles"),
+                worker_role(
+                    "held",
+                    [
+                        {
+                            "apiGroups": ["coordination.k8s.io"],
+                            "resources": ["leases"],
+                            "verbs": ["get", "update"],
+                        }
+                    ],
+                ),
+                token=OP,
+            ),
+        ),
+    ),
+    Row(
+        "rbac-bind-escalate",
+        "a RoleBinding to cluster-admin: 403 (bind)",
+        (
+            Req(
+                POST,
+                path("rbac.authorization.k8s.io/v1", "rolebindings"),
+                {
+                    **role_binding("admin-rb", "x"),
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "cluster-admin",
+                    },
+                },
+                token=OP,
+            ),
+        ),
+    ),
+    Row(
+        "rbac-bind-missing-role",
+        "a RoleBinding to a Role that does not exist: 404 (the role is looked up)",
+        (
+            Req(
+                POST,
+                path("rbac.authorization.k8s.io/v1", "rolebindings"),
+                role_binding("rb-none", "none"),
+                token=OP,
+            ),
+        ),
+    ),
+    Row(
+        "rbac-scale-denied",
+        "the operator has no /scale (it patches the StatefulSet)",
+        (
+            Req(
+                PATCH,
+                path(CR_API, "parallelconsumers", "owner", "scale"),
+                {"spec": {"replicas": 2}},
+                MERGE,
+                token=OP,
+            ),
+        ),
+    ),
+    Row(
+        "rbac-cr-delete-denied",
+        "the operator never deletes a ParallelConsumer",
+        (Req(DELETE, path(CR_API, "parallelconsumers", "owner"), token=OP),),
+    ),
+]
 
 
 def operator_child_rows() -> list[Row]:
@@ -261,6 +397,7 @@ def _sts_replicas(replicas: int) -> dict[str, Any]:
 
 ROWS: list[Row] = [
     *operator_child_rows(),
+    *RBAC_ROWS,
     # ---- the operator's conditional writes (multilane/operator/k8s/writes.py) --------------------
     Row(
         "conditional-patch",
@@ -321,7 +458,7 @@ ROWS: list[Row] = [
             ),
         ),
     ),
-    Row("event", "kopf's Event", (Req(POST, path("v1", "events"), kopf_event),)),
+    Row("event", "kopf's Event", (Req(POST, path("v1", "events"), kopf_event, token=OP),)),
     # ---- the ParallelConsumer: status, scale, finalizers, CEL, defaulting, pruning ----------------
     Row(
         "pc-create-defaults",
@@ -352,6 +489,7 @@ ROWS: list[Row] = [
                 },
                 MERGE,
                 project=status_of,
+                token=OP,
             ),
             Req(
                 PATCH,
@@ -386,6 +524,7 @@ ROWS: list[Row] = [
                     {"op": "add", "path": "/metadata/finalizers", "value": ["multilane.dev/x"]},
                 ],
                 JSON_PATCH,
+                token=OP,
             ),
             Req(
                 PATCH,
@@ -400,10 +539,17 @@ ROWS: list[Row] = [
                 ],
                 JSON_PATCH,
                 project=finalizers_of,
+                token=OP,
             ),
             Req(DELETE, path(CR_API, "parallelconsumers", "fin")),
             Req(GET, path(CR_API, "parallelconsumers", "fin"), project=finalizers_of),
-            Req(PATCH, path(CR_API, "parallelconsumers", "fin"), {"metadata": {"finalizers": None}}, MERGE),
+            Req(
+                PATCH,
+                path(CR_API, "parallelconsumers", "fin"),
+                {"metadata": {"finalizers": None}},
+                MERGE,
+                token=OP,
+            ),
             Req(GET, path(CR_API, "parallelconsumers", "fin")),
         ),
     ),
@@ -592,9 +738,26 @@ def targets(real_cluster: LocalCluster) -> Iterator[tuple[Target, Target]]:
         "wait", "--for=condition=Established", "--timeout=60s", "crd/parallelconsumers.multilane.dev"
     )
     real_cluster.kubectl("create", "namespace", NS)
+    real_cluster.kubectl("create", "namespace", RELEASE_NS)
+    manifests = [
+        doc
+        for doc in render_chart(RBAC_VALUES, RELEASE_NS)
+        if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    ]
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+    real_cluster.kubectl("apply", "-f", "-", input=listed)
+    sa = next(d for d in manifests if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    token = real_cluster.kubectl("create", "token", sa, "-n", RELEASE_NS, "--duration=1h").strip()
+    assert real_cluster.pki is not None
     for gen in served_double(CRD_PATH):
+        authz = RbacAuthorizer(manifests, RuleUsage(), anonymous_user="system:admin")
+        authz.add_token(token, service_account_user(RELEASE_NS, sa))
+        gen[0].authorizer = authz  # no token: the harness as the administrator, as on the cluster
         double = Target("double", gen[1])
-        real = Target("kube-apiserver", real_cluster.server, _admin_ssl(real_cluster))
+        ca = str(real_cluster.pki.ca_cert)
+        real = Target("kube-apiserver", real_cluster.server, _admin_ssl(real_cluster), ca)
+        for target in (double, real):
+            target.ctx.update({OP: token, "bad-token": "not-a-token"})
         for target in (double, real):
             deadline = time.monotonic() + 30  # the CRD's resource may take a moment to be served
             while True:
@@ -604,7 +767,8 @@ def targets(real_cluster: LocalCluster) -> Iterator[tuple[Target, Target]]:
                 time.sleep(0.5)
             assert answer.code == 201, (target.name, answer)
         yield double, real
-    real_cluster.kubectl("delete", "namespace", NS, "--wait=false")
+    real_cluster.kubectl("delete", "namespace", NS, RELEASE_NS, "--wait=false")
+    real_cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=listed)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
