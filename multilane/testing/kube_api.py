@@ -13,8 +13,10 @@ as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.cause
   201 instead of 200;
 - names and labels (:func:`~multilane.testing.kube_rules.name_causes`, ``object_label_causes``) -> 422;
 - built-in kinds (:data:`BUILTINS`) against the OpenAPI schema of
-  :data:`~multilane.testing.kube_rules.KUBE_VERSION` (unknown fields and wrong types -> 400, the rest
-  -> 422; ``required`` is enforced under ``spec`` only: kube-apiserver decodes built-ins into Go types,
+  :data:`~multilane.testing.kube_rules.KUBE_VERSION` (wrong types -> 400; unknown fields -> 400 with
+  ``fieldValidation=Strict``, else dropped, as the server's default ``Warn`` does; the rest -> 422;
+  a StatefulSet's strategy defaulted at create and its ``podManagementPolicy``/``updateStrategy``
+  checked; ``required`` is enforced under ``spec`` only: kube-apiserver decodes built-ins into Go types,
   so a missing status field is not refused);
 - on PATCH (merge or JSON patch) and PUT (kmock answers PUT with 404): optimistic concurrency (a
   ``metadata.resourceVersion`` in the body that differs from the stored one -> 409 ``Conflict``; also
@@ -38,6 +40,9 @@ as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.cause
 - garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
   object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively); a
   DELETE with ``propagationPolicy: Orphan`` instead removes those references from the dependents.
+
+A missing object is 404 ``NotFound`` as kube-apiserver words it. Every answer above was compared
+with kube-apiserver v1.34.4's by ``tests/cluster/test_conformance.py`` (docs/real-cluster.md).
 
 The request log (``kmock.requests``) keeps only the requests in flight (see ``_handle``).
 

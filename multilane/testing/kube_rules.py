@@ -17,9 +17,12 @@ them into the answer kube-apiserver gives: a ``Status`` object (``kind: Status``
   replicas, template, updateStrategy, persistentVolumeClaimRetentionPolicy, minReadySeconds, ordinals
   and revisionHistoryLimit; Service ``clusterIP``; PVC spec except the storage request; Job selector
   and template; a RoleBinding's ``roleRef``);
+- :func:`statefulset_defaults`, :func:`statefulset_causes`: a new StatefulSet's strategy defaulting
+  and ValidateStatefulSetSpec's checks of ``podManagementPolicy`` and ``updateStrategy``;
 - :class:`BuiltinSchemas`: built-in kinds against the Kubernetes OpenAPI schema of
   :data:`KUBE_VERSION`, with unknown fields refused (``fieldValidation=Strict``, what kubectl asks for
-  by default: https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation);
+  by default: https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation), or
+  dropped (:meth:`BuiltinSchemas.drop_unknown`, the server's default ``Warn``);
 - a CRD's CEL rules: :class:`multilane.testing.kube_crd.CelRules`.
 """
 
