@@ -1,8 +1,8 @@
 """The API-server double meets kube-apiserver: each row of :data:`ROWS` sends the same requests to the
 double (:mod:`multilane.testing.kube_api`, served as the operator tests serve it) and to the real
 kube-apiserver v1.34.4 of the cluster tier (as its administrator, or, for the operator's own
-writes, with a token of the chart's ServiceAccount under the chart's rendered RBAC), and fails on any difference in
-HTTP status code or ``Status`` reason (and, where a step asks, in a part of the answer).
+writes, with a token of the chart's ServiceAccount under the chart's rendered RBAC), and fails on
+any difference in HTTP status code or ``Status`` reason (and, where a step asks, in a part of the answer).
 
 The rows are every write the operator makes (its children, the ParallelConsumer's status, the
 conditional patches, kopf's finalizer and Event writes) and every refusal the double claims
