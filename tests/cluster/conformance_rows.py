@@ -343,8 +343,14 @@ RBAC_ROWS: list[Row] = [
 ]
 
 
+#: Sent with the operator's children: kube-apiserver then refuses any field its schema does not know
+#: (400), so a typo in a manifest of the operator fails here instead of being dropped.
+STRICT = {"fieldValidation": "Strict"}
+
+
 def operator_child_rows() -> list[Row]:
-    """Each child the operator writes: created, merge-patched to its manifest, created again (409)."""
+    """Each child the operator writes, as the operator: created, merge-patched to its manifest,
+    created again (409)."""
     rows = []
     for kind, api, plural, name in (
         ("ServiceAccount", "v1", "serviceaccounts", "owner-worker"),
@@ -363,9 +369,9 @@ def operator_child_rows() -> list[Row]:
                 f"child-{kind}",
                 f"the operator creates and patches its {kind}",
                 (
-                    Req(POST, path(api, plural), child(kind), save=f"child-{kind}"),
-                    Req(PATCH, path(api, plural, name), patched(kind), MERGE),
-                    Req(POST, path(api, plural), child(kind)),
+                    Req(POST, path(api, plural), child(kind), params=STRICT, save=f"child-{kind}", token=OP),
+                    Req(PATCH, path(api, plural, name), patched(kind), MERGE, params=STRICT, token=OP),
+                    Req(POST, path(api, plural), child(kind), params=STRICT, token=OP),
                 ),
             )
         )
