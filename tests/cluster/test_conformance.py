@@ -69,10 +69,10 @@ ROWS: list[Row] = [
         "conditional-patch",
         "a patch with the resourceVersion read succeeds; with an older one, 409",
         (
-            Req(GET, OWNER_STS, save="read"),
-            Req(PATCH, OWNER_STS, with_rv("read", sts_replicas(0)), MERGE),
-            Req(PATCH, OWNER_STS, with_rv("read", sts_replicas(1)), MERGE),
-            Req(PATCH, OWNER_STS, stale(sts_replicas(1)), MERGE),
+            Req(GET, OWNER_STS, save="read", token=OP),
+            Req(PATCH, OWNER_STS, with_rv("read", sts_replicas(0)), MERGE, token=OP),
+            Req(PATCH, OWNER_STS, with_rv("read", sts_replicas(1)), MERGE, token=OP),
+            Req(PATCH, OWNER_STS, stale(sts_replicas(1)), MERGE, token=OP),
         ),
     ),
     Row(
