@@ -8,7 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(bash scripts/bootstrap.sh | tail -n 1)
 set +e
-"$PY" -m pytest -m "not slow" -p no:cacheprovider --durations=30 "$@"
+# The suite mostly waits (brokers, worker processes, timers), so it runs on more pytest-xdist workers
+# than cores; MULTILANE_TEST_WORKERS sets how many (0: in this process, serially). Tests marked
+# xdist_group share a worker (tests/cluster: one control plane).
+"$PY" -m pytest -m "not slow" -p no:cacheprovider -n "${MULTILANE_TEST_WORKERS:-6}" --dist loadgroup \
+  --durations=30 "$@"
 code=$?
 set -e
 # pytest exits 5 when it collected no test: that is not a failure of the code under test.

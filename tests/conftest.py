@@ -26,6 +26,10 @@ settings.load_profile("multilane")
 
 _topic_ids = itertools.count()
 
+# The suite leaves nothing in the temporary directory (the session fails otherwise); under
+# pytest-xdist, session-wide checks run on the controller and the longest modules start first.
+pytest_plugins = ["tests.support.tempdir_check", "tests.support.after_workers", "tests.support.xdist_order"]
+
 
 BROKER_KINDS = ("embedded", "apache")
 

@@ -363,3 +363,49 @@ def test_an_end_of_partition_event_after_a_seek_waits_out_fetch_wait_max_ms(
         assert time.monotonic() - t0 >= 0.45
     finally:
         c.close()
+
+
+def test_transaction_markers_take_an_offset_and_the_end_event_steps_over_them(
+    broker: EmbeddedBroker, topic_name: str
+) -> None:
+    """Not a gap: the same on Apache Kafka, and what the engine's commits at the end rest on
+    (``multilane.worker.fetch``, "Gaps at the end"). A committed and an aborted transaction each end
+    with a marker that takes one offset; a ``read_committed`` consumer gets no record at the marker
+    offsets, and its end-of-partition event carries the position past the last marker (so "last
+    record + 1" is short of the end for good). Aborted records that reached the broker: see
+    ``test_broker_transactions`` (the embedded broker delivers them)."""
+    broker.create_topic(topic_name, 1)
+    offsets: list[int] = []
+    p: Any = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"m-{uuid.uuid4().hex[:8]}",
+                       "on_delivery": lambda err, msg: offsets.append(msg.offset())})
+    p.init_transactions(30)
+    for commit in (True, False):
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic_name, value=b"v%d" % i, key=b"k", partition=0)
+        assert p.flush(30) == 0
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+    assert offsets == [0, 1, 2, 4, 5, 6], f"offsets of the records: {offsets} (a marker at 3)"
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"m-{uuid.uuid4().hex[:8]}",
+                  "isolation.level": "read_committed", "enable.partition.eof": True,
+                  "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic_name, 0, 0)])
+        seen: list[int] = []
+        end = None
+        deadline = time.monotonic() + 30
+        while end is None:
+            assert time.monotonic() < deadline, "no end-of-partition event"
+            for m in c.consume(10, 0.2):
+                if m.error() is None:
+                    seen.append(m.offset())
+                else:
+                    end = m.offset()
+        position = c.position([TopicPartition(topic_name, 0)])[0].offset
+    finally:
+        c.close()
+    assert 3 not in seen and 7 not in seen
+    assert end == position == 8, f"end-of-partition event at {end}, position {position}"

@@ -107,7 +107,7 @@ async def wait_rolled(h: K8sHarness, workers: int, old_hash: str, limit_s: float
 
 def handoffs(runner: OperatorRunner) -> list[HandoffRecord]:
     assert runner.handlers is not None
-    return [r for _, _, ex in runner.handlers._handoffs.values() for r in ex.completed]
+    return [r for ex in runner.handlers.handoffs.executors() for r in ex.completed]
 
 
 async def placements(h: K8sHarness) -> int:
