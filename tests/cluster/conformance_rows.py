@@ -211,7 +211,7 @@ LONG = "x" * 64
 #: servers; kube-apiserver's RBAC and the double's :class:`~multilane.testing.kube_rbac.RbacAuthorizer`
 #: judge the same rules.
 OP = "operator-token"
-RELEASE_NS = "multilane-system"
+RELEASE_NS = "conformance-operator"  # not the namespace a chart test installs into
 RBAC_VALUES: dict[str, Any] = {"rbac": {"secretNamespaces": [NS]}}
 
 

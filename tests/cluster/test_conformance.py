@@ -399,17 +399,22 @@ def _admin_ssl(cluster: LocalCluster) -> ssl.SSLContext:
 @pytest.fixture(scope="module")
 def targets(real_cluster: LocalCluster) -> Iterator[tuple[Target, Target]]:
     """(double, real): each with the CRD, the namespace and the ParallelConsumer ``owner``."""
+    crd = "crd/parallelconsumers.multilane.dev"
+    # Made here only when absent, and then removed at the end: a later test installs the chart, whose
+    # Helm release must own the CRD (Helm refuses to adopt one it did not make).
+    made_crd = not real_cluster.kubectl("get", crd, "--ignore-not-found", "-o", "name").strip()
     real_cluster.kubectl("apply", "-f", str(CRD_PATH))
-    real_cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/parallelconsumers.multilane.dev"
-    )
+    real_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", crd)
     real_cluster.kubectl("create", "namespace", NS)
     real_cluster.kubectl("create", "namespace", RELEASE_NS)
-    manifests = [
+    # The chart's RBAC as rendered, under names of its own: other tests of the session install the
+    # chart itself (release "ml"), whose cluster-scoped roles must not be these.
+    rendered = [
         doc
         for doc in render_chart(RBAC_VALUES, RELEASE_NS)
         if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     ]
+    manifests = json.loads(json.dumps(rendered).replace('"ml-multilane', '"conformance-multilane'))
     listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
     real_cluster.kubectl("apply", "-f", "-", input=listed)
     sa = next(d for d in manifests if d["kind"] == "ServiceAccount")["metadata"]["name"]
@@ -434,6 +439,8 @@ def targets(real_cluster: LocalCluster) -> Iterator[tuple[Target, Target]]:
             assert answer.code == 201, (target.name, answer)
         yield double, real
     real_cluster.kubectl("delete", "namespace", NS, RELEASE_NS, "--wait=false")
+    if made_crd:
+        real_cluster.kubectl("delete", crd, "--timeout=60s")
     real_cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=listed)
 
 
