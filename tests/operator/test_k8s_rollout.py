@@ -5,7 +5,7 @@ every pod one at a time, each pod's partitions handed to warm owners first; an o
 the same template replaces nothing. Every test ends with every delivery checker and the state restored
 from the changelogs equal to the reference (``tests/operator/k8s_harness.py``).
 
-Scenario names match ``scripts/e2e-kind.sh``: ``image-change``.
+Scenario: ``image-change``.
 """
 
 from __future__ import annotations
