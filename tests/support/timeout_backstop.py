@@ -82,7 +82,9 @@ def _abort(item: pytest.Item, limit_s: float) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
     limit = timeout_of(item)
     if limit <= 0:
         return (yield)
