@@ -21,6 +21,9 @@ asserts (or skips) on a :class:`Record`. Run serially, the test runs as written.
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -83,7 +86,10 @@ def after_workers(check: Callable[[Record], None]) -> Callable[[F], F]:
         raise ValueError(f"{check.__qualname__}: the check must be a module-level function")
 
     def mark(test: F) -> F:
-        setattr(test, _CHECK_ATTR, f"{check.__module__}:{check.__qualname__}")
+        # module:qualname:file -- the controller imports the module from its file's folder (a test
+        # folder without __init__.py is on sys.path only in the processes that collected it)
+        source = inspect.getsourcefile(check) or ""
+        setattr(test, _CHECK_ATTR, f"{check.__module__}:{check.__qualname__}:{source}")
         return test
 
     return mark
@@ -175,6 +181,19 @@ def _check_deferred(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _import_check_module(module: str, source: str) -> Any:
+    """The check's module, imported as pytest's default (prepend) import mode would: its folder first
+    on ``sys.path`` when it is not importable as it is (the xdist controller collected nothing)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        folder = os.path.dirname(source)
+        if not folder or folder in sys.path:
+            raise
+        sys.path.insert(0, folder)
+        return importlib.import_module(module)
+
+
 def _run_check(deferred: Mapping[str, Any], record: Record, stopped: bool) -> pytest.TestReport:
     path, lineno, name = deferred["location"]
     started = time.monotonic()
@@ -184,8 +203,8 @@ def _run_check(deferred: Mapping[str, Any], record: Record, stopped: bool) -> py
             pytest.skip("the session stopped before every test ran: the record is incomplete")
         if record.incomplete:
             raise AssertionError("the record is incomplete: " + "; ".join(record.incomplete))
-        module, _, qualname = str(deferred["check"]).partition(":")
-        check = getattr(importlib.import_module(module), qualname)
+        module, qualname, source = ([*str(deferred["check"]).split(":", 2), "", ""])[:3]
+        check = getattr(_import_check_module(module, source), qualname)
         check(record)
         outcome = "passed"
     except pytest.skip.Exception as skip:
