@@ -54,9 +54,11 @@ async def test_spec_replicas_and_factor_changes_reach_statefulset_and_workers(
     await kube.patch(cr_path("demo"), {"spec": {"scaling": {"minFactor": 6}}})
     await wait_for(lambda: all(w.factor == 6 for w in fleet.workers.values()), timeout=30, what="factor 6")
     assert any(c.path == "/v1/factor" and c.body == {"factor": 6} for c in fleet.calls)
-    status = await wait_for(lambda: _status_with(kube, factor=6), what="status.factor 6")
+    # (a loaded machine can miss one liveness renewal: a pass then counts 0 replicas for a moment, so
+    # the status is awaited with both fields, not read once when the factor arrives)
+    status = await wait_for(lambda: _status_with(kube, factor=6, replicas=1),
+                            what="status.factor 6, 1 replica")
     assert status["observedGeneration"] == 4
-    assert status["replicas"] == 1
 
 
 async def test_autoscaling_decision_scales_and_is_recorded(scenario: OperatorScenario) -> None:
