@@ -76,8 +76,11 @@ def test_transactions_share_groups_and_a_clean_stop() -> None:
             if msg is None:
                 continue
             if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+                if msg.error().code() == KafkaError._PARTITION_EOF and values:
                     break  # end of partition
+                # commit_transaction() returns before the markers reach the partition: until the commit
+                # marker lands the last stable offset stays below the record, and the end of partition
+                # comes first (seen under load)
                 continue  # e.g. NOT_COORDINATOR while the group coordinator loads: retried
             values.append(msg.value())
         consumer.close()
