@@ -41,6 +41,7 @@ def test_capacity_change_reads_the_decision_message() -> None:
     assert capacity_change("scale [idle]: replicas 3->1, factor 8->8: idle") == -16
 
 
+@pytest.mark.serial  # recovery within the run's tail is CPU-bound: it runs alone, after the parallel pass
 @pytest.mark.asyncio(loop_scope="function")
 async def test_burst_through_the_operator(broker: EmbeddedBroker, topic_name: str, tmp_path: Path) -> None:
     broker.create_topic(topic_name, PARTITIONS)
