@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -61,7 +62,14 @@ def pytest_configure(config: pytest.Config) -> None:
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # On every process (xdist workers too): the kubernetes client writes a kubeconfig's certificate
+    # data to mkstemp files and removes them only in an atexit hook, which an xdist worker, ended by
+    # its controller, never runs. Remove them at the end of the session, as that hook would.
+    kube_config = sys.modules.get("kubernetes.config.kube_config")
+    if kube_config is not None:
+        kube_config._cleanup_temp_files()
     state = session.config.stash.get(_KEY, None)
     if state is None:
         return
