@@ -53,7 +53,7 @@ from multilane.testing.kubelet_node import now_rfc3339
 from multilane.testing.kubelet_probes import ProbeState, run_probe
 from multilane.testing.kubelet_volumes import PodFiles, VolumeError, expand, run_as
 
-__all__ = ["ContainerRun", "PodWorker", "image_repository"]
+__all__ = ["ContainerRun", "PodWorker", "image_repository", "mount_order"]
 
 # argv: WORKDIR HIDDEN KEEP STASH (SOURCE TARGET rw|ro)... -- COMMAND...; run by `sh -c` in the new
 # mount namespace. HIDDEN (when set) is a directory other users cannot cross that holds KEEP (this
@@ -76,6 +76,19 @@ def image_repository(image: str) -> str:
     name = image.split("@", 1)[0]
     head, _, last = name.rpartition("/")
     return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def mount_order(binds: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """``binds`` (source, target, mode) in the order to mount them: a target that covers another
+    bind's source (an emptyDir at ``/tmp`` while the kubelet's directories are under ``/tmp``) would
+    hide that source once mounted, so it goes after the others, together with every target nested in
+    it (kept in their order: a parent before its children)."""
+
+    def under(path: str, parent: str) -> bool:
+        return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+    covering = [t for _, t, _ in binds if any(under(s, t) for s, _, _ in binds)]
+    return sorted(binds, key=lambda b: any(under(b[1], t) for t in covering))
 
 
 def _hidden_python() -> tuple[str, str]:
@@ -183,14 +196,15 @@ class PodWorker:
         # $(VAR) is expanded in the spec's command and args, never in the image's entrypoint
         spec_command = [expand(a, env) for a in c.get("command") or []]
         argv = [*(spec_command or command), *(expand(a, env) for a in c.get("args") or [])]
-        mounts: list[str] = []
+        binds: list[tuple[str, str, str]] = []  # (source, target, rw|ro)
         if self.hosts_file is not None:
-            mounts += [str(self.hosts_file), "/etc/hosts", "ro"]
+            binds.append((str(self.hosts_file), "/etc/hosts", "ro"))
         for m in c.get("volumeMounts") or []:
             src = self.files.volumes[m["name"]] / m.get("subPath", "")
             if not src.exists():
                 src.mkdir(parents=True)
-            mounts += [str(src), m["mountPath"], "ro" if m.get("readOnly") else "rw"]
+            binds.append((str(src), m["mountPath"], "ro" if m.get("readOnly") else "rw"))
+        mounts = [item for bind in mount_order(binds) for item in bind]
         root = os.geteuid() == 0
         wrapper = (
             ["unshare", "--mount", "--propagation=private"]

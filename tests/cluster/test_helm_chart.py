@@ -107,7 +107,11 @@ async def test_install_then_a_parallel_consumer_delivers_with_every_checker(
     assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
     assert all(p["status"].get("phase") == "Running" for p in pods), [p["status"] for p in pods]
     names = {p["metadata"]["name"] for p in pods}
-    leader = await wait_until(lambda: release.leader() in names and release.leader(), 60, "a leader")
+    try:
+        leader = await wait_until(lambda: release.leader() in names and release.leader(), 60, "a leader")
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {n}:\n{_operator_log(process_kubelet, n)}" for n in sorted(names))
+        raise AssertionError(f"{exc}: Lease holder {release.leader()!r}\n{logs}") from None
     # 2. kube-apiserver's RBAC: what the chart grants, and what it does not
     def can(*args: str) -> bool:
         return real_cluster.kubectl("auth", "can-i", "--as", SA, *args, check=False).strip() == "yes"

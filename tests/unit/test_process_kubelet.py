@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from multilane.operator.k8s.kube import KubeClient, KubeSettings
-from multilane.testing.kubelet_pods import PodWorker, image_repository
+from multilane.testing.kubelet_pods import PodWorker, image_repository, mount_order
 from multilane.testing.kubelet_probes import ProbeState
 from multilane.testing.kubelet_volumes import expand, run_as
 
@@ -90,3 +90,17 @@ def test_expand_replaces_known_variables_and_keeps_unknown_ones() -> None:
 )  # fmt: skip
 def test_image_repository_drops_tag_and_digest_but_not_a_registry_port(image: str, repository: str) -> None:
     assert image_repository(image) == repository
+
+
+def test_a_mount_covering_another_mounts_source_goes_after_it_with_its_children() -> None:
+    binds = [
+        ("/tmp/k/pods/u/volumes/tmp", "/tmp", "rw"),
+        ("/tmp/k/pods/u/volumes/cache", "/tmp/cache", "rw"),
+        ("/tmp/k/pods/u/volumes/token", "/var/run/secrets/kubernetes.io/serviceaccount", "ro"),
+        ("/tmp/k/hosts", "/etc/hosts", "ro"),
+    ]
+    assert [t for _, t, _ in mount_order(binds)] == [
+        "/var/run/secrets/kubernetes.io/serviceaccount", "/etc/hosts", "/tmp", "/tmp/cache"
+    ]
+    plain = [("/srv/a", "/data", "rw"), ("/srv/b", "/data/sub", "ro")]
+    assert mount_order(plain) == plain
