@@ -41,6 +41,7 @@ from tests.operator.test_k8s_rollout import template_hash, wait_rolled
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
 
 SA = f"system:serviceaccount:{RELEASE_NS}:{FULLNAME}"
+PLURAL = "parallelconsumers.multilane.dev"
 
 
 def _restricted_namespace(cluster: LocalCluster, name: str) -> None:
@@ -80,7 +81,8 @@ async def h(real_cluster: LocalCluster, process_kubelet: ProcessKubelet, release
     try:
         yield harness
     finally:
-        real_cluster.kubectl("delete", "pc", NAME, "-n", NS, "--ignore-not-found", "--wait=false")
+        # the full name: the CRD's short name `pc` is PriorityClass's in kubectl (docs/real-cluster.md)
+        real_cluster.kubectl("delete", PLURAL, NAME, "-n", NS, "--ignore-not-found", "--wait=false")
         await wait_until(lambda: _gone(kube, cr_path(NAME)), 120, "the ParallelConsumer deleted")
         await wait_until(lambda: not pods.pods, 120, "the consumer's pods gone")
         await kube.close()
@@ -91,12 +93,17 @@ async def _gone(kube: KubeClient, path: str) -> bool:
     return await kube.get(path) is None
 
 
-def _operator_log(kubelet: ProcessKubelet, pod: str) -> str:
+def _operator_log(kubelet: ProcessKubelet, pod: str, grep: bool = False) -> str:
     worker = kubelet.worker(RELEASE_NS, pod)
     if worker is None:
         return ""
     logs = sorted((worker.dir / "logs").glob("*.log"))
-    return "".join(p.read_text(errors="replace")[-3000:] for p in logs[-1:])
+    if grep:
+        keep = ("elet", "rror", "arn", "atch", "inaliz")
+        text = [ln for p in logs for ln in p.read_text(errors="replace").splitlines()]
+        lines = [ln for ln in text if any(k in ln for k in keep)]
+        return "\n".join(ln[:400] for ln in lines[-40:])
+    return "".join(p.read_text(errors="replace")[-6000:] for p in logs[-1:])
 
 
 async def test_install_then_a_parallel_consumer_delivers_with_every_checker(
