@@ -12,9 +12,7 @@ over mutual TLS, unchanged: the process kubelet's hosts file resolves them to th
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -171,7 +169,7 @@ async def test_image_change_rolls_the_pods_through_on_delete_with_nothing_lost(h
 
 
 async def test_leader_killed_mid_rollout_the_other_replica_finishes_it(
-    h: K8sHarness, release: HelmRelease, process_kubelet: ProcessKubelet
+    h: K8sHarness, release: HelmRelease, process_kubelet: ProcessKubelet, real_cluster: LocalCluster
 ) -> None:
     await h.create(h.body(replicas=2))
     await wait_until(lambda: h.balanced(2), 150, "2 pods with 2 partitions each", h)
@@ -181,9 +179,11 @@ async def test_leader_killed_mid_rollout_the_other_replica_finishes_it(
     await asyncio.sleep(2)
     await h.kube.patch(cr_path(NAME), {"spec": {"workload": {"image": "local:v3"}}})
     await wait_until(lambda: _rolling(h), 60, "the rollout under way", h)
-    pids = process_kubelet.pids(RELEASE_NS, leader)
-    assert pids, f"no process for the leader {leader}"
-    os.kill(pids[0], signal.SIGKILL)  # the kubelet restarts it (restartPolicy Always), as a standby
+    assert process_kubelet.pids(RELEASE_NS, leader), f"no process for the leader {leader}"
+    # Killed with its pod (force: no grace; the kubelet SIGKILLs the process). A SIGKILL of the
+    # process alone would restart the container in the same pod, whose identity (the pod name) is
+    # the Lease's holder: it takes the Lease straight back, and the other replica never leads.
+    real_cluster.kubectl("delete", "pod", leader, "-n", RELEASE_NS, "--grace-period=0", "--force")
     new_leader = await wait_until(
         lambda: release.leader() not in ("", leader) and release.leader(), 90, "the other replica leading"
     )
