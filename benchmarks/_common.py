@@ -239,6 +239,9 @@ class Table:
     columns: list[Column]
     rows: list[dict[str, Any]] = field(default_factory=list)
     note_key: str = "note"
+    # Owned by the Report (the same dict object): values every row gets unless the row sets them, e.g.
+    # the broker of the current pass (see Report.stamp).
+    stamp: dict[str, Any] = field(default_factory=dict)
 
     def add(self, **values: Any) -> dict[str, Any]:
         """Add a row; unknown keys are an error (a typo would otherwise vanish silently)."""
@@ -246,6 +249,7 @@ class Table:
         unknown = set(values) - keys
         if unknown:
             raise KeyError(f"table {self.name!r} has no column(s) {sorted(unknown)}")
+        values = {**{k: v for k, v in self.stamp.items() if k in keys}, **values}
         row = {c.key: values.get(c.key) for c in self.columns}
         self.rows.append(row)
         return row
@@ -325,10 +329,22 @@ class Report:
     errors: list[str] = field(default_factory=list)
     date: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     started: float = field(default_factory=time.monotonic)
+    # Passes of one body over several settings (e.g. brokers, benchmarks._data.broker_passes): the
+    # columns every table created afterwards leads with, and the current pass's values for them.
+    # Invariant: ``stamp`` is the same dict object in every table (rows take its value at add time).
+    stamp_columns: list[Column] = field(default_factory=list)
+    stamp: dict[str, Any] = field(default_factory=dict)
 
     def table(self, name: str, title: str, columns: Sequence[Column]) -> Table:
-        """Create, register and return a table (printed in creation order)."""
-        t = Table(name=name, title=title, columns=list(columns))
+        """Create, register and return a table (printed in creation order).
+
+        A second call with the same name (a later pass of the same scenario) returns the table
+        already made, so each pass adds its rows to one table.
+        """
+        for t in self.tables:
+            if t.name == name:
+                return t
+        t = Table(name=name, title=title, columns=[*self.stamp_columns, *columns], stamp=self.stamp)
         self.tables.append(t)
         return t
 
@@ -336,6 +352,8 @@ class Report:
         """Add a goal; a :class:`Spread` value is judged on its median and shown with its range."""
         if op not in _OPS:
             raise ValueError(f"unknown goal operator {op!r}; use one of {sorted(_OPS)}")
+        if self.stamp:
+            name = f"[{', '.join(f'{k} {v}' for k, v in self.stamp.items())}] {name}"
         if isinstance(value, Spread):
             g = Goal(name=name, value=value.median, target=target, op=op, spread=value)
         else:
@@ -344,7 +362,9 @@ class Report:
         return g
 
     def note(self, text: str) -> None:
-        self.notes.append(text)
+        """Add a note (once: a later pass of the same scenario may say it again)."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def header_text(self) -> str:
         m = self.machine

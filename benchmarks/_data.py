@@ -1,10 +1,12 @@
-"""The benchmarks' data: an embedded broker per run (:func:`broker_session`, stopped by PID) and one
-topic of Zipf-keyed records (:func:`produce_zipf`, with multilane's loadgen, or a built-in producer
+"""The benchmarks' data: a broker per run (:func:`broker_session`, stopped by PID; the embedded one or
+Apache Kafka, or each in turn with :func:`broker_passes`) and one topic of Zipf-keyed records
+(:func:`produce_zipf`, with multilane's loadgen, or a built-in producer
 when that is not importable). Does I/O: the broker process and Kafka.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import random
 import time
@@ -12,23 +14,75 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks._common import log
+from benchmarks._common import Column, Report, log
 
-__all__ = ["ProducedTopic", "broker_session", "produce_zipf", "zipf_key", "zipf_top_share", "zipf_weights"]
+__all__ = ["BROKER_KINDS", "ProducedTopic", "add_broker_argument", "broker_passes", "broker_session",
+           "produce_zipf", "zipf_key", "zipf_top_share", "zipf_weights"]
+
+# "embedded": Tansu (multilane.testing.broker.EmbeddedBroker); "apache": Apache Kafka in one JVM
+# (multilane.testing.apache.ApacheKafka, jars from scripts/kafka-jars.sh).
+BROKER_KINDS = ("embedded", "apache")
+
+
+def add_broker_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--broker embedded|apache|both`` option (default embedded)."""
+    parser.add_argument(
+        "--broker", choices=(*BROKER_KINDS, "both"), default="embedded",
+        help="the broker the rows run against: the embedded one (Tansu), Apache Kafka, or both in turn "
+        "(one table, a 'broker' column; Apache Kafka's jars: bash scripts/kafka-jars.sh)",
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
-def broker_session() -> Iterator[Any]:
-    """Start an embedded broker for this run and stop it by PID when the block ends."""
-    from multilane.testing.broker import EmbeddedBroker
+def broker_session(kind: str = "embedded") -> Iterator[Any]:
+    """Start a broker of ``kind`` (:data:`BROKER_KINDS`) for this run; stop it by PID when the block ends."""
+    broker: Any
+    if kind == "embedded":
+        from multilane.testing.broker import EmbeddedBroker
 
-    broker = EmbeddedBroker()
-    broker.start()
-    log(f"broker pid {broker.pid} on {broker.bootstrap}")
+        broker = EmbeddedBroker()
+    elif kind == "apache":
+        from multilane.testing.apache import ApacheKafka
+
+        broker = ApacheKafka()
+    else:
+        raise ValueError(f"unknown broker kind {kind!r}; choose from {BROKER_KINDS}")
+    broker.start(timeout=300) if kind == "apache" else broker.start()  # a JVM starts slowly under load
+    log(f"{kind} broker pid {broker.pid} on {broker.bootstrap}")
     try:
         yield broker
     finally:
         broker.stop()
+
+
+def broker_passes(report: Report, choice: str) -> Iterator[str]:
+    """The broker kinds of ``--broker choice``, each a pass of the body; call before making tables.
+
+    1. Every table made afterwards leads with a ``broker`` column; ``report.params["brokers"]`` lists
+       the kinds.
+    2. While the caller handles a kind, rows and goals are stamped with it (``report.stamp``).
+    3. After the last pass the stamp is cleared.
+    """
+    kinds = BROKER_KINDS if choice == "both" else (choice,)
+    if choice not in (*BROKER_KINDS, "both"):
+        raise ValueError(f"--broker {choice!r}: choose from {(*BROKER_KINDS, 'both')}")
+    # 1.
+    report.params["brokers"] = list(kinds)
+    if not any(c.key == "broker" for c in report.stamp_columns):
+        report.stamp_columns.insert(0, Column("broker"))
+    return _passes(report, kinds)
+
+
+def _passes(report: Report, kinds: tuple[str, ...]) -> Iterator[str]:
+    try:
+        for kind in kinds:
+            # 2.
+            report.stamp["broker"] = kind
+            log(f"--- broker: {kind}")
+            yield kind
+    finally:
+        # 3.
+        report.stamp.pop("broker", None)
 
 
 def zipf_weights(n_keys: int, s: float) -> list[float]:

@@ -201,7 +201,7 @@ async def _measure(consumers: int, window_s: float, settle_s: float = 10.0) -> d
             ops = runner.handlers
             assert ops is not None
             passes: list[float] = []
-            inner = ops._pass
+            inner = ops.control_pass._pass
 
             async def timed(ref: Any, fresh: Any) -> None:
                 started = time.monotonic()
@@ -211,7 +211,7 @@ async def _measure(consumers: int, window_s: float, settle_s: float = 10.0) -> d
                     if emu.counting:
                         passes.append(time.monotonic() - started)
 
-            ops._pass = timed  # type: ignore[method-assign]
+            ops.control_pass._pass = timed  # type: ignore[method-assign]
             thread = runner._thread
             native = thread.native_id if isinstance(thread, threading.Thread) else None
             cpu0, started = _thread_cpu_s(native), time.monotonic()

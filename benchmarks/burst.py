@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import Column, Report, log, main, ratio
-from benchmarks._data import broker_session
+from benchmarks._data import add_broker_argument, broker_passes, broker_session
 
 VARIANTS = ("multilane", "before", "keda-hpa", "operator")
 DEFAULT_VARIANTS = ("multilane", "before", "keda-hpa")
@@ -78,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sleep-ms", type=float, default=50.0, help="simulated remote I/O per record")
     parser.add_argument("--burst-s", type=float, default=0.0, help="burst length (default 30 s, quick 15 s)")
+    add_broker_argument(parser)
     parser.add_argument("--keda-factor", type=int, default=16, help="the keda-hpa baseline's fixed factor")
     parser.add_argument("--lag-threshold", type=float, default=500.0, help="the keda-hpa lagThreshold")
     parser.add_argument("--keep", default="", help="keep logs and timelines in this directory")
@@ -331,6 +332,7 @@ def _row(
 def body(args: argparse.Namespace, report: Report) -> None:
     sizes = tuple(int(s) for s in args.partitions.split(",") if s) or ((4,) if args.quick else (4, 24, 64))
     variants = [v for v in args.variants.split(",") if v in VARIANTS]
+    passes = broker_passes(report, args.broker)  # before the tables: they lead with a broker column
     report.params.update(
         {
             "partitions": list(sizes),
@@ -368,22 +370,25 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("checks"),
         ],
     )
-    rows: dict[tuple[int, str], dict[str, Any]] = {}
-    with broker_session() as broker, tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch:
-        tmp = Path(args.keep or scratch)
-        tmp.mkdir(parents=True, exist_ok=True)
-        for p in sizes:
-            for variant in variants:
-                log(f"burst: {p} partitions, {variant}")
-                try:
-                    if variant == "operator":
-                        row = asyncio.run(_operator_scenario(broker.bootstrap, p, args, tmp))
-                    else:
-                        row = asyncio.run(_scenario(broker.bootstrap, p, variant, args, tmp))
-                except Exception as exc:  # a row fails alone
-                    table.add_unavailable(f"{type(exc).__name__}: {exc}", partitions=p, variant=variant)
-                    continue
-                rows[(p, variant)] = table.add(**row)
+    rows: dict[tuple[str, int, str], dict[str, Any]] = {}
+    kinds: list[str] = []
+    for kind in passes:
+        kinds.append(kind)
+        with broker_session(kind) as broker, tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch:
+            tmp = Path(args.keep or scratch) / kind
+            tmp.mkdir(parents=True, exist_ok=True)
+            for p in sizes:
+                for variant in variants:
+                    log(f"burst: {kind} broker, {p} partitions, {variant}")
+                    try:
+                        if variant == "operator":
+                            row = asyncio.run(_operator_scenario(broker.bootstrap, p, args, tmp))
+                        else:
+                            row = asyncio.run(_scenario(broker.bootstrap, p, variant, args, tmp))
+                    except Exception as exc:  # a row fails alone
+                        table.add_unavailable(f"{type(exc).__name__}: {exc}", partitions=p, variant=variant)
+                        continue
+                    rows[(kind, p, variant)] = table.add(**row)
     ratios = report.table(
         "ratios",
         "multilane against the baselines of the same run (lower is better for multilane)",
@@ -397,44 +402,47 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("ups", "scale-ups (multilane / baseline)"),
         ],
     )
-    for p in sizes:
-        ours = rows.get((p, "multilane"))
-        if ours is None:
-            continue
-        for base in ("before", "keda-hpa"):
-            theirs = rows.get((p, base))
-            if theirs is None:
+    for kind in kinds:
+        report.stamp["broker"] = kind
+        for p in sizes:
+            ours = rows.get((kind, p, "multilane"))
+            if ours is None:
                 continue
-            ratios.add(
-                partitions=p,
-                baseline=base,
-                recovery=ratio(ours["recovery_s"], theirs["recovery_s"]),
-                peak_lag=ratio(ours["peak_lag"], theirs["peak_lag"]),
-                lag_seconds=ratio(ours["lag_seconds"], theirs["lag_seconds"]),
-                actions=f"{ours['actions']} / {theirs['actions']}",
-                ups=f"{ours['ups']} / {theirs['ups']}",
-            )
-        if p in (4, 24):
-            report.goal(f"recovery on {p} partitions (s)", ours["recovery_s"], 10.0, "<=")
-        before = rows.get((p, "before"))
-        if before is not None:
-            report.goal(
-                f"scale-ups multilane - before on {p} partitions",
-                float(ours["ups"] - before["ups"]),
-                0.0,
-                "<=",
-            )
-            report.goal(
-                f"peak lag multilane / before on {p} partitions",
-                ratio(ours["peak_lag"], before["peak_lag"]),
-                0.25,
-                "<=",
-            )
-        report.goal(f"longest move pause on {p} partitions (s)", ours["max_pause_s"], 0.5, "<=")
-        if ours["moves"] >= 12:
-            report.goal(
-                f"rollout of {ours['moves']} moves on {p} partitions (s)", ours["rollout_s"], 8.0, "<="
-            )
+            for base in ("before", "keda-hpa"):
+                theirs = rows.get((kind, p, base))
+                if theirs is None:
+                    continue
+                ratios.add(
+                    partitions=p,
+                    baseline=base,
+                    recovery=ratio(ours["recovery_s"], theirs["recovery_s"]),
+                    peak_lag=ratio(ours["peak_lag"], theirs["peak_lag"]),
+                    lag_seconds=ratio(ours["lag_seconds"], theirs["lag_seconds"]),
+                    actions=f"{ours['actions']} / {theirs['actions']}",
+                    ups=f"{ours['ups']} / {theirs['ups']}",
+                )
+            if p in (4, 24):
+                report.goal(f"recovery on {p} partitions (s)", ours["recovery_s"], 10.0, "<=")
+            before = rows.get((kind, p, "before"))
+            if before is not None:
+                report.goal(
+                    f"scale-ups multilane - before on {p} partitions",
+                    float(ours["ups"] - before["ups"]),
+                    0.0,
+                    "<=",
+                )
+                report.goal(
+                    f"peak lag multilane / before on {p} partitions",
+                    ratio(ours["peak_lag"], before["peak_lag"]),
+                    0.25,
+                    "<=",
+                )
+            report.goal(f"longest move pause on {p} partitions (s)", ours["max_pause_s"], 0.5, "<=")
+            if ours["moves"] >= 12:
+                report.goal(
+                    f"rollout of {ours['moves']} moves on {p} partitions (s)", ours["rollout_s"], 8.0, "<="
+                )
+    report.stamp.pop("broker", None)
     report.note(
         "scaling actions = scale-ups and scale-downs; a factor-follows decision (the factor rising as "
         "the pods of a pending scale-up become ready) completes that scale-up and is counted only in "

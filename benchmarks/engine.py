@@ -1,9 +1,11 @@
 """Engine benchmark: multilane's worker engine against a raw loop, quixstreams and naive loops.
 
 ``python -m benchmarks.engine [--quick] [--json] [--repeats N] [--only 1,2] [--compare REF]
-[--loop asyncio|uvloop] [--profile DIR]``
+[--loop asyncio|uvloop] [--profile DIR] [--broker embedded|apache|both]``
 
-One embedded broker per run; one partition; 100-byte records with keys Zipf(s=1) over 10,000 keys.
+One broker per run (the embedded one by default; with ``--broker both`` every scenario runs on the
+embedded broker, then on Apache Kafka, each with its own freshly produced topics, into one table with
+a ``broker`` column); one partition; 100-byte records with keys Zipf(s=1) over 10,000 keys.
 Every row runs in its own child process (a fresh interpreter); rates run from the first record to the
 last, so start-up and group joins are not counted. Each row runs ``--repeats`` times, in alternation
 with the rows it is compared to (round 1: A B, round 2: A B, ...), and is reported as the median with
@@ -36,9 +38,10 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks._common import Column, Report, Spread, log, main, ratio
-from benchmarks._data import broker_session, zipf_top_share
+from benchmarks._data import add_broker_argument, broker_passes, broker_session, zipf_top_share
 from benchmarks.baselines.workload import latency_s, mean_latency_s
 from benchmarks.engine_child import LOOPS
 from benchmarks.engine_replay import scenario_replay
@@ -417,6 +420,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--in-flight", default="",
         help="scenario 2: only these in-flight counts (comma-separated, e.g. 256,1024; default: all)",
     )  # fmt: skip
+    add_broker_argument(parser)
+
+
+def _run_scenarios(ctx: Ctx, args: argparse.Namespace, only: set[str]) -> None:
+    """The chosen scenarios, in order, against ``ctx``'s broker; then the profiles of this pass."""
+    if args.profile:
+        ctx.profile_dir = Path(args.profile) / str(ctx.report.stamp.get("broker", ""))
+        ctx.profile_dir.mkdir(parents=True, exist_ok=True)
+    scenarios = {
+        "1": scenario_noop,
+        "2": scenario_io,
+        "3": scenario_key_mode,
+        "4": scenario_hol,
+        "5": scenario_replay,
+    }
+    for number, scenario in scenarios.items():
+        if not only or number in only:
+            t0 = time.monotonic()
+            scenario(ctx)
+            log(f"scenario {number} took {time.monotonic() - t0:.1f}s")
+    profile_tables(ctx, args.profile_top)
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
@@ -444,35 +468,24 @@ def body(args: argparse.Namespace, report: Report) -> None:
         report.note(f"multilane: not available ({missing})")
     if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise RuntimeError("--loop uvloop: uvloop is not installed (pip install 'multilane[uvloop]')")
-    with contextlib.ExitStack() as stack, broker_session() as broker:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="multilane-bench-")))
-        ctx = Ctx(broker, report, sizes, max(1, repeats), missing, loop=args.loop, workdir=workdir)
+    builds: list[Any] = []
+    with contextlib.ExitStack() as stack:
         if args.compare:
-            ctx.builds = [this_build(), stack.enter_context(compared_build(args.compare))]
-            report.params["compare"] = " vs ".join(b.name for b in ctx.builds)
+            builds = [this_build(), stack.enter_context(compared_build(args.compare))]
+            report.params["compare"] = " vs ".join(b.name for b in builds)
             only = only or {"1", "2"}
-        if args.profile:
-            ctx.profile_dir = Path(args.profile)
-            ctx.profile_dir.mkdir(parents=True, exist_ok=True)
-        scenarios = {
-            "1": scenario_noop,
-            "2": scenario_io,
-            "3": scenario_key_mode,
-            "4": scenario_hol,
-            "5": scenario_replay,
-        }
-        for number, scenario in scenarios.items():
-            if not only or number in only:
-                t0 = time.monotonic()
-                scenario(ctx)
-                log(f"scenario {number} took {time.monotonic() - t0:.1f}s")
+        for kind in broker_passes(report, args.broker):
+            with broker_session(kind) as broker, tempfile.TemporaryDirectory(prefix="multilane-bench-") as wd:
+                ctx = Ctx(broker, report, sizes, max(1, repeats), missing, loop=args.loop, workdir=Path(wd))
+                if builds:
+                    ctx.builds = builds
+                _run_scenarios(ctx, args, only)
         report.note(
             "Every multilane run applies the delivery checkers (at-least-once; in key mode also per-key "
             "order and no concurrent work on a key) to its processing events; a failed check fails the row. "
             "CPU µs/rec is the measuring child process's own CPU (all its threads, librdkafka's included; "
             "not the broker's) from the first record to the last, per record."
         )
-        profile_tables(ctx, args.profile_top)
 
 
 if __name__ == "__main__":

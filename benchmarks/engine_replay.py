@@ -7,6 +7,7 @@ says which records ended before the kill and started again after it. Does I/O: w
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,12 +229,16 @@ def replay_cycle(
         # 4.
         b.kill()
         b.wait(10)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
     events = read_event_log(log_path)
+    shutil.rmtree(workdir, ignore_errors=True)
     ends_a = {e.offset: e.time for e in events if e.pid == a.pid and e.kind == "end"}
     started_a = {e.offset for e in events if e.pid == a.pid and e.kind == "start"}
     started_b = {e.offset for e in events if e.pid == b.pid and e.kind == "start"}

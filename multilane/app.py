@@ -214,9 +214,25 @@ class App:
 
         ``argv`` (default ``sys.argv[1:]``) takes the flags of ``multilane worker`` (without ``--app``).
         """
-        from multilane.worker.cli import run_app
+        raise SystemExit(_runner()(self, list(sys.argv[1:] if argv is None else argv)))
 
-        raise SystemExit(run_app(self, list(sys.argv[1:] if argv is None else argv)))
+
+RUNNER_GROUP = "multilane.runners"  # the entry-point group that names the worker's runner of an App
+
+
+def _runner() -> Callable[[App, list[str]], int]:
+    """The runner of :meth:`App.run`: the entry point ``worker`` of :data:`RUNNER_GROUP`
+    (``multilane.worker.cli:run_app``, in pyproject.toml). The App names no module above it: the
+    command line imports the App, never the other way round (import-linter contract ``app-below-cli``).
+    """
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=RUNNER_GROUP, name="worker")
+    if not found:
+        raise AppConfigError(f"no entry point 'worker' in group {RUNNER_GROUP!r}: multilane is not "
+                             "installed (pip install multilane), or its metadata is stale (reinstall)")
+    runner: Callable[[App, list[str]], int] = next(iter(found)).load()
+    return runner
 
 
 def read_settings_file(path: str) -> dict[str, Any]:

@@ -26,6 +26,16 @@ settings.load_profile("multilane")
 
 _topic_ids = itertools.count()
 
+# The suite leaves nothing in the temporary directory (the session fails otherwise); under
+# pytest-xdist, session-wide checks run on the controller and the longest modules start first.
+# A test that outlives its timeout and its teardown ends the process: tests/support/timeout_backstop.py.
+pytest_plugins = [
+    "tests.support.tempdir_check",
+    "tests.support.after_workers",
+    "tests.support.xdist_order",
+    "tests.support.timeout_backstop",
+]
+
 
 BROKER_KINDS = ("embedded", "apache")
 

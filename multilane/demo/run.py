@@ -119,7 +119,7 @@ async def _demo(args: argparse.Namespace) -> int:
     if args.bootstrap_servers:
         bootstrap = args.bootstrap_servers
     else:
-        broker = EmbeddedBroker(log_path=str(out / "broker.log")).start()
+        broker = EmbeddedBroker(log_path=out / "broker.log").start()
         bootstrap = broker.bootstrap
     topic = group = f"demo-{run_id}"
     try:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import dataclasses
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ __all__ = [
     "ProgressRecord",
     "fits_in_metadata",
     "intervals_from_offsets",
+    "union_progress",
 ]
 
 MAGIC = b"MLP"
@@ -150,6 +152,45 @@ class ProgressRecord:
     def done_count_above_base(self) -> int:
         """Unordered mode: how many offsets at or above the base are done (0 in other modes)."""
         return sum(e - s for s, e in self.done_offsets)
+
+
+def union_progress(own: ProgressRecord, restored: ProgressRecord) -> ProgressRecord:
+    """``own`` (base ``B``) extended by what ``restored`` (the record a partition was opened with) says
+    is done at or above ``B`` (pure). Both only ever claim completed records, so the union is true;
+    a new owner that has not yet fetched past what it restored must not write a record claiming less
+    (with exactly-once outputs the records it dropped would run again, and repeat their outputs).
+    Key mode: each hash interval of both layouts keeps the larger next offset; unordered mode: the
+    done intervals at or above ``B`` of both; otherwise, or with another mode, ``own``."""
+    if own.mode is not restored.mode:
+        return own
+    base = own.base_offset
+    if own.mode is OrderingMode.KEY:
+        cuts = sorted({r[0] for r in own.ranges} | {r[0] for r in restored.ranges})
+        ends = [*cuts[1:], own.ranges[-1][1]]
+        ranges: list[tuple[int, int, int]] = []
+        for start, end in zip(cuts, ends, strict=True):
+            nxt = max(_next_at(own.ranges, start), _next_at(restored.ranges, start), base)
+            if ranges and ranges[-1][2] == nxt:
+                ranges[-1] = (ranges[-1][0], end, nxt)
+            else:
+                ranges.append((start, end, nxt))
+        return dataclasses.replace(own, ranges=tuple(ranges))
+    if own.mode is OrderingMode.UNORDERED:
+        clipped = ((max(a, base), b) for a, b in restored.done_offsets if b > base)
+        spans = sorted([*own.done_offsets, *clipped])
+        merged: list[tuple[int, int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return dataclasses.replace(own, done_offsets=tuple(merged))
+    return own
+
+
+def _next_at(ranges: tuple[tuple[int, int, int], ...], key_hash: int) -> int:
+    i = bisect.bisect_right(ranges, (key_hash, _BIG, _BIG)) - 1
+    return ranges[i][2]
 
 
 def _validate(rec: ProgressRecord) -> None:

@@ -27,7 +27,7 @@ ParallelConsumer's name; the worker PodMonitor gives worker series the same two 
 - ``multilane_consumer_condition{namespace, consumer, type, status}`` (gauge): 1 for the status each
   condition of the ParallelConsumer has (``True``, ``False``, ``Unknown``), 0 for the other two; set
   from every status write (:meth:`OperatorMetrics.observe_conditions`), so it follows what
-  ``kubectl get pc`` shows;
+  ``kubectl get pcon`` shows;
 
 plus ``multilane_operator_reconciles_total{result}``, ``_ticks_total``, ``_decisions_total{changed}``,
 ``_errors_total{kind}`` and ``multilane_operator_leader`` (operator-wide; 1 while this replica runs the
@@ -49,7 +49,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
+from multilane.formats.handover import Handover
 from multilane.operator.decision.policy_model import RULES, Decision
+from multilane.operator.rollout.handoff_control import HandoffControl
 from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError
 
 if TYPE_CHECKING:
@@ -203,14 +205,22 @@ class OperatorMetrics:
             registry=r,
         )
         self.replicas = Gauge("multilane_operator_replicas", "Alive workers.", consumer, registry=r)
-        self.factor = Gauge("multilane_operator_factor", "Decided factor (lanes per partition).", consumer,
-                            registry=r)
-        self.replicas_max = Gauge("multilane_operator_replicas_max", "spec.scaling.maxReplicas (or the "
-                                  "pinned spec.scaling.replicas).", consumer, registry=r)
-        self.factor_max = Gauge("multilane_operator_factor_max", "spec.scaling.maxFactor.", consumer,
-                                registry=r)
+        self.factor = Gauge(
+            "multilane_operator_factor", "Decided factor (lanes per partition).", consumer, registry=r
+        )
+        self.replicas_max = Gauge(
+            "multilane_operator_replicas_max",
+            "spec.scaling.maxReplicas (or the pinned spec.scaling.replicas).",
+            consumer,
+            registry=r,
+        )
+        self.factor_max = Gauge(
+            "multilane_operator_factor_max", "spec.scaling.maxFactor.", consumer, registry=r
+        )
         self.assignment_generation = Gauge(
-            "multilane_operator_assignment_generation", "Assignment generation in force.", consumer,
+            "multilane_operator_assignment_generation",
+            "Assignment generation in force.",
+            consumer,
             registry=r,
         )
         self.consumer_condition = Gauge(
@@ -316,11 +326,11 @@ class OperatorMetrics:
         finally:
             self.reconcile_duration.labels(handler).observe(time.monotonic() - started)
 
-    def control(self, inner: WorkerControl, namespace: str, consumer: str) -> MeteredWorkerControl:
+    def control(
+        self, inner: WorkerControl, namespace: str, consumer: str
+    ) -> MeteredWorkerControl | MeteredHandoffControl:
         """``inner`` wrapped so that fencing seen through its calls is counted (keeps the learner
         calls when ``inner`` has them)."""
-        from multilane.operator.rollout.handoff import HandoffControl
-
         self._known(namespace, consumer)
 
         def on_fence(reason: str) -> None:
@@ -430,16 +440,14 @@ class MeteredWorkerControl:
         generation: int,
         partitions: Iterable[str],
         release_deadline_s: float,
-        progress: Mapping[str, str] | None = None,
-        changelog_ends: Mapping[str, int] | None = None,
+        handovers: Mapping[str, Handover] | None = None,
     ) -> list[ReleasedPartition]:
         try:
-            hints: dict[str, Any] = {}  # only what is given: an inner control may not take hints
-            if progress:
-                hints["progress"] = progress
-            if changelog_ends:
-                hints["changelog_ends"] = changelog_ends
-            return await self.inner.assign(base_url, generation, partitions, release_deadline_s, **hints)
+            if handovers:  # only when given: an inner control may take none
+                return await self.inner.assign(
+                    base_url, generation, partitions, release_deadline_s, handovers
+                )
+            return await self.inner.assign(base_url, generation, partitions, release_deadline_s)
         except WorkerFencedError:
             self.on_fence("generation_refused")
             raise
@@ -451,11 +459,35 @@ class MeteredWorkerControl:
         return getattr(self.inner, name)
 
 
-class MeteredHandoffControl(MeteredWorkerControl):
-    """:class:`MeteredWorkerControl` with the learner calls (a ``HandoffControl``)."""
+class MeteredHandoffControl:
+    """A :class:`MeteredWorkerControl` (its calls metered the same way) plus the learner calls of a
+    ``HandoffControl``, passed through to ``inner``."""
+
+    def __init__(self, inner: HandoffControl, on_fence: Callable[[str], None]) -> None:
+        self.inner = inner
+        self.metered = MeteredWorkerControl(inner, on_fence)
+
+    async def status(self, base_url: str) -> dict[str, Any]:
+        return await self.metered.status(base_url)
+
+    async def assign(
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        handovers: Mapping[str, Handover] | None = None,
+    ) -> list[ReleasedPartition]:
+        return await self.metered.assign(base_url, generation, partitions, release_deadline_s, handovers)
+
+    async def set_factor(self, base_url: str, factor: int) -> int:
+        return await self.metered.set_factor(base_url, factor)
 
     async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
-        await self.inner.learn(base_url, partitions)  # type: ignore[attr-defined]
+        await self.inner.learn(base_url, partitions)
 
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
-        await self.inner.drop(base_url, partitions)  # type: ignore[attr-defined]
+        await self.inner.drop(base_url, partitions)
+
+    def __getattr__(self, name: str) -> Any:  # pause, resume, close, ...
+        return getattr(self.inner, name)

@@ -143,15 +143,11 @@ def run_sweep(
     cases: Sequence[dict[str, Any]], out_path: str, master: str = "local[*]"
 ) -> list[dict[str, Any]]:
     """Run ``cases`` on Spark, write the metric rows as Parquet to ``out_path``, return the rows."""
-    from pyspark.sql import SparkSession
+    # the pipeline's session: a local master runs the Python workers with this interpreter (not
+    # whichever `python3` is first on PATH, which may lack numpy)
+    from multilane.pipeline.job import spark_session
 
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("multilane-simulate-sweep")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    spark = spark_session(master, "multilane-simulate-sweep", conf={"spark.sql.shuffle.partitions": "4"})
     try:
         slices = max(1, min(len(cases), spark.sparkContext.defaultParallelism * 4))
         rdd = spark.sparkContext.parallelize(list(cases), slices).mapPartitions(_run_partition)

@@ -45,7 +45,7 @@ from multilane.testing.broker import BrokerError, create_topic, free_port, probe
 __all__ = ["DEFAULT_JVM_OPTIONS", "KAFKA_VERSION", "ApacheKafka", "ApacheKafkaUnavailableError",
            "kafka_jars_dir"]
 
-# The release deps/kafka/pom.xml pins (tests/unit/test_apache_kafka.py checks they agree).
+# The release deps/kafka/pom.xml pins (tests/unit/test_apache_kafka_pins.py checks they agree).
 KAFKA_VERSION = "4.4.0"
 JARS_SCRIPT = "scripts/kafka-jars.sh"
 

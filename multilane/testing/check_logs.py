@@ -1,7 +1,7 @@
 """``multilane check-logs``: the delivery checkers over event logs collected from pods. Does I/O (reads
 the files it is given, prints a report).
 
-For a real cluster (``scripts/e2e-kind.sh``), where each pod's processor writes its own event log
+For a real cluster, where each pod's processor writes its own event log
 (``MULTILANE_TEST_LOG`` on the pod's volume) and a container's process usually has the same small PID
 in every pod and after every restart. Steps, numbered as in :func:`merge_logs`:
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from multilane.formats.handover import Handover
 from multilane.operator.platform import WorkerInfo
 from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
@@ -108,10 +109,8 @@ class WorkerFleetDouble:
         self.workers: dict[str, FleetWorker] = {n: FleetWorker(n) for n in names}
         self.dead: set[str] = set()
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
-        # per assignment push: the worker and the progress records it was handed (partition -> record)
-        self.progress_received: list[tuple[str, dict[str, str]]] = []
-        # per assignment push: the worker and the changelog ends it was handed (partition -> offset)
-        self.ends_received: list[tuple[str, dict[str, int]]] = []
+        # per assignment push: the worker and the handovers it was handed (partition -> handover)
+        self.handovers_received: list[tuple[str, dict[str, Handover]]] = []
         self.learn_ticks = learn_ticks
 
     @property
@@ -138,8 +137,7 @@ class WorkerFleetDouble:
         generation: int,
         partitions: Iterable[str],
         release_deadline_s: float,
-        progress: Mapping[str, str] | None = None,
-        changelog_ends: Mapping[str, int] | None = None,
+        handovers: Mapping[str, Handover] | None = None,
     ) -> list[ReleasedPartition]:
         worker = self._worker(base_url)
         want = set(partitions)
@@ -152,8 +150,7 @@ class WorkerFleetDouble:
                 ]
                 assert not others, f"{p} granted to {worker.name} while active on {others}"
         released = worker.push(generation, want)
-        self.progress_received.append((worker.name, dict(progress or {})))
-        self.ends_received.append((worker.name, dict(changelog_ends or {})))
+        self.handovers_received.append((worker.name, dict(handovers or {})))
         self.calls.append(("assign", worker.name, tuple(sorted(want))))
         return released
 

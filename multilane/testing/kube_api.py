@@ -13,8 +13,10 @@ as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.cause
   201 instead of 200;
 - names and labels (:func:`~multilane.testing.kube_rules.name_causes`, ``object_label_causes``) -> 422;
 - built-in kinds (:data:`BUILTINS`) against the OpenAPI schema of
-  :data:`~multilane.testing.kube_rules.KUBE_VERSION` (unknown fields and wrong types -> 400, the rest
-  -> 422; ``required`` is enforced under ``spec`` only: kube-apiserver decodes built-ins into Go types,
+  :data:`~multilane.testing.kube_rules.KUBE_VERSION` (wrong types -> 400; unknown fields -> 400 with
+  ``fieldValidation=Strict``, else dropped, as the server's default ``Warn`` does; the rest -> 422;
+  a StatefulSet's strategy defaulted at create and its ``podManagementPolicy``/``updateStrategy``
+  checked; ``required`` is enforced under ``spec`` only: kube-apiserver decodes built-ins into Go types,
   so a missing status field is not refused);
 - on PATCH (merge or JSON patch) and PUT (kmock answers PUT with 404): optimistic concurrency (a
   ``metadata.resourceVersion`` in the body that differs from the stored one -> 409 ``Conflict``; also
@@ -38,6 +40,9 @@ as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.cause
 - garbage collection by owner references: when an object is gone (deleted, finalizers cleared), every
   object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively); a
   DELETE with ``propagationPolicy: Orphan`` instead removes those references from the dependents.
+
+A missing object is 404 ``NotFound`` as kube-apiserver words it. Every answer above was compared
+with kube-apiserver v1.34.4's by ``tests/cluster/test_conformance.py`` (docs/real-cluster.md).
 
 The request log (``kmock.requests``) keeps only the requests in flight (see ``_handle``).
 
@@ -87,6 +92,8 @@ from multilane.testing.kube_rules import (
     immutable_causes,
     name_causes,
     object_label_causes,
+    statefulset_causes,
+    statefulset_defaults,
 )
 
 
@@ -223,9 +230,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         old: dict[str, Any] | None = None,
         *,
         status_only: bool = False,
+        strict: bool = False,
     ) -> dict[str, Any]:
         """Defaulting/pruning (custom resources) and every refusal of kube-apiserver for ``obj`` (``old``:
-        the stored object on update). Raises :class:`RefusalError`."""
+        the stored object on update; ``strict``: the request asked ``fieldValidation=Strict``, else
+        unknown fields of built-in kinds are dropped, as kube-apiserver's default ``Warn`` does).
+        Raises :class:`RefusalError`."""
         kind = self._kind(res)
         name = str((obj.get("metadata") or {}).get("name") or "")
         causes: list[Cause] = []
@@ -250,6 +260,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if not causes and self.cel_rules:  # CEL runs on a schema-valid object only (as the API server)
                 causes += self._cel[res].causes(obj, old)
         elif res in self._builtin_kinds:
+            if not strict:
+                _BUILTIN_SCHEMAS.drop_unknown(obj)
+            if kind == "StatefulSet":
+                causes += statefulset_causes(obj)
             # On update, only the top-level sections that changed are validated again (a pod's status
             # write does not re-validate its spec: ~14 ms for a worker pod's).
             subject = obj
@@ -288,7 +302,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._inflight.append(request)
         self._requests[:] = [r for r in self._requests if any(r is f for f in self._inflight)]
         try:
-            return await self._dispatch(request)
+            try:
+                return await self._dispatch(request)
+            except kmock.KubernetesObjectNotFoundError:  # kmock's own 404 names no object
+                res = request.resource
+                raise RefusalError.not_found(
+                    res.plural if res else "", res.group if res else "", str(request.name or "")
+                ) from None
         except RefusalError as refusal:
             log.info("refused %s %s: %s", request.method, request.url.path, refusal)
             return aiohttp.web.json_response(refusal.status(), status=refusal.code)
@@ -369,7 +389,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         )
         if res in self._status_subresource and res in self._schemas:
             obj.pop("status", None)
-        obj = self._admit(res, obj)
+        if self._builtin_kinds.get(res) == "StatefulSet":
+            statefulset_defaults(obj)
+        obj = self._admit(res, obj, strict=_strict(request))
         response = await super()._handle(self._substitute(request, data=obj))
         if response.status == 200:
             response.set_status(201)
@@ -433,7 +455,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 new["status"] = old["status"]
             else:
                 new.pop("status", None)
-        new = self._admit(res, new, old, status_only=sub == "status")
+        new = self._admit(res, new, old, status_only=sub == "status", strict=_strict(request))
         meta = new.setdefault("metadata", {})
         meta["resourceVersion"] = str(next(_rv))
         strip = ("metadata", "status")
@@ -506,6 +528,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                     raw = copy.deepcopy(dict(self.objects[key].raw))
                     self.objects[key].delete()
                     await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+
+def _strict(request: kmock.Request) -> bool:
+    """``fieldValidation=Strict``: unknown fields are refused (400); else (``Warn``, the server's
+    default, or ``Ignore``) they are dropped."""
+    return str(request.params.get("fieldValidation") or "") == "Strict"
 
 
 def dump(obj: Any) -> str:

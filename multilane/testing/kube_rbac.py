@@ -51,6 +51,8 @@ __all__ = [
 RBAC_GROUP = "rbac.authorization.k8s.io"
 ROLE_KINDS = {"Role", "ClusterRole"}
 BINDING_KINDS = {"RoleBinding", "ClusterRoleBinding"}
+#: The user-facing ClusterRoles every cluster bootstraps (besides the ``system:`` ones).
+BOOTSTRAP_CLUSTER_ROLES = {"cluster-admin", "admin", "edit", "view"}
 
 
 def _unauthorized() -> kmock.KubernetesError:
@@ -338,10 +340,13 @@ class RbacAuthorizer:
             owner_group = api_version.split("/")[0] if "/" in api_version else ""
             plural = str(ref.get("kind") or "").lower() + "s"
             resource = f"{plural}/finalizers"
-            if not self.allowed(emulator, user, request.namespace, owner_group, resource, "update",
-                                ref.get("name")):
-                line = (f'User "{user}" cannot set blockOwnerDeletion: it cannot update resource '
-                        f'"{resource}" in API group "{owner_group}"')
+            if not self.allowed(
+                emulator, user, request.namespace, owner_group, resource, "update", ref.get("name")
+            ):
+                line = (
+                    f'User "{user}" cannot set blockOwnerDeletion: it cannot update resource '
+                    f'"{resource}" in API group "{owner_group}"'
+                )
                 self.usage.deny(line)
                 raise kmock.KubernetesError(
                     status=403,
@@ -359,6 +364,7 @@ class RbacAuthorizer:
         elif plural in ("rolebindings", "clusterrolebindings") and body.get("roleRef"):
             ref = body["roleRef"]
             docs = self._roles_and_bindings(emulator)
+            found = False
             for d in docs:
                 meta = d.get("metadata") or {}
                 if (
@@ -366,7 +372,32 @@ class RbacAuthorizer:
                     and meta.get("name") == ref.get("name")
                     and (ref.get("kind") == "ClusterRole" or meta.get("namespace") == namespace)
                 ):
-                    rules = list(d.get("rules") or [])
+                    rules, found = list(d.get("rules") or []), True
+            if not found and user not in self.superusers:
+                # kube-apiserver resolves the bound role's rules to check them (met on v1.34.4): a
+                # missing role is a 404 naming it under the request's resource; a bootstrap
+                # ClusterRole (cluster-admin, ...), which this double does not store, exists on every
+                # cluster and no operator holds its rules: 403.
+                name = str(ref.get("name") or "")
+                if ref.get("kind") == "ClusterRole" and (
+                    name in BOOTSTRAP_CLUSTER_ROLES or name.startswith("system:")
+                ):
+                    line = (
+                        f'User "{user}" attempts to grant the rules of ClusterRole "{name}" it does not hold'
+                    )
+                    self.usage.deny(line)
+                    raise kmock.KubernetesError(
+                        status=403,
+                        reason="Forbidden",
+                        message=f"{plural} is forbidden: {line}",
+                        details={"group": RBAC_GROUP, "kind": plural},
+                    )
+                raise kmock.KubernetesError(
+                    status=404,
+                    reason="NotFound",
+                    message=f'{plural}.{RBAC_GROUP} "{name}" not found',
+                    details={"name": name, "group": RBAC_GROUP, "kind": plural},
+                )
         for rule in rules:
             names = rule.get("resourceNames") or [None]
             for g in rule.get("apiGroups") or []:

@@ -17,9 +17,12 @@ them into the answer kube-apiserver gives: a ``Status`` object (``kind: Status``
   replicas, template, updateStrategy, persistentVolumeClaimRetentionPolicy, minReadySeconds, ordinals
   and revisionHistoryLimit; Service ``clusterIP``; PVC spec except the storage request; Job selector
   and template; a RoleBinding's ``roleRef``);
+- :func:`statefulset_defaults`, :func:`statefulset_causes`: a new StatefulSet's strategy defaulting
+  and ValidateStatefulSetSpec's checks of ``podManagementPolicy`` and ``updateStrategy``;
 - :class:`BuiltinSchemas`: built-in kinds against the Kubernetes OpenAPI schema of
   :data:`KUBE_VERSION`, with unknown fields refused (``fieldValidation=Strict``, what kubectl asks for
-  by default: https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation);
+  by default: https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation), or
+  dropped (:meth:`BuiltinSchemas.drop_unknown`, the server's default ``Warn``);
 - a CRD's CEL rules: :class:`multilane.testing.kube_crd.CelRules`.
 """
 
@@ -45,6 +48,8 @@ __all__ = [
     "label_causes",
     "name_causes",
     "revision_hash_label",
+    "statefulset_causes",
+    "statefulset_defaults",
 ]
 
 #: Kubernetes version whose OpenAPI schemas built-in kinds are validated against (the newest
@@ -134,6 +139,13 @@ class RefusalError(Exception):
             f'{what} "{name}" already exists',
             {"name": name, "group": group, "kind": plural},
         )
+
+    @classmethod
+    def not_found(cls, plural: str | None, group: str | None, name: str) -> RefusalError:
+        plural, group = plural or "", group or ""
+        what = f"{plural}.{group}" if group else plural
+        details = {"name": name, "kind": plural, **({"group": group} if group else {})}
+        return cls(404, "NotFound", f'{what} "{name}" not found', details)
 
     @classmethod
     def expired(cls, requested: int, oldest: int) -> RefusalError:
@@ -245,6 +257,61 @@ def revision_hash_label(sts: Mapping[str, Any]) -> dict[str, str]:
     digest = hashlib.sha256(template.encode()).digest()
     encoded = "".join(_HASH_ALPHABET[b % len(_HASH_ALPHABET)] for b in digest[:10])
     return {REVISION_HASH_LABEL: f"{(sts.get('metadata') or {}).get('name', '')}-{encoded}"}
+
+
+# ---- StatefulSet: defaulting and hand-written validation -----------------------------------------
+
+
+def statefulset_defaults(obj: dict[str, Any]) -> None:
+    """kube-apiserver's defaulting of a new StatefulSet that the operator's writes depend on:
+    ``podManagementPolicy: OrderedReady`` and ``updateStrategy: {type: RollingUpdate, rollingUpdate:
+    {partition: 0}}`` when absent (so a later patch to ``OnDelete`` must remove ``rollingUpdate``)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    spec.setdefault("podManagementPolicy", "OrderedReady")
+    strategy = spec.setdefault("updateStrategy", {})
+    if isinstance(strategy, dict):
+        strategy.setdefault("type", "RollingUpdate")
+        if strategy["type"] == "RollingUpdate":
+            rolling = strategy.setdefault("rollingUpdate", {})
+            if isinstance(rolling, dict):
+                rolling.setdefault("partition", 0)
+
+
+def statefulset_causes(obj: Mapping[str, Any]) -> list[Cause]:
+    """What ValidateStatefulSetSpec refuses beyond the OpenAPI schema, for the fields the operator
+    sets: ``podManagementPolicy`` and ``updateStrategy`` (``rollingUpdate`` only beside
+    ``RollingUpdate``). Messages as kube-apiserver v1.34 words them."""
+    spec = obj.get("spec") or {}
+    out: list[Cause] = []
+    policy = spec.get("podManagementPolicy")
+    if policy is not None and policy not in ("OrderedReady", "Parallel"):
+        out.append(
+            Cause(
+                "spec.podManagementPolicy",
+                f"Invalid value: \"{policy}\": must be 'OrderedReady' or 'Parallel'",
+            )
+        )
+    strategy = spec.get("updateStrategy") or {}
+    kind = strategy.get("type")
+    if kind is not None and kind not in ("RollingUpdate", "OnDelete"):
+        out.append(
+            Cause(
+                "spec.updateStrategy.type",
+                f'Unsupported value: "{kind}": supported values: "OnDelete", "RollingUpdate"',
+                "FieldValueNotSupported",
+            )
+        )
+    if kind == "OnDelete" and strategy.get("rollingUpdate") is not None:
+        out.append(
+            Cause(
+                "spec.updateStrategy.rollingUpdate",
+                f"Invalid value: {json.dumps(strategy['rollingUpdate'])}: only allowed for updateStrategy "
+                "'RollingUpdate'",
+            )
+        )
+    return out
 
 
 # ---- immutable fields ----------------------------------------------------------------------------
@@ -362,6 +429,21 @@ class BuiltinSchemas:
             registry = referencing.Resource.from_contents(self._defs) @ registry
             self._validators[key] = jsonschema.Draft202012Validator(schema, registry=registry)
         return self._validators[key]
+
+    def drop_unknown(self, obj: dict[str, Any]) -> list[str]:
+        """Remove the fields ``obj``'s kind does not know (in place); returns their paths. What
+        kube-apiserver does without ``fieldValidation=Strict`` (the default is ``Warn``: the field is
+        dropped, the answer carries a ``Warning`` header, the write succeeds)."""
+        validator = self._validator(str(obj.get("apiVersion")), str(obj.get("kind")))
+        dropped = []
+        for exc in list(validator.iter_errors(obj)):  # listed first: the loop changes obj
+            if exc.validator != "additionalProperties" or not isinstance(exc.instance, dict):
+                continue
+            where = ".".join(str(p) for p in exc.absolute_path)
+            for name in re.findall(r"'([^']+)' was unexpected", exc.message):
+                exc.instance.pop(name, None)
+                dropped.append(f"{where}.{name}" if where else name)
+        return dropped
 
     def refusal(self, obj: Mapping[str, Any], group: str, *, required: bool = True) -> RefusalError | None:
         """None when ``obj`` fits its kind's schema; else the answer: an unknown field or a wrong type

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from multilane.operator.k8s.kube import KubeClient, api_path
+from multilane.testing.cluster import die_with_parent
 from multilane.testing.pod_network import SecretVolume
 from multilane.testing.pod_network import secret_data as _secret_data
 from multilane.testing.tls_front import TlsFront
@@ -132,6 +133,9 @@ class KubeletDouble:
         pod.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the test's loop owns it)
             out, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=str(pod.dir),
+            # SIGKILL when the launching thread (the test's event loop) ends: a test process that
+            # dies or is ended by a timeout leaves no pod process behind (its session is its own)
+            preexec_fn=die_with_parent,
         )  # fmt: skip
         log.close()
         pod.pids.append(pod.proc.pid)

@@ -168,25 +168,53 @@ class StatefulSetProcessDouble:
         await aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.router_port).start()
         self._task = asyncio.create_task(self._run())
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for task in list(self._deleting.values()):
+    async def stop(self, task_grace_s: float = 10.0) -> None:
+        """Stop the loop and every pod; idempotent, and bounded (about ``task_grace_s`` plus
+        ``grace_cap_s``) also when the loop's task died of an error or does not end, as after a test
+        timed out inside it: the pods are signalled by PID before anything is awaited.
+
+        1. The loop and the pod deletions are cancelled: no pod is started after this.
+        2. SIGTERM to every pod process (final commits).
+        3. The cancelled tasks get ``task_grace_s`` to end; an error they ended with is not raised
+           here (it belongs to the test that was running, which reported it).
+        4. Each pod is reaped: SIGKILL after ``grace_cap_s``; its TLS front is stopped.
+        5. Whatever still runs (this coroutine was cancelled or failed in 3-4) gets SIGKILL.
+        """
+        tasks = [t for t in (self._task, *self._deleting.values()) if t is not None]
+        self._task = None
+        self._deleting.clear()
+        for task in tasks:  # 1.
             task.cancel()
-        for pod in list(self.pods.values()):  # SIGTERM (final commits), SIGKILL after 30 s
-            pod.terminating = True
-            self._kill(pod, signal.SIGTERM)
-        for pod in list(self.pods.values()):
-            await self._reap(pod, 30.0)
-            await pod.front.stop()
-        self.pods.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._session is not None:
-            await self._session.close()
+        signalled: set[int] = set()
+
+        def term_all() -> None:
+            for pod in list(self.pods.values()):
+                pod.terminating = True
+                if pod.proc is not None and pod.proc.pid not in signalled:
+                    signalled.add(pod.proc.pid)
+                    self._kill(pod, signal.SIGTERM)
+
+        try:
+            term_all()  # 2.
+            if tasks:  # 3.
+                done, _ = await asyncio.wait(tasks, timeout=task_grace_s)
+                for task in done:
+                    if not task.cancelled():
+                        task.exception()  # retrieved: reported by the test, not by the loop's GC
+            term_all()  # a pod a cancelled task was starting
+            for pod in list(self.pods.values()):  # 4.
+                await self._reap(pod, self.grace_cap_s)
+                await pod.front.stop()
+        finally:
+            for pod in list(self.pods.values()):  # 5.
+                self._kill(pod, signal.SIGKILL)
+            self.pods.clear()
+            runner, self._runner = self._runner, None
+            session, self._session = self._session, None
+            if runner is not None:
+                await runner.cleanup()
+            if session is not None:
+                await session.close()
 
     def kill9(self, pod: str) -> int:
         """SIGKILL the pod's current process (the kubelet starts it again); returns its PID."""

@@ -25,10 +25,11 @@ def _admin(bootstrap: str, security: Mapping[str, str]) -> AdminClient:
 def max_partition_count(bootstrap: str, topics: Iterable[str], security: Mapping[str, str],
                         timeout: float = 10.0) -> int:
     """The largest partition count among ``topics`` (1 when none exists yet)."""
-    admin = _admin(bootstrap, security)
+    # All topics: a metadata request naming a missing topic would create it (broker auto-creation).
+    listed = _admin(bootstrap, security).list_topics(timeout=timeout).topics
     n = 1
     for t in topics:
-        md = admin.list_topics(t, timeout=timeout).topics.get(t)
+        md = listed.get(t)
         if md is not None and md.error is None:
             n = max(n, len(md.partitions))
     return n
@@ -38,7 +39,7 @@ def ensure_topic(bootstrap: str, topic: str, security: Mapping[str, str], partit
                  timeout: float = 5.0) -> None:
     """Create ``topic`` unless it exists; an "already exists" race is fine."""
     admin = _admin(bootstrap, security)
-    md = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    md = admin.list_topics(timeout=timeout).topics.get(topic)  # all topics: naming one would create it
     if md is not None and md.error is None and md.partitions:
         return
     fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=-1)])[topic]

@@ -37,6 +37,7 @@ from multilane.worker.config import (
     security_settings,
 )
 from multilane.worker.lease import LeaseKeeper, LeaseSettings
+from multilane.worker.output_topics import parse_output_topics
 
 if TYPE_CHECKING:
     from multilane.app import App
@@ -69,7 +70,8 @@ def bind_host(explicit: str | None, environ: Mapping[str, str] = os.environ) -> 
 
 
 def run_app(app: App, argv: list[str]) -> int:
-    """``App.run``: parse ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
+    """``App.run``'s runner (entry point ``worker`` of ``multilane.runners``, pyproject.toml): parse
+    ``argv`` (``multilane worker`` flags) for ``app`` and run the worker."""
     parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or app.name,
                                      description=f"{app.name}: a multilane worker",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -288,7 +290,8 @@ def _state_hooks(args: argparse.Namespace, cfg: EngineConfig) -> StateManager | 
     return StateManager(args.state_dir, cfg.bootstrap_servers, cfg.group,
                         producer_config=security, consumer_config=security, admin_config=security,
                         changelog_topic_config=_parse_kv(args.changelog_config, "--changelog-config"),
-                        on_corrupt=args.state_on_corrupt, snapshot_uri=args.snapshot_uri or None)
+                        on_corrupt=args.state_on_corrupt, snapshot_uri=args.snapshot_uri or None,
+                        transactional=getattr(args, "outputs", "on") == "exactly-once")
 
 
 async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, token: str | None,
@@ -300,6 +303,49 @@ async def _serve(args: argparse.Namespace, cfg: EngineConfig, processor: Any, to
     async with app.lifespan():
         log.info("%s: startup hooks done", app.name)
         return await _serve_engine(args, cfg, processor, token, lease)
+
+
+def transactional_outputs(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
+    """The worker's :class:`~multilane.worker.transactions.TransactionalOutputs`
+    (``--outputs exactly-once``), or None."""
+    if getattr(args, "outputs", "on") != "exactly-once":
+        return None
+    from multilane.worker.health import kafka_logger
+    from multilane.worker.transactions import TransactionalOutputs, transactional_producer_config
+
+    conf = transactional_producer_config(cfg.bootstrap_servers, f"multilane-{cfg.worker_id}-txn", "",
+                                         security=security_settings(cfg.consumer_overrides),
+                                         extra=_parse_kv(args.output_config, "--output-config"))
+    conf.setdefault("logger", kafka_logger())
+    return TransactionalOutputs.from_config(conf, cfg.group, max_records=args.transaction_max_records)
+
+
+async def check_transactions_or_refuse(args: argparse.Namespace, cfg: EngineConfig) -> str | None:
+    """``--outputs exactly-once``: one line when the broker does not run transactions, else None."""
+    if getattr(args, "outputs", "on") != "exactly-once":
+        return None
+    from multilane.worker.transactions import (
+        TransactionsUnavailableError,
+        check_transactions,
+        transactional_producer_config,
+    )
+
+    conf = transactional_producer_config(cfg.bootstrap_servers, f"multilane-{cfg.worker_id}-probe",
+                                         f"multilane.{cfg.group}.probe.{cfg.worker_id}",
+                                         security=security_settings(cfg.consumer_overrides))
+    try:
+        await asyncio.to_thread(check_transactions, conf, float(getattr(args, "transaction_probe_s", 15.0)))
+    except TransactionsUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+def check_exactly_once_args(args: argparse.Namespace) -> None:
+    """ConfigError (one line) for settings ``--outputs exactly-once`` cannot honour."""
+    if getattr(args, "outputs", "on") != "exactly-once":
+        return
+    if getattr(args, "transaction_max_records", 1) < 1:
+        raise ConfigError("--transaction-max-records must be at least 1")
 
 
 def output_producer(args: argparse.Namespace, cfg: EngineConfig) -> Any | None:
@@ -341,9 +387,10 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
     outputs = output_producer(args, cfg)
     if outputs is not None:
         outputs.start(loop)
-    processor = supervisor.wrap(processor, outputs)
+    txns = transactional_outputs(args, cfg)
+    processor = supervisor.wrap(processor, txns if txns is not None else outputs)
     hooks = _state_hooks(args, cfg)
-    engine = Engine(cfg, processor, hooks)
+    engine = Engine(cfg, processor, hooks, transactions=txns)
 
     def stop_requested() -> None:
         supervisor.request_stop()
@@ -385,6 +432,12 @@ async def _serve_engine(args: argparse.Namespace, cfg: EngineConfig, processor: 
             print(f"multilane worker: {exc}", file=sys.stderr, flush=True)
             supervisor.exit_code = exc.code
             return exc.code
+        refusal = await check_transactions_or_refuse(args, cfg)
+        if refusal is not None:
+            log.error("%s", refusal)
+            print(f"multilane worker: {refusal}", file=sys.stderr, flush=True)
+            supervisor.exit_code = 2
+            return 2
         await engine.start()
         supervisor.start(engine)
         if lease is not None:
@@ -449,7 +502,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, consumer_overrides=supervision.client_overrides(
             args, dict(cfg.consumer_overrides)))
         check_state_args(args)
+        check_exactly_once_args(args)
         _parse_kv(getattr(args, "output_config", []), "--output-config")
+        parse_output_topics(getattr(args, "output_topic", []))
         lease = lease_settings(args)
         processor = load_decoding_processor(args, app)
         check_processor_state(processor, args)

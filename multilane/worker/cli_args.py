@@ -107,15 +107,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lease", choices=["auto", "on", "off"], default="auto",
       help="renew this pod's Lease and stop processing when it cannot (operator mode): 'auto' "
            "when the pod environment the operator's StatefulSet sets is present, 'on' requires it")
-    a("--outputs", choices=("on", "off"), default="on",
-      help="ctx.produce: one idempotent producer per worker; a record completes (and may be committed) "
-           "only once every output it produced is acknowledged")
+    a("--outputs", choices=("on", "off", "exactly-once"), default="on",
+      help="ctx.produce: 'on': one idempotent producer per worker; a record completes (and may be "
+           "committed) only once every output it produced is acknowledged (at-least-once); "
+           "'exactly-once': outputs, offsets and progress in one transaction per input partition "
+           "(read_committed readers see each input's outputs once; docs/outputs.md)")
+    a("--transaction-max-records", type=int, default=10_000,
+      help="exactly-once: a partition's transaction commits at --commit-interval-ms or once this many "
+           "of its records hold outputs, whichever comes first")
     a("--output-linger-ms", type=float, default=1.0,
       help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
     a("--output-idempotence", choices=("on", "off"), default="on",
       help="the output producer is idempotent (on), or sends one request at a time per broker (off: "
            "order kept, a client retry may duplicate; the embedded test broker's benchmark runs faster "
            "with off: docs/outputs.md)")
+    a("--output-topic", action="append", default=[], metavar="NAME[:PARTITIONS]",
+      help="a topic ctx.produce writes to, checked before the worker consumes (repeatable): NAME must "
+           "exist (else the worker stops with one line, exit 2); NAME:PARTITIONS is created with that "
+           "many partitions when missing. Brokers create unknown topics on the first produce by default")
     a("--output-config", action="append", default=[], metavar="KEY=VALUE",
       help="extra librdkafka setting of the output producer (repeatable; security settings come from "
            "the consumer's)")

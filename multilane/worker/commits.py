@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +23,13 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from multilane.api import OrderingMode
 from multilane.formats.progress import ProgressCodec, ProgressRecord
-from multilane.worker.hooks import EngineHooks, PartitionStateHooks
+from multilane.worker.hooks import EngineHooks, PartitionStateHooks, TransactionalStateHooks
 from multilane.worker.metrics import COMMIT_LATENCY_BUCKETS, LatencyHistogram
 from multilane.worker.partition import PartitionRuntime
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.state.errors import StateDurabilityError
+from multilane.worker.transactions import TransactionalOutputs
+from multilane.worker.txn_commits import TransactionCommits
 
 __all__ = ["CommitBatch", "CommitCycle", "CommitItem", "ProgressCycle", "plan_commit", "progress_for_base"]
 
@@ -102,10 +104,13 @@ class CommitCycle:
     """
 
     def __init__(self, consumer: Any, store: ProgressStore | None, hooks: PartitionStateHooks | None,
-                 progress_timeout_s: float = 10.0) -> None:
+                 progress_timeout_s: float = 10.0, transactions: TransactionalOutputs | None = None) -> None:
         self._consumer = consumer
         self._store = store
         self._hooks = hooks
+        # exactly-once: each partition's commit is its transaction (multilane/worker/txn_commits.py)
+        self._eos = (TransactionCommits(transactions, consumer, store, self, _transactional_state(hooks))
+                     if transactions is not None else None)
         self._progress_timeout_s = progress_timeout_s
         self.last_progress_bytes = 0
         self.commit_errors = 0
@@ -118,6 +123,10 @@ class CommitCycle:
         # Set by ``Engine.fence()`` (lease lost): while True no commit request is sent, not even by a
         # cycle that was already running when it was set (checked right before each commit).
         self.fenced = False
+
+    def plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
+        """Step 1 (:func:`plan_commit`), keeping the size of the last progress record (a metric)."""
+        return self._plan(parts, final)
 
     def _plan(self, parts: Sequence[PartitionRuntime], final: bool) -> CommitBatch:
         batch = plan_commit(parts, with_progress=self._store is not None, final=final)
@@ -134,6 +143,8 @@ class CommitCycle:
         started = time.monotonic()
         if self.fenced:
             return []  # no progress record and no commit while fenced
+        if self._eos is not None:
+            return await self._eos.run(parts, final, started)
         # 1. plan
         batch = self._plan(parts, final)
         if not batch.items:
@@ -157,8 +168,7 @@ class CommitCycle:
         store = self._store
         unwritten: list[PartitionRuntime] = []
         if store is not None:
-            waits = [(i.part, store.write(i.part.topic, i.part.partition, i.encoded))
-                     for i in batch.items if i.encoded is not None]
+            waits = [(i.part, _write(store, i)) for i in batch.items if i.encoded is not None]
             for part, fut in waits:
                 try:
                     await asyncio.wait_for(fut, self._progress_timeout_s)
@@ -187,6 +197,8 @@ class CommitCycle:
         started = time.monotonic()
         if self.fenced:
             return []
+        if self._eos is not None:
+            return self._eos.run_blocking(parts, started)
         # 1. plan
         batch = self._plan(parts, final=True)
         if not batch.items:
@@ -205,8 +217,7 @@ class CommitCycle:
                 return lost
         # 3. progress records (flush the producer)
         if self._store is not None:
-            futs = [(i, self._store.write(i.part.topic, i.part.partition, i.encoded)) for i in batch.items
-                    if i.encoded is not None]
+            futs = [(i, _write(self._store, i)) for i in batch.items if i.encoded is not None]
             if futs:
                 producer.flush(timeout_s)
             unwritten = [i.part for i, f in futs if not f.done() or f.exception() is not None]
@@ -272,6 +283,27 @@ class CommitCycle:
                 part.committed = tp.offset
 
 
+def _transactional_state(hooks: PartitionStateHooks | None) -> TransactionalStateHooks | None:
+    """The state hooks of an exactly-once worker: they must hold their changelog records for the
+    transactions (else a crash could leave state ahead of the committed outputs). Raises ValueError."""
+    if hooks is None:
+        return None
+    if not isinstance(hooks, TransactionalStateHooks) or not hooks.transactional:
+        raise ValueError("exactly-once outputs need transactional state hooks "
+                         "(StateManager(..., transactional=True))")
+    return hooks
+
+
+def _write(store: ProgressStore, item: CommitItem) -> asyncio.Future[None]:
+    """Step 3: produce the progress record of a commit item; it raises the partition's base floor
+    (``PartitionRuntime.progress_floor``: the progress cycle writes no lower base after it)."""
+    part = item.part
+    assert item.encoded is not None
+    if part.progress_floor is None or item.offset > part.progress_floor:
+        part.progress_floor = item.offset
+    return store.write(part.topic, part.partition, item.encoded)
+
+
 def _log_lost(item: CommitItem, exc: StateDurabilityError) -> None:
     log.error("not committing %s/%d at %d: %s", item.part.topic, item.part.partition, item.offset, exc)
 
@@ -315,8 +347,18 @@ class ProgressCycle:
     - its ``base_offset`` is an offset the broker may hold as committed when the worker dies: the
       confirmed committed offset and, while a commit awaits its answer, the offset sent (one record
       for each), so that the reader finds a record whose base equals whichever of the two landed;
-    - nothing is produced while fenced (``CommitCycle.fenced``), for partitions whose mode keeps no
-      progress, or for partitions that never had a committed offset;
+    - bases never go down in the progress topic (``PartitionRuntime.progress_floor``): once a commit
+      wrote the record of the offset it is about to commit, no record of a lower base follows it. The
+      reader stops at a lower base (everything before it is older); a record of the previous
+      committed offset written after the commit's own record made it stop there after the commit
+      landed, and replay every record completed above the committed offset (issue 31: one run in
+      three of a kill -9 test with three kills);
+    - nothing is produced while fenced (``CommitCycle.fenced``), or for partitions whose mode keeps no
+      progress;
+    - a partition that never had a committed offset has no base for a record: its first commit is not
+      left to the commit interval but sent by the first cycle that finds a committable offset (step
+      0), so that a kill -9 soon after a fresh partition's first records replays no more than a later
+      one (before, every record completed before the first commit ran again);
     - coalescing: a partition with ``MAX_PENDING`` records still unacknowledged is skipped this cycle
       (a slow broker cannot pile records up in the producer), and a record equal to the last one
       written for the same base is not written again (an idle partition costs nothing).
@@ -328,10 +370,14 @@ class ProgressCycle:
 
     MAX_PENDING = 3
 
-    def __init__(self, store: ProgressStore | None, hooks: EngineHooks, commits: CommitCycle) -> None:
+    def __init__(self, store: ProgressStore | None, hooks: EngineHooks, commits: CommitCycle,
+                 on_lost: Callable[[PartitionRuntime], None] | None = None) -> None:
+        """``on_lost``: called with a partition whose first commit (step 0) was left out because its
+        state changes are not durable (the engine reopens it, as after a commit cycle's loss)."""
         self._store = store
         self._hooks = hooks
         self._commits = commits
+        self._on_lost = on_lost
         self._written: weakref.WeakKeyDictionary[PartitionRuntime, _Written] = weakref.WeakKeyDictionary()
         self.records_written = 0  # acknowledged
         self.bytes_written = 0  # acknowledged, encoded value bytes
@@ -342,8 +388,12 @@ class ProgressCycle:
         self.skipped_pending = 0  # partitions skipped because their previous record was unacknowledged
 
     async def run(self, parts: Sequence[PartitionRuntime]) -> int:
-        """One cycle over ``parts`` (steps 1-4); returns the number of records produced.
+        """One cycle over ``parts`` (steps 0-4); returns the number of records produced.
 
+        0. First commits: partitions with progress, no committed offset and no commit sent, whose
+           committable offset is known, are committed now through the commit cycle (which writes their
+           first progress record before the commit; its records are counted there, not here); one
+           whose state changes are not durable goes to ``on_lost`` (reopened, as after a commit).
         1. Snapshot: per partition with progress, flush completions, read the committable offset
            ``C`` and the bases (confirmed committed offset; the offset of a commit still awaiting its
            answer); encode the progress for each base; keep only what changed since the last write.
@@ -357,11 +407,18 @@ class ProgressCycle:
         store = self._store
         if store is None or self._commits.fenced:
             return 0
+        # 0. first commits
+        firsts = [p for p in parts if p.mode is not OrderingMode.PARTITION and not p.closed
+                  and p.committed is None and p.commit_sent is None and p.tracker.committable() is not None]
+        if firsts:
+            for p in await self._commits.run(firsts):
+                if self._on_lost is not None:
+                    self._on_lost(p)
         # 1. snapshot
         batch: list[tuple[PartitionRuntime, _Written, list[int], list[tuple[int, bytes]]]] = []
         for part in parts:
-            if part.mode is OrderingMode.PARTITION or part.closed:
-                continue
+            if part.mode is OrderingMode.PARTITION or part.closed or part in firsts:
+                continue  # (a first commit just wrote its record)
             written = self._written.get(part)
             if written is None:
                 written = self._written[part] = _Written()
@@ -372,7 +429,9 @@ class ProgressCycle:
             c = part.tracker.committable()
             if c is None:
                 continue
-            bases = sorted({b for b in (part.committed, part.commit_sent) if b is not None and b <= c})
+            floor = part.progress_floor
+            bases = sorted({b for b in (part.committed, part.commit_sent)
+                            if b is not None and b <= c and (floor is None or b >= floor)})
             if not bases:
                 continue
             out = []
@@ -411,6 +470,10 @@ class ProgressCycle:
                 continue
             written.encoded = {b: e for b, e in written.encoded.items() if b in bases}
             for base, encoded in out:
+                floor = part.progress_floor
+                if floor is not None and base < floor:
+                    continue  # a commit wrote a newer base meanwhile (step 2 awaited)
+                part.progress_floor = base
                 written.encoded[base] = encoded
                 written.pending += 1
                 fut = store.write(part.topic, part.partition, encoded)

@@ -28,8 +28,8 @@ from typing import Any
 from aiohttp import web
 from confluent_kafka import KafkaException
 
+from multilane.formats.handover import Handover, HandoverError, decode_handovers
 from multilane.worker.engine import Engine, EngineError, FencingError
-from multilane.worker.ownership import decode_progress_hint
 from multilane.worker.readiness import ReadinessFacts, readiness
 from multilane.worker.state.errors import StateError, StatePhaseError
 
@@ -92,38 +92,24 @@ def _partitions(body: dict[str, Any], field: str = "partitions") -> list[tuple[s
     return out
 
 
+def _handovers(body: dict[str, Any]) -> dict[tuple[str, int], Handover]:
+    """The optional ``progress`` of an assignment (:func:`~multilane.formats.handover.decode_handovers`):
+    what the partitions' last owners released (the progress record, base64, and the changelog end)."""
+    try:
+        return decode_handovers(body.get("progress", []))
+    except HandoverError as exc:
+        raise _BadRequestError(str(exc)) from None
+
+
 def _progress_hints(body: dict[str, Any]) -> dict[tuple[str, int], bytes]:
-    """The optional ``progress`` of an assignment: ``[{topic, partition, progress}]``, the progress
-    records (base64) the partitions' last owners released."""
-    raw = body.get("progress", [])
-    if not isinstance(raw, list):
-        raise _BadRequestError("'progress' must be a list of {topic, partition, progress} objects")
-    out = {}
-    for (topic, part), item in zip(_partitions({"progress": raw}, "progress"), raw, strict=True):
-        text = item.get("progress")
-        if not isinstance(text, str):
-            raise _BadRequestError(f"bad progress hint {item!r}: 'progress' must be a base64 string")
-        try:
-            out[(topic, part)] = decode_progress_hint(text)
-        except ValueError as exc:
-            raise _BadRequestError(f"bad progress hint for {topic}/{part}: {exc}") from None
-    return out
+    """The progress records of :func:`_handovers`, as bytes."""
+    return {tp: h.record() for tp, h in _handovers(body).items()}
 
 
 def _changelog_ends(body: dict[str, Any]) -> dict[tuple[str, int], int]:
-    """The optional ``changelog_end`` of each ``progress`` item (call :func:`_progress_hints` first:
-    it checks the list): where the partition's changelog ended when its last owner released it."""
-    raw = body.get("progress", [])
-    out = {}
-    for (topic, part), item in zip(_partitions({"progress": raw}, "progress"), raw, strict=True):
-        end = item.get("changelog_end")
-        if end is None:
-            continue
-        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
-            raise _BadRequestError(f"bad progress hint for {topic}/{part}: 'changelog_end' must be an "
-                                   "int >= 0")
-        out[(topic, part)] = end
-    return out
+    """The changelog ends of :func:`_handovers` (where each partition's changelog ended when its last
+    owner released it)."""
+    return {tp: h.changelog_end for tp, h in _handovers(body).items() if h.changelog_end is not None}
 
 
 def _number(body: dict[str, Any], field: str, default: float) -> float:
@@ -275,8 +261,10 @@ class ControlServer:
             raise _BadRequestError("'generation' must be an int")
         parts = _partitions(body)
         deadline = _number(body, "release_deadline_s", 30.0)
-        hints = _progress_hints(body)
-        released = await self.engine.assign(parts, generation, deadline, hints, _changelog_ends(body))
+        handovers = _handovers(body)
+        hints = {tp: h.record() for tp, h in handovers.items()}
+        ends = {tp: h.changelog_end for tp, h in handovers.items() if h.changelog_end is not None}
+        released = await self.engine.assign(parts, generation, deadline, hints, ends)
         return web.json_response({"generation": self.engine.generation,
                                   "released": [r.to_dict() for r in released]})
 

@@ -72,6 +72,7 @@ from multilane.worker.partition_set import PartitionSet
 from multilane.worker.progress_store import ProgressStore
 from multilane.worker.reopen import Reopener
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
+from multilane.worker.transactions import TransactionalOutputs
 from multilane.worker.views import StatusView
 from multilane.worker.watchdog import StallWatchdog
 
@@ -91,8 +92,13 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig, processor: Processor,
-                 hooks: PartitionStateHooks | None = None) -> None:
+                 hooks: PartitionStateHooks | None = None,
+                 transactions: TransactionalOutputs | None = None) -> None:
+        """``transactions``: exactly-once outputs (``--outputs exactly-once``): each partition's commit
+        is its transaction, the processor is wrapped by ``with_transactional_outputs`` over the same
+        object, and dead letters are outputs of the transaction."""
         self.config = config
+        self.transactions = transactions
         self.processor = processor
         self.hooks = hooks
         self._hooks = EngineHooks.of(hooks)
@@ -167,18 +173,29 @@ class Engine:
         multi_topic = len(set(cfg.topics) | {t for t, _ in cfg.assign}) != 1
         fetch = self._fetch = FetchLoop(self._consumer, self.partitions.runtimes, self._flow,
                                         cfg.consume_batch, self._errors, multi_topic)
-        dlq = self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic)
+        txns = self.transactions
+        dlq = self._dlq = DeadLetterPublisher(self._producer, cfg.dead_letter_topic_for, self._ensure_topic,
+                                              hold=txns.hold if txns is not None else None)
         producer_loop = ProducerLoop(self._producer, self._life)
         store = ProgressStore(cfg.bootstrap_servers, cfg.group, cfg.progress_topic_name, self._producer,
                               security_config(cfg.consumer_overrides), on_produce=producer_loop.wake)
-        commits = self._commits = CommitCycle(self._consumer, store, state)
-        progress = ProgressCycle(store, self._hooks, commits)
+        commits = self._commits = CommitCycle(self._consumer, store, state, transactions=txns)
+        commit_due = asyncio.Event()
+        if txns is not None:
+            def commit_now() -> None:  # any thread: a partition's transaction is full
+                loop.call_soon_threadsafe(commit_due.set)
+
+            txns.on_full = commit_now
         runtimes = RuntimeFactory(cfg, self.control, env, self._flow, self._retry, dlq, self._hist)
         ownership = self._ownership = Ownership(cfg, self.partitions, self.control, state, self._consumer,
                                                 self._producer, store, commits, fetch, runtimes,
-                                                self._io_pool)
+                                                self._io_pool, txns)
         reopener = self._reopener = Reopener(ownership, self.partitions, self.control, self._life,
                                              self._control_lock, cfg.drain_timeout_s)
+        # exactly-once: progress records go only in the transactions (between them they would claim
+        # records whose outputs are not committed)
+        progress = ProgressCycle(store if txns is None else None, self._hooks, commits,
+                                 on_lost=reopener.schedule)
         # 2. progress topic
         topics = list(cfg.topics) or sorted({t for t, _ in cfg.assign})
         await self._retrying("create the progress topic", self._run_io, self._ensure_progress_topic, store,
@@ -198,7 +215,7 @@ class Engine:
             gc.freeze()
         housekeeping = HousekeepingLoop(cfg.commit_interval_ms / 1000.0, self.partitions, commits,
                                         self._consumer, self._watchdog, self._rate, self._learners, reopener,
-                                        self._life)
+                                        self._life, commit_due)
         self._tasks = [
             loop.create_task(fetch.run(), name="multilane-fetch"),
             loop.create_task(housekeeping.run(), name="multilane-housekeeping"),
@@ -292,6 +309,8 @@ class Engine:
         await self._run_io(self._producer.flush, 10.0)
         # 4. close
         await self._run_io(ownership.close)
+        if self.transactions is not None:
+            await self._run_io(self.transactions.close_all)
         try:
             self._consumer.close()
         except Exception as exc:  # closing after a lost broker

@@ -15,6 +15,13 @@ Back-pressure protocol (per partition):
 4. When the whole process is full, nothing is fetched (records are never taken only to be refused)
    and, once it has been full for ``pause_after_s`` (default 0: at once), every partition is paused
    (step 3 resumes them).
+
+Gaps at the end (``multilane.worker.offsets``): the end-of-partition event carries the consumer's
+position, past transaction markers and compacted-away offsets no record covers. It comes through the
+same queue as the records, after every record below it, so when the partition took every record
+returned so far -- active, and not paused by back-pressure (which ignores later records until the
+resume seeks back; events queued before that seek are discarded by librdkafka) -- its tracker skips
+to that position, and the next commit reaches the end.
 """
 
 from __future__ import annotations
@@ -132,8 +139,12 @@ class FetchLoop:
             n = len(msgs)
             while i < n:
                 m = msgs[i]
-                if m.error() is not None:
-                    self._errors.fetch_error(m)
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self.end_of_partition(m)
+                    else:
+                        self._errors.fetch_error(m)
                     i += 1
                     continue
                 part = parts.get((m.topic(), m.partition()))
@@ -156,6 +167,17 @@ class FetchLoop:
             # 3. resume what drained
             self.resume_drained()
             await asyncio.sleep(0)
+
+    def end_of_partition(self, m: Any) -> None:
+        """An end-of-partition event: skip the partition's tracker to the position it carries, when
+        the partition took every record returned before it (module docstring, "Gaps at the end")."""
+        part = self._parts.get((m.topic(), m.partition()))
+        offset = m.offset()
+        if part is None or part.phase != Phase.ACTIVE or part.flow_counters.paused:
+            return
+        if offset is None or offset < 0:
+            return
+        part.reached_end(offset)
 
     def pause_for_flow(self, part: PartitionRuntime, offset: int) -> None:
         fc = part.flow_counters

@@ -11,13 +11,16 @@ implement only :class:`PartitionStateHooks`:
 - :class:`StateStatusHooks`: ``learner_status`` for ``/v1/status`` and ``metrics_collectors``;
 - :class:`HandoverStateHooks`: ``changelog_end`` at a release, handed to the next owner's
   ``open_partition(..., changelog_end=)`` so that a learner's promotion knows where to stop reading;
+- :class:`TransactionalStateHooks`: required with exactly-once outputs: the changelog records are held
+  by the state and go out in the partition's transaction (``take_changes``), and the commit is
+  reported back (``changes_committed``) instead of ``before_commit``;
 - :class:`LearnerHooks`: the learner verbs behind ``Engine.learn`` / ``promote`` / ``demote`` /
   ``drop`` (without them those raise ``EngineError``, HTTP 404).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -83,6 +86,23 @@ class HandoverStateHooks(Protocol):
 
     def changelog_end(self, topic: str, partition: int) -> int | None:
         """One past the partition's last changelog record (after ``before_commit``); None: unknown."""
+
+
+@runtime_checkable
+class TransactionalStateHooks(Protocol):
+    """State hooks whose changelog records go in the input partition's transaction (exactly-once
+    outputs). ``transactional`` is True when they hold the records instead of producing them."""
+
+    transactional: bool
+
+    def take_changes(self, topic: str, partition: int,
+                     is_complete: Callable[[int], bool]) -> list[tuple[int, str, int, bytes, bytes | None]]:
+        """On the loop: remove and return the held changelog records (source offset, changelog topic,
+        partition, key, value) of the records ``is_complete`` says are complete, in apply order."""
+
+    def changes_committed(self, topic: str, partition: int, offset: int, changelog_end: int | None) -> None:
+        """The transaction committing ``offset`` (its changelog records ending at ``changelog_end``)
+        succeeded."""
 
 
 @runtime_checkable

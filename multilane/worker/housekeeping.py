@@ -96,8 +96,11 @@ class HousekeepingLoop:
 
     def __init__(self, commit_interval_s: float, partitions: PartitionSet, commits: CommitCycle,
                  consumer: Any, watchdog: StallWatchdog, rate: RateMeter, learners: LearnerStatusCache,
-                 reopener: Reopener, lifecycle: Lifecycle) -> None:
+                 reopener: Reopener, lifecycle: Lifecycle, commit_due: asyncio.Event | None = None) -> None:
+        """``commit_due``: set when a commit is due before the interval (exactly-once outputs: a
+        partition holds ``--transaction-max-records`` records' outputs)."""
         self._interval = commit_interval_s
+        self._commit_due = commit_due
         self._partitions = partitions
         self._commits = commits
         self._consumer = consumer
@@ -110,8 +113,18 @@ class HousekeepingLoop:
     async def run(self) -> None:
         interval = self._interval
         next_commit = time.monotonic() + interval
+        due = self._commit_due
         while not self._lifecycle.stopping:
-            await asyncio.sleep(min(0.5, interval))
+            if due is None:
+                await asyncio.sleep(min(0.5, interval))
+            else:
+                try:
+                    await asyncio.wait_for(due.wait(), min(0.5, interval))
+                except TimeoutError:
+                    pass
+                if due.is_set():
+                    due.clear()
+                    next_commit = 0.0
             now = time.monotonic()
             self._watchdog.scan([s for p in self._partitions for s in p.lanes.slots()], now)
             self._update_watermarks()

@@ -7,6 +7,12 @@ finished (:meth:`OffsetTracker.complete`, in any order). :meth:`OffsetTracker.co
 offset that may be committed: the first fetched offset not completed, or the next fetch position when
 every fetched offset is complete. It never passes an incomplete offset.
 
+Gaps after the newest fetched record (a transaction's commit marker, records compacted away at the
+end of what was read) are no record any fetch returns, so no completion ever covers them: committing
+"newest record + 1" would stay short of the end for good (KAFKA-6607). The consumer's position steps
+over them; :meth:`OffsetTracker.skip_to` moves the next fetch position there once the engine knows no
+record below it is still unseen (the end-of-partition event, ``multilane.worker.fetch``).
+
 Cost: ``add`` and ``complete`` are O(1); ``committable`` is amortised O(1) per record, because each
 offset leaves the head of the window exactly once (Decaton's ``OutOfOrderCommitControl`` idea). The
 bulk forms (``add_many``, ``complete_many``, the slide in ``committable``) run their per-offset loops
@@ -41,7 +47,8 @@ class OffsetTracker:
         # Completed offsets that are still in _window. Invariant: _done is a subset of _window's set.
         self._done: set[int] = set()
         # Next fetch position: one past the newest added offset, or the start position before any
-        # add. None until known. Invariant: when _window is non-empty, _next == _window[-1] + 1.
+        # add, or further where skip_to() said the offsets in between hold no record. None until
+        # known. Invariant: when _window is non-empty, _next > _window[-1].
         self._next: int | None = start
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -102,6 +109,19 @@ class OffsetTracker:
         for o in batch:
             self.complete(o)
 
+    def skip_to(self, position: int) -> bool:
+        """The consumer's position is ``position`` and every record below it was added: the offsets
+        from the next fetch position up to ``position`` hold no record (transaction markers,
+        compacted-away records). Move the next fetch position there (never back); True if it moved.
+
+        Precondition (the caller's to keep): no record below ``position`` was fetched and left out.
+        """
+        nxt = self._next
+        if nxt is not None and position <= nxt:
+            return False  # also every position at or below a fetched offset (nxt is above them)
+        self._next = position
+        return True
+
     def reset(self, position: int) -> None:
         """Forget everything and restart at ``position`` (after a seek)."""
         self._window.clear()
@@ -132,7 +152,8 @@ class OffsetTracker:
 
     @property
     def position(self) -> int | None:
-        """One past the newest fetched offset (the next fetch position), or None when unknown."""
+        """The next fetch position (one past the newest fetched offset, or where :meth:`skip_to` moved
+        it), or None when unknown."""
         return self._next
 
     @property

@@ -4,6 +4,8 @@ callbacks of :mod:`multilane.worker.group`). Does I/O (Kafka, the state hooks).
 
 Add (:meth:`Ownership.add`, :meth:`Ownership.add_blocking`), numbered as in the code:
 
+0. Exactly-once outputs only: open each partition's transaction (``init_transactions`` fences the last
+   owner and ends what it left open, so the committed offset read next is final).
 1. Read the committed offsets (and metadata) from the group coordinator.
 2. The progress records: the one the partition's last owner released (a hint the operator passes
    on) when it is for the committed offset, else read from the progress topic (else the commit
@@ -26,7 +28,8 @@ Release (:meth:`Ownership.release`, :meth:`Ownership.release_blocking`), numbere
    partition's changelog end from the state hooks, read after the commit flushed the changelog).
 5. Close the state: clean only when nothing running was abandoned and the commit succeeded; in
    operator mode after the answer (in the background).
-6. ``incremental_unassign`` (operator mode) and forget the partitions.
+6. ``incremental_unassign`` (operator mode) and forget the partitions (exactly-once outputs: close
+   their transactions, committed in step 4 or dropped).
 
 Each protocol is written once, as a coroutine over an I/O driver of
 :mod:`multilane.worker.ownership_io`: on the event loop, or blocking inside a rebalance callback.
@@ -66,6 +69,7 @@ from multilane.worker.partition import PartitionRuntime, Phase
 from multilane.worker.partition_set import PartitionSet
 from multilane.worker.progress_store import ProgressStore, choose_progress, vet_progress
 from multilane.worker.retry import DeadLetterPublisher, RetryPolicy
+from multilane.worker.transactions import TransactionalOutputs
 
 __all__ = ["EngineError", "FencingError", "Ownership", "ReleaseResult", "RuntimeFactory"]
 
@@ -147,8 +151,10 @@ class Ownership:
     def __init__(self, config: EngineConfig, partitions: PartitionSet, control: ControlState,
                  hooks: PartitionStateHooks | None, consumer: Any, producer: Any, store: ProgressStore,
                  commits: CommitCycle, fetch: FetchLoop, new_runtime: RuntimeFactory,
-                 io_pool: concurrent.futures.ThreadPoolExecutor) -> None:
+                 io_pool: concurrent.futures.ThreadPoolExecutor,
+                 transactions: TransactionalOutputs | None = None) -> None:
         self.config = config
+        self.transactions = transactions
         self.partitions = partitions
         self.control = control
         self.hooks = hooks
@@ -192,6 +198,15 @@ class Ownership:
         and the error is raised: nothing of this call is assigned. No record of a partition is
         fetched before its state is open."""
         t0 = time.monotonic()
+        # 0. transactions (exactly-once outputs): fence the last owner before reading what it committed
+        txns = self.transactions
+        if txns is not None:
+            opened = await io.each(txns.open, [(tp,) for tp in tps])
+            errors = [r for r in opened if isinstance(r, BaseException)]
+            if errors:
+                for tp in tps:
+                    await io.call(txns.close, tp)
+                raise errors[0]
         # 1. committed offsets
         committed = await io.committed(tps)
         t1 = time.monotonic()
@@ -338,6 +353,9 @@ class Ownership:
                 self.consumer.incremental_unassign([TopicPartition(p.topic, p.partition) for p in parts])
             except KafkaException as exc:
                 log.warning("unassign failed: %s", exc)
+        if self.transactions is not None:
+            for p in parts:
+                await io.call(self.transactions.close, (p.topic, p.partition))
         out = []
         for p in parts:
             self.partitions.forget(p)
@@ -358,8 +376,14 @@ class Ownership:
                 continue
             p.close()
             self.partitions.forget(p)
+            if self.transactions is not None:
+                self.transactions.close(tp)
             if self.hooks is not None:
                 self.hooks.close_partition(p.topic, p.partition, False)
+
+    def fenced(self, tp: TopicPartitionId) -> bool:
+        """Exactly-once outputs: another worker opened ``tp``'s transaction after this one did."""
+        return self.transactions is not None and self.transactions.fenced(tp)
 
     def load_progress(self, tp: TopicPartitionId, committed: Committed,
                       hint: bytes | None = None) -> ProgressRecord | None:

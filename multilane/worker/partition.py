@@ -14,7 +14,7 @@ from typing import Any
 
 from multilane.api import OrderingMode
 from multilane.formats.keyranges import key_hash
-from multilane.formats.progress import ProgressRecord, intervals_from_offsets
+from multilane.formats.progress import ProgressRecord, intervals_from_offsets, union_progress
 from multilane.worker.flow import FlowController, FlowCounters
 from multilane.worker.lane_core import LaneCore
 from multilane.worker.lane_group import LaneGroup
@@ -103,6 +103,11 @@ class PartitionRuntime:
         self.committed = committed  # last offset the broker confirmed as committed
         self.commit_sent: int | None = None  # last offset sent in a commit request
         self.last_progress: bytes | None = None  # encoded progress of the last commit cycle
+        # The highest base offset of a progress record produced for this partition (by a commit or the
+        # progress cycle; written by multilane.worker.commits only). Invariant: no record of a lower
+        # base is produced after one of this base, so the progress topic holds this runtime's records
+        # in base order (ProgressStore.read_progress stops at a lower base).
+        self.progress_floor: int | None = None
         self.high_watermark: int | None = None
         self.closed = False
         self.user_paused = False
@@ -228,6 +233,13 @@ class PartitionRuntime:
             flow.take(fc, taken, taken_bytes)
         return j, refused
 
+    def reached_end(self, position: int) -> None:
+        """The consumer reached the end of the partition at ``position`` with every record below it
+        taken (the fetch loop checks that): offsets past the newest taken record up to there hold no
+        record (transaction markers, compaction), so the committable offset may reach ``position``
+        once every taken record completed (:meth:`OffsetTracker.skip_to`)."""
+        self.tracker.skip_to(position)
+
     def _restored(self, offset: int, kh: int, pending: list[int]) -> bool:
         """True (and the offset recorded as complete) when restored progress says it is done."""
         restore = self.restore
@@ -315,10 +327,16 @@ class PartitionRuntime:
     # -- progress --------------------------------------------------------------------------------------
 
     def progress(self, base: int) -> ProgressRecord:
-        """The progress record to accompany committed offset ``base`` (a snapshot of now).
+        """The progress record to accompany committed offset ``base`` (a snapshot of now), never
+        claiming less than the restored record while fetching has not passed it (``union_progress``).
 
         Call :meth:`flush` first (``base`` comes from the tracker after a flush).
         """
+        rec = self._own_progress(base)
+        restore = self.restore
+        return union_progress(rec, restore) if restore is not None else rec
+
+    def _own_progress(self, base: int) -> ProgressRecord:
         position = self.tracker.position
         high = position if position is not None else base
         if self.mode is OrderingMode.KEY:

@@ -114,7 +114,9 @@ class ProgressStore:
     def ensure_topic(self, min_partitions: int, timeout: float = 10.0) -> int:
         """Create the progress topic if missing (blocking); return its partition count."""
         admin = AdminClient({"bootstrap.servers": self._bootstrap, **self._client_config})
-        md = admin.list_topics(self.topic, timeout=timeout)
+        # All topics, not ``list_topics(self.topic)``: a metadata request naming a missing topic makes
+        # brokers with auto-creation enabled create it (default partitions, not compacted).
+        md = admin.list_topics(timeout=timeout)
         t = md.topics.get(self.topic)
         if t is None or t.error is not None or not t.partitions:
             futures = admin.create_topics([NewTopic(
@@ -128,7 +130,7 @@ class ProgressStore:
                     raise
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                t = admin.list_topics(self.topic, timeout=timeout).topics.get(self.topic)
+                t = admin.list_topics(timeout=timeout).topics.get(self.topic)
                 if t is not None and t.error is None and t.partitions:
                     break
                 time.sleep(0.05)
@@ -139,6 +141,10 @@ class ProgressStore:
             log.warning("progress topic %s has %d partitions, fewer than %d input partitions; sharing",
                         self.topic, self._partitions, min_partitions)
         return self._partitions
+
+    def partition_index(self, partition: int) -> int:
+        """The progress topic's partition that holds ``partition``'s records."""
+        return self._index(partition)
 
     def _index(self, partition: int) -> int:
         if self._partitions is None:
@@ -217,9 +223,10 @@ class ProgressStore:
            then, while nothing usable was found, the ``chunk`` offsets before those, and so on.
         3. Within what was read, newest first: the first record with ``base_offset == committed``
            (and our group/topic/partition) is the answer. Stop searching (None) at a record with an
-           older base (everything before it is older still), when more than two newer bases were
-           passed (only a commit still unanswered at a crash leaves newer bases behind), or after
-           ``lookback`` offsets.
+           older base (everything before it is older still: a worker writes no lower base after a
+           commit wrote its own record, ``PartitionRuntime.progress_floor``), when more than two newer
+           bases were passed (only a commit still unanswered at a crash leaves newer bases behind), or
+           after ``lookback`` offsets.
         """
         # 1.
         if committed is None:
@@ -239,7 +246,7 @@ class ProgressStore:
                 # 2.
                 found = self._scan(consumer, idx, key, start, end, hi, deadline, quiet_s)
                 # 3.
-                for _off, value in reversed(found):
+                for off, value in reversed(found):
                     rec, fault, detail = vet_progress(value, group=self._group, topic=topic,
                                                       partition=partition, committed=committed)
                     if rec is not None:
@@ -252,9 +259,13 @@ class ProgressStore:
                         continue
                     base = ProgressCodec.decode(value).base_offset
                     if base < committed:
+                        log.info("progress of %s/%d: a record of base %d (at %d) is newer than any of the "
+                                 "committed offset %d", topic, partition, base, off, committed)
                         return None
                     newer_bases.add(base)
                     if len(newer_bases) > 2:
+                        log.info("progress of %s/%d: records of bases %s above the committed offset %d "
+                                 "and none of it", topic, partition, sorted(newer_bases), committed)
                         return None
                 if start <= lo or hi - start >= lookback or time.monotonic() >= deadline:
                     return None

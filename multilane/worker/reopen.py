@@ -1,6 +1,6 @@
 """``Reopener``: reopen a partition whose state lost a change (``before_commit`` raised
-:class:`StateDurabilityError`), so that every record not committed is processed again. Does I/O
-(through the ownership protocol)."""
+:class:`StateDurabilityError`) or whose transaction aborted (exactly-once outputs), so that every record
+not committed is processed again. Does I/O (through the ownership protocol)."""
 
 from __future__ import annotations
 
@@ -69,10 +69,14 @@ class Reopener:
             if self._lifecycle.stopped or self._control.fenced_at is not None \
                     or self._partitions.get(tp) is not part:
                 return
-            log.warning("reopening %s/%d: its state changes are not durable; records after the last "
-                        "commit will be processed again", tp[0], tp[1])
+            log.warning("reopening %s/%d: its state changes are not durable or its transaction aborted; "
+                        "records after the last commit will be processed again", tp[0], tp[1])
             # 2.
             await self._ownership.release([part], self._drain_timeout_s, unassign=True, commit=False)
+            if self._ownership.fenced(tp):  # exactly-once: another worker took it; never fence it back
+                log.error("dropped %s/%d: another worker opened its transaction (this worker was fenced)",
+                          tp[0], tp[1])
+                return
             self._partitions.mark_reopen_pending(tp)
             # 3.
             if await self._try_add(tp, delay):

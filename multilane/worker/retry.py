@@ -184,8 +184,12 @@ class DeadLetterPublisher:
         topic_for: Callable[[str], str],
         ensure_topic: Callable[[str], None] | None = None,
         retry_delay_s: float = 1.0,
+        hold: Callable[..., None] | None = None,
     ) -> None:
+        """``hold``: exactly-once outputs (``TransactionalOutputs.hold``): a dead letter is held as the
+        record's output (it goes out in the partition's transaction) and the record completes at once."""
         self._producer = producer
+        self._hold = hold
         self._topic_for = topic_for
         self._ensure_topic = ensure_topic
         self._retry_delay_s = retry_delay_s
@@ -231,6 +235,12 @@ class DeadLetterPublisher:
                 fut = loop.run_in_executor(None, self._ensure_topic, topic)
                 fut.add_done_callback(functools.partial(self._created, topic))
             waiting.append((record, headers, on_done))
+            return
+        if self._hold is not None:
+            self._hold(record.topic, record.partition, record.offset,
+                       [(topic, record.value, record.key, headers)])
+            self.pending -= 1
+            on_done()
             return
 
         def delivered(err: Any, _msg: Any) -> None:

@@ -10,7 +10,9 @@ Lifecycle (steps 1-4, called by ``multilane.worker.cli``):
 
 1. :meth:`WorkerSupervisor.wrap` before the engine is built: outputs inside, the guard outside.
 2. :meth:`WorkerSupervisor.preflight` before the engine starts: wait for the broker (exit after
-   ``--broker-timeout-s``) and refuse missing input topics (exit 2; topics are never auto-created).
+   ``--broker-timeout-s``), refuse missing input topics (exit 2; topics are never auto-created), and
+   check the declared output topics (``--output-topic``, :mod:`multilane.worker.output_topics`:
+   created when declared with a partition count, else a missing one is refused, exit 2).
 3. :meth:`WorkerSupervisor.start` once the engine runs: probe, loop watch, metrics.
 4. :meth:`WorkerSupervisor.stop` after the engine stopped: release held records, flush outputs.
 """
@@ -32,6 +34,7 @@ from multilane.worker.config import EngineConfig, security_settings
 from multilane.worker.guard import EndToEndLatency, guarded
 from multilane.worker.health import AppMetricsCollector, BrokerProbe, HealthCollector, kafka_logger
 from multilane.worker.loopwatch import LoopBlockWatch
+from multilane.worker.output_topics import check_output_topics, missing_message, parse_output_topics
 from multilane.worker.readiness import ReadinessFacts
 from multilane.worker.retry import RetryPolicy
 
@@ -108,6 +111,7 @@ class WorkerSupervisor:
         self._stopping = False
         security = security_settings(cfg.consumer_overrides)
         self.topics = tuple(cfg.topics) or tuple(sorted({t for t, _ in cfg.assign}))
+        self.output_topics = parse_output_topics(getattr(args, "output_topic", None) or [])
 
         def admin() -> Any:
             from confluent_kafka.admin import AdminClient
@@ -116,6 +120,7 @@ class WorkerSupervisor:
                                     **security}
             return AdminClient(conf)
 
+        self._admin = admin
         self.probe = BrokerProbe(admin, self.topics, timeout_s=float(getattr(args, "broker_timeout_s", 0.0)),
                                  on_give_up=self._give_up)
 
@@ -123,7 +128,13 @@ class WorkerSupervisor:
     def wrap(self, processor: Processor, outputs: Any = None) -> Processor:
         """Outputs (``ctx.produce``) inside, the guard outside (a failed output meets the breaker)."""
         self.outputs = outputs
-        if outputs is not None:
+        from multilane.worker.transactions import TransactionalOutputs
+
+        if isinstance(outputs, TransactionalOutputs):  # exactly-once: outputs held for the transaction
+            from multilane.worker.transactions import with_transactional_outputs
+
+            processor = with_transactional_outputs(processor, outputs)
+        elif outputs is not None:
             from multilane.worker.outputs import with_outputs
 
             processor = with_outputs(processor, outputs)
@@ -137,7 +148,8 @@ class WorkerSupervisor:
     # 2.
     async def preflight(self) -> None:
         """Wait until the broker answers (StartupError 1 after ``--broker-timeout-s``), then refuse
-        missing input topics (StartupError 2)."""
+        missing input topics (StartupError 2), then check the output topics (create those declared
+        with a partition count; StartupError 2 for a missing one declared without)."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         warned = False
@@ -160,6 +172,16 @@ class WorkerSupervisor:
             raise StartupError(f"input topic(s) {', '.join(missing)} do not exist on "
                                f"{self.cfg.bootstrap_servers}; create them first (multilane does not "
                                "auto-create input topics)", 2)
+        if self.output_topics:
+            try:
+                absent = await loop.run_in_executor(None, check_output_topics, self._admin(),
+                                                    self.output_topics)
+            except Exception as exc:  # KafkaException (e.g. not authorised to create), TimeoutError
+                raise StartupError(f"output topics {', '.join(t.name for t in self.output_topics)}: "
+                                   f"cannot check or create them on {self.cfg.bootstrap_servers}: {exc}", 1) \
+                    from exc
+            if absent:
+                raise StartupError(missing_message(absent, self.cfg.bootstrap_servers), 2)
 
     # 3.
     def start(self, engine: Any) -> None:

@@ -23,7 +23,6 @@ CHART_DIR = REPO / "charts" / "multilane"
 CRD_FILE = REPO / "crds" / "parallelconsumers.multilane.dev.yaml"
 EXAMPLES_DIR = REPO / "examples"
 DOCKERFILE = REPO / "Dockerfile"
-E2E_SCRIPT = REPO / "scripts" / "e2e-kind.sh"
 
 #: Kubernetes version that manifests are validated against (the newest kubernetes-validate ships).
 KUBE_VERSION = "1.37.0"

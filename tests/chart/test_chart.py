@@ -204,7 +204,7 @@ def test_values_schema_accepts_net_bind_service_only(chart: Any) -> None:
 
 def test_notes_explain_next_steps(render_notes: Any) -> None:
     notes = render_notes()
-    assert "kubectl get pc -A -w" in notes
+    assert "kubectl get pcon -A -w" in notes
     assert "all namespaces" in notes
     assert "team-a, team-b" in render_notes(VALUE_SETS["namespaced"])
     assert "NOT installed" in render_notes({"crds": {"enabled": False}})

@@ -127,7 +127,7 @@ def test_crd_names_scope_and_subresources(crd: Manifest, crd_version: Manifest) 
     assert spec["scope"] == "Namespaced"
     assert spec["names"]["kind"] == "ParallelConsumer"
     assert spec["names"]["plural"] == "parallelconsumers"
-    assert spec["names"]["shortNames"] == ["pc"]
+    assert spec["names"]["shortNames"] == ["pcon"]
     assert set(spec["names"]["categories"]) == {"multilane", "all"}
     assert crd_version["name"] == "v1alpha1"
     assert crd_version["served"] and crd_version["storage"]

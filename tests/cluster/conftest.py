@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if str(item.path).startswith(here):
             item.add_marker(pytest.mark.cluster)
+            # one xdist worker runs them all: one control plane, not one per worker (--dist loadgroup)
+            item.add_marker(pytest.mark.xdist_group("real-cluster"))
 
 
 @pytest.fixture(scope="session")

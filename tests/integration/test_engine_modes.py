@@ -12,6 +12,7 @@ from multilane.testing.checkers import assert_all, check_delivery
 pytestmark = pytest.mark.broker
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("mode", ["key", "partition", "unordered"])
 def test_each_mode_processes_everything(broker: EmbeddedBroker, topic_name: str, mode: str) -> None:
     broker.create_topic(topic_name, 1)

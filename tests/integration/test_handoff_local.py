@@ -218,6 +218,7 @@ def is_back_on_one(cp: LocalControlPlane) -> Callable[[], bool]:
     return lambda: set(owners(cp).values()) == {"w-0"} and "w-1" not in cp.platform.workers()
 
 
+@pytest.mark.matrix
 async def test_scale_up_and_down_under_load_with_state(harness: Harness) -> None:
     h = harness
     cp = await start_one_worker(h)

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from multilane.testing.broker import EmbeddedBroker
 from multilane.worker.progress_store import ProgressStore, progress_key
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.matrix]
 
 
 def test_read_latest_returns_the_newest_value_per_key(broker: EmbeddedBroker) -> None:

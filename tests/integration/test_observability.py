@@ -98,7 +98,7 @@ async def test_dashboard_and_alert_queries_return_series(
             "scaling": {
                 "minReplicas": 1,
                 "maxReplicas": 2,
-                "replicas": 1,  # pinned; raised to 2 below (as `kubectl scale pc` would)
+                "replicas": 1,  # pinned; raised to 2 below (as `kubectl scale pcon` would)
                 "minFactor": 2,
                 "maxFactor": 2,
                 "intervalSeconds": 1,

@@ -49,6 +49,7 @@ def _forwarder(rec: Any, out_topic: str, per_input: int, sync: bool = False) -> 
     return proc
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 def test_key_mode_outputs_complete_and_in_input_order(broker: EmbeddedBroker, topic_name: str,
                                                       sync: bool) -> None:
@@ -94,6 +95,7 @@ class HeldProducer:
         return int(self.producer.flush(timeout))
 
 
+@pytest.mark.matrix
 def test_nothing_is_committed_before_its_outputs_are_acknowledged(broker: EmbeddedBroker,
                                                                   topic_name: str) -> None:
     """Processors return at once, but their outputs' acknowledgements are held: after several commit

@@ -20,7 +20,7 @@ from multilane.testing.outputs import check_outputs, read_outputs
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.matrix]
 
 PER_INPUT = 2
 

@@ -25,7 +25,7 @@ from multilane.testing.checkers import assert_all, check_delivery
 from multilane.testing.processors import EventRecorder, ProcessorConfig
 from multilane.worker.progress_store import ProgressStore, progress_key
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.matrix]
 
 
 def _unordered(group: str, base: int, done_to: int) -> bytes:

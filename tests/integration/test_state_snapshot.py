@@ -109,6 +109,7 @@ def history(
     return ops, manifest, uri
 
 
+@pytest.mark.matrix
 def test_restore_from_snapshot_and_tail_equals_full_replay(
     topic_name: str, managers: Callable[..., StateManager], history: tuple[Ops, SnapshotManifest, str]
 ) -> None:

@@ -1,8 +1,10 @@
-"""What the embedded broker does with static group membership (``--group-instance-id``).
+"""What each broker does with static group membership (``--group-instance-id``).
 
 A standalone worker is SIGKILLed and replaced by a new process; the replacement's time from its ready
 line to its first processed record is measured with and without a ``group.instance.id`` (session timeout
-6 s). The assertion records what the broker does (docs/worker-health.md quotes it).
+6 s). The assertion records what the session's broker does (docs/worker-health.md quotes it): Tansu
+waits out the killed static member's session; Apache Kafka hands its partitions to the new process with
+the same ``group.instance.id`` at once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from multilane.testing.loadgen import produce_records
 from multilane.testing.processors import EventLogFollower, read_event_log
 from multilane.testing.workers import WorkerProcess, WorkerSpec, wait_until
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.matrix]
 
 SESSION = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
 
@@ -50,8 +52,8 @@ def _takeover_s(broker: EmbeddedBroker, topic: str, tmp: Path, workers: list[Wor
     return took
 
 
-def test_static_membership_on_the_embedded_broker(broker: EmbeddedBroker, topic_name: str, tmp_path: Path,
-                                                   workers: list[WorkerProcess]) -> None:
+def test_static_membership_takeover(broker: EmbeddedBroker, topic_name: str, tmp_path: Path,
+                                   workers: list[WorkerProcess], broker_kind: str) -> None:
     dynamic = _takeover_s(broker, f"{topic_name}-d", tmp_path / "d", workers, None)
     static = _takeover_s(broker, f"{topic_name}-s", tmp_path / "s", workers, "pod-0")
     print(f"replacement's first record after its ready line: dynamic {dynamic:.1f}s, static {static:.1f}s "
@@ -62,5 +64,9 @@ def test_static_membership_on_the_embedded_broker(broker: EmbeddedBroker, topic_
     # when the killed member is still counted). The stable fact: a static member is not replaced at
     # once, so static membership does not make a takeover fast here and the worker sets it only when
     # asked.
+    # Apache Kafka 4.4.0 (measured 2026-11-28, load average ~30 on 2 cores): static 0.1 s, dynamic 4.3 s.
     session_s = int(SESSION["session.timeout.ms"]) / 1000
+    if broker_kind == "apache":
+        assert static < 0.5 * session_s, f"Apache Kafka waited {static:.1f}s to replace a static member"
+        return
     assert static >= 0.5 * session_s, "the broker now replaces a static member at once: revisit the docs"

@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from multilane.testing.broker import EmbeddedBroker
+from multilane.testing.broker import EmbeddedBroker, KafkaBroker
 from multilane.testing.checkers import ProducedRecord, ReplayCounter, assert_all, check_delivery
 from multilane.testing.loadgen import LoadResult, RateProfile, produce_paced, produce_records
 from multilane.testing.processors import EventLogFollower, read_event_log
@@ -86,7 +88,7 @@ def _wait_quiet(follower: EventLogFollower, quiet_s: float, timeout: float) -> i
 # -- (a) kill -9 mid-stream under load ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["assign", "subscribe"])
+@pytest.mark.parametrize("mode", ["assign", pytest.param("subscribe", marks=pytest.mark.matrix)])
 def test_kill9_mid_stream_under_load_loses_nothing(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], mode: str
 ) -> None:
@@ -173,10 +175,15 @@ def test_replays_after_kill9_are_bounded_by_the_last_progress_interval(
     events_a = [e for e in read_event_log(log) if e.pid == w1.pid]
     ends_a = {e.tpo: e.time for e in events_a if e.kind == "end"}
     running_at_kill = {e.tpo for e in events_a if e.kind == "start"} - set(ends_a)
-    kill_instant = max([killed_at, *(e.time for e in events_a)])
+    # The intervals end at the worker's last activity, not at the kill: on a loaded machine the process
+    # can be descheduled for longer than an interval just before the kill, and the progress it had
+    # acknowledged then is as old as its last activity.
+    last_activity = max(e.time for e in events_a)
+    kill_instant = last_activity
     window = PROGRESS_INTERVAL_MS / 1000.0
     completed_last_interval = sum(1 for t in ends_a.values() if t > kill_instant - window)
-    assert completed_last_interval > 0, "the kill came after a pause: completions must continue"
+    print(f"the worker's last activity {1000 * (killed_at - last_activity):.0f} ms before the kill")
+    assert completed_last_interval > 0, "the worker was not completing records up to its last activity"
 
     w2 = _start(workers, WorkerSpec(**base, env=env), tmp_path)  # type: ignore[arg-type]
     _wait_all_ended(follower, produced, w2)
@@ -438,22 +445,31 @@ def _produce_keyed(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -
     return out
 
 
+JOIN_S = 10.0  # the long records outlast the second worker's ready line by this much
+
+
 @pytest.mark.parametrize(
-    "processor", ["logging_sync", pytest.param("logging_async", marks=pytest.mark.slow)]
+    "processor", [pytest.param("logging_sync", marks=pytest.mark.matrix),
+                  pytest.param("logging_async", marks=pytest.mark.slow)]
 )
 def test_rebalance_mid_record_keeps_keys_exclusive(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess], processor: str
 ) -> None:
-    """A second standalone worker joins while the first runs a 15 s record on each partition; the
+    """A second standalone worker joins while the first runs a long record on each partition; the
     cooperative rebalance (several seconds on the embedded broker) moves one partition. The new owner
     must not start the slow key while the old owner still runs it. An async attempt can be cancelled
     at the revoke (logged as ``cancel``); a sync attempt keeps running in its thread, so the revoke
-    has to wait for it (or the handoff overlaps)."""
+    has to wait for it (or the handoff overlaps).
+
+    The long records last until the second worker has been ready for ``JOIN_S`` (a release file), not
+    a fixed 15 s: on a loaded machine the second worker's start alone can take longer than that, and
+    the rebalance would then find nothing running."""
     broker.create_topic(topic_name, 2)
     slow = _produce_keyed(broker.bootstrap, topic_name, [(0, b"slow-0"), (1, b"slow-1")])
     rest = produce_records(broker.bootstrap, topic_name, 200, keys=8, seed=4)
     produced = slow + rest.records
     log = str(tmp_path / "events.log")
+    release = tmp_path / "release-slow-records"
     spec = WorkerSpec(
         broker.bootstrap,
         group=f"g-{topic_name}",
@@ -463,8 +479,8 @@ def test_rebalance_mid_record_keeps_keys_exclusive(
         event_log=log,
         env={
             "MULTILANE_TEST_SLEEP_MS": "5",
-            "MULTILANE_TEST_SLOW_KEYS": "slow-0,slow-1",
-            "MULTILANE_TEST_SLOW_MS": "15000",
+            "MULTILANE_TEST_HANG_KEY": "slow-0,slow-1",
+            "MULTILANE_TEST_HANG_RELEASE_FILE": str(release),
         },
     )
     w1 = _start(workers, spec, tmp_path / "w1")
@@ -479,6 +495,8 @@ def test_rebalance_mid_record_keeps_keys_exclusive(
     w2 = _start(
         workers, WorkerSpec(**{**spec.__dict__, "env": {"MULTILANE_TEST_SLEEP_MS": "5"}}), tmp_path / "w2"
     )
+    time.sleep(JOIN_S)  # the second worker joins; the first one's revoke then waits for its attempt
+    release.touch()
     _wait_all_ended(follower, produced, [w1, w2])
     events = read_event_log(log)
     assert {e.pid for e in events if e.kind == "start"} == {w1.pid, w2.pid}, "the partitions never moved"
@@ -573,3 +591,111 @@ def test_soak_broker_blackhole_45s(
     events = read_event_log(log)
     assert {e.pid for e in events} == {w.pid}
     assert_all(check_delivery(produced, events, mode="key"))
+
+
+# -- the replay bound at every kill (issue 31, item 4) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _KillFigures:
+    """One kill -9 and its restart (see :func:`_replays_per_kill`)."""
+
+    replayed: int  # records done before the kill (by any earlier incarnation) the restart ran again
+    running: int  # records the killed worker had started and not finished
+    in_flight: int  # records the killed worker had fetched and not finished (its status, just before)
+    recent: int  # records the killed worker completed in the last progress interval before the kill
+    oldest_ms: float  # how long before the kill the oldest replayed record had completed
+
+    @property
+    def bound(self) -> int:
+        """README's promise: the records in flight plus those completed in the last progress interval."""
+        return self.in_flight + self.recent
+
+
+def _replays_per_kill(events: list[Any], pids: list[int], kill_times: list[float], in_flight: list[int],
+                      window_s: float) -> list[_KillFigures]:
+    """The figures of each kill (of ``pids[i]``, restarted as ``pids[i + 1]``)."""
+    out = []
+    done_at: dict[tuple[str, int, int], float] = {}
+    for i, pid in enumerate(pids[:-1]):
+        mine = [e for e in events if e.pid == pid]
+        ends = {e.tpo: e.time for e in mine if e.kind == "end"}
+        done_at.update(ends)
+        running = {e.tpo for e in mine if e.kind == "start"} - set(ends)
+        kill_instant = max([kill_times[i], *(e.time for e in mine)])
+        recent = sum(1 for t in ends.values() if t > kill_instant - window_s)
+        restarted = {e.tpo for e in events if e.pid == pids[i + 1] and e.kind == "start"}
+        replayed = restarted & set(done_at)
+        oldest = max((kill_instant - done_at[t] for t in replayed), default=0.0) * 1000
+        out.append(_KillFigures(len(replayed), len(running), in_flight[i], recent, oldest))
+    return out
+
+
+def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path: Path,
+                                       workers: list[WorkerProcess], seed: int) -> None:
+    """4 partitions, key mode, factor 32, Zipf keys with a ~20% hot key, a paced producer, three
+    SIGKILLs. After each, README's bound holds: the restart replays at most the records in flight at
+    the kill plus those completed in the last progress interval; and no replayed record had completed
+    more than two commit intervals before the kill (what a missing progress record replays: everything
+    completed above the committed offset). Delivery checkers over all incarnations."""
+    from collections import Counter
+
+    broker.create_topic(topic, 4)
+    log = str(tmp_path / "events.log")
+    commit_interval_ms = 500
+    spec = WorkerSpec(broker.bootstrap, group=f"g-{topic}", assign=",".join(f"{topic}:{p}" for p in range(4)),
+                      factor=32, event_log=log, env={"MULTILANE_TEST_SLEEP_MS": "1"},
+                      commit_interval_ms=commit_interval_ms,
+                      extra_args=("--progress-interval-ms", str(PROGRESS_INTERVAL_MS)))
+    result: list[LoadResult] = []
+    producer = threading.Thread(target=lambda: result.append(
+        produce_paced(broker.bootstrap, topic, RateProfile.constant(1500, 10), keys=100, zipf_s=1.1,
+                      seed=seed, producer_config={"enable.idempotence": True})))
+    # (idempotent: on a loaded Apache Kafka a produce request timed out after 60 s and its retry wrote
+    # 10 records twice, which the checkers count as records never produced)
+    producer.start()
+    follower = EventLogFollower(log)
+    w = _start(workers, spec, tmp_path / "w0")
+    pids = [w.pid]
+    kill_times: list[float] = []
+    in_flight: list[int] = []
+    for n, kill_at in enumerate((1500, 4500, 7500)):
+        def reached(k: int = kill_at) -> bool:
+            return follower.ended_count() >= k
+
+        wait_until(reached, 120, 0.02, f"{kill_at} records processed")
+        in_flight.append(w.in_flight())
+        kill_times.append(time.time())
+        w.kill()
+        w = _start(workers, spec, tmp_path / f"w{n + 1}")
+        pids.append(w.pid)
+    producer.join(180)
+    assert result and result[0].failed == 0
+    produced = result[0].records
+    _wait_all_ended(follower, produced, w)
+    assert w.terminate(60) == 0
+    events = read_event_log(log)
+    hot_share = Counter(r.key for r in produced).most_common(1)[0][1] / len(produced)
+    figures = _replays_per_kill(events, pids, kill_times, in_flight, PROGRESS_INTERVAL_MS / 1000)
+    print(f"seed {seed}: hot key {hot_share:.0%}; per kill: {figures}")
+    assert hot_share > 0.15
+    for i, f in enumerate(figures):
+        why = f"kill {i + 1} of {figures}; the restart's log:\n{workers[i + 1].stderr_tail(30)}"
+        assert f.replayed + f.running <= f.bound, why
+        assert f.oldest_ms <= 2 * commit_interval_ms, why
+    assert_all(check_delivery(produced, events, mode="key"))
+
+
+def test_replay_bound_holds_at_every_kill(broker: KafkaBroker, topic_name: str, tmp_path: Path,
+                                          workers: list[WorkerProcess]) -> None:
+    """One run in the default suite (three kills); the slow variant below runs eight."""
+    _kill9_three_times_under_a_hot_key(broker, topic_name, tmp_path, workers, seed=41)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(8))
+def test_replay_bound_holds_at_every_kill_repeated(broker: KafkaBroker, topic_name: str, tmp_path: Path,
+                                                   workers: list[WorkerProcess], seed: int) -> None:
+    """Eight runs of three kills: a failure in one run of three (the issue's rate) escapes all eight
+    with probability (2/3)^8 < 4%."""
+    _kill9_three_times_under_a_hot_key(broker, topic_name, tmp_path, workers, seed=100 + seed)

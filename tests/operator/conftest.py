@@ -12,7 +12,7 @@ no scenario used."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from multilane.testing.kopf_runner import OperatorRunner
 from multilane.testing.kube_api import ApiServerEmulator, emulated_api_server
 from multilane.testing.kube_rbac import RbacAuthorizer, RuleUsage, pod_token_resolver, service_account_user
 from tests.operator.doubles import StatefulSetControllerDouble, StaticSource, WorkerFleet
+from tests.support import after_workers
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "parallelconsumers.multilane.dev.yaml"
 NS = "team-a"
@@ -76,9 +77,13 @@ def render_chart(values: dict[str, Any], namespace: str = RELEASE_NS) -> list[di
 
 
 @pytest.fixture(scope="session")
-def rbac() -> RbacSession:
-    """The chart's RBAC for every emulated API server of the session, and what the scenarios used."""
-    return RbacSession(render_chart(RBAC_VALUES))
+def rbac(request: pytest.FixtureRequest) -> Iterator[RbacSession]:
+    """The chart's RBAC for every emulated API server of the session, and what the scenarios used (on
+    an xdist worker, sent to the controller at the end: ``tests/support/after_workers.py``)."""
+    session = RbacSession(render_chart(RBAC_VALUES))
+    yield session
+    after_workers.export(request.config, session.manifests, session.usage.used, session.usage.denied,
+                         session.scenarios)
 
 
 # Access logs of the in-test HTTP servers cost CPU on a loaded machine and say nothing new.

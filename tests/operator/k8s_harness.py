@@ -29,6 +29,7 @@ import pytest_asyncio
 
 from multilane.demo.check import Verdict, judge, read_counts
 from multilane.demo.processors import SLEEP_ENV
+from multilane.formats.handover import Handover
 from multilane.operator.k8s.handlers import HandlerSettings
 from multilane.operator.k8s.kube import KubeClient, api_path
 from multilane.operator.rollout.handoff import HandoffControlClient
@@ -74,8 +75,7 @@ class FaultyControl(HandoffControlClient):
         generation: int,
         partitions: Iterable[str],
         release_deadline_s: float,
-        progress: Mapping[str, str] | None = None,
-        changelog_ends: Mapping[str, int] | None = None,
+        handovers: Mapping[str, Handover] | None = None,
     ) -> list[ReleasedPartition]:
         new = set(partitions)
         old = self._assigned.get(base_url)
@@ -83,9 +83,7 @@ class FaultyControl(HandoffControlClient):
             await self._fire("release", base_url, old - new)
         elif new & self._learning.get(base_url, set()):
             await self._fire("promote", base_url, new & self._learning[base_url])
-        released = await super().assign(
-            base_url, generation, new, release_deadline_s, progress, changelog_ends
-        )
+        released = await super().assign(base_url, generation, new, release_deadline_s, handovers)
         self._assigned[base_url] = new
         self._learning.get(base_url, set()).difference_update(new)
         return released
@@ -174,7 +172,7 @@ class K8sHarness:
         await self.kube.create(CR_COLLECTION, body or self.body())
 
     async def scale(self, replicas: int) -> None:
-        """What ``kubectl scale pc/orders --replicas=N`` writes (spec.scaling.replicas)."""
+        """What ``kubectl scale pcon/orders --replicas=N`` writes (spec.scaling.replicas)."""
         await self.kube.patch(cr_path(NAME), {"spec": {"scaling": {"replicas": replicas}}})
 
     async def status(self) -> dict[str, Any]:

@@ -176,7 +176,7 @@ async def test_finalizer_holds_a_deletion_without_operator_and_the_runbook_step_
     await kube.delete(cr_path("fin"))
     stuck = await kube.get(cr_path("fin"))
     assert stuck is not None and stuck["metadata"].get("deletionTimestamp")  # waits for the finalizer
-    # The runbook step: kubectl patch pc NAME --type=merge -p '{"metadata":{"finalizers":null}}'
+    # The runbook step: kubectl patch pcon NAME --type=merge -p '{"metadata":{"finalizers":null}}'
     await kube.patch(cr_path("fin"), {"metadata": {"finalizers": None}})
     assert await kube.get(cr_path("fin")) is None
     assert await kube.get(f"{STS}/fin") is None  # collected through its owner reference

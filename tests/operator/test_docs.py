@@ -147,13 +147,13 @@ async def test_kubectl_views_and_field_reference(
         "custom-columns=" + custom_columns(crd, False),
     )
     wide = await kubectl(
-        url, tmp_path, "get", "pc", "-n", NS, "-o", "custom-columns=" + custom_columns(crd, True)
+        url, tmp_path, "get", "pcon", "-n", NS, "-o", "custom-columns=" + custom_columns(crd, True)
     )
     conditions = await kubectl(
         url,
         tmp_path,
         "get",
-        "pc",
+        "pcon",
         "orders",
         "-n",
         NS,
@@ -162,7 +162,7 @@ async def test_kubectl_views_and_field_reference(
         '{.type}{"\\t"}{.status}{"\\t"}{.reason}{"\\t"}{.message}{"\\n"}{end}',
     )
     decision = await kubectl(
-        url, tmp_path, "get", "pc", "orders", "-n", NS, "-o", "jsonpath={.status.lastDecision}"
+        url, tmp_path, "get", "pcon", "orders", "-n", NS, "-o", "jsonpath={.status.lastDecision}"
     )
     events = await kubectl(
         url,
@@ -189,26 +189,26 @@ async def test_kubectl_views_and_field_reference(
         [
             BEGIN,
             "",
-            "### `kubectl get pc` (printer columns of the CRD)",
+            "### `kubectl get pcon` (printer columns of the CRD)",
             "",
             "```console",
-            "$ kubectl get pc -n team-a",
+            "$ kubectl get pcon -n team-a",
             stable(get).rstrip(),
-            "$ kubectl get pc -n team-a -o wide",
+            "$ kubectl get pcon -n team-a -o wide",
             stable(wide).rstrip(),
             "```",
             "",
             "### Conditions",
             "",
             "```console",
-            "$ kubectl get pc orders -n team-a -o jsonpath='{range .status.conditions[*]}...{end}'",
+            "$ kubectl get pcon orders -n team-a -o jsonpath='{range .status.conditions[*]}...{end}'",
             stable(conditions).rstrip(),
             "```",
             "",
             "### Last decision",
             "",
             "```console",
-            "$ kubectl get pc orders -n team-a -o jsonpath='{.status.lastDecision}'",
+            "$ kubectl get pcon orders -n team-a -o jsonpath='{.status.lastDecision}'",
             stable(decision).rstrip(),
             "```",
             "",

@@ -1,4 +1,4 @@
-"""burst (the scenario name of ``scripts/e2e-kind.sh``): a 10x step burst through the real kopf operator,
+"""burst: a 10x step burst through the real kopf operator,
 with a real ``multilane worker`` per pod, on 4 partitions -- the shape of ``benchmarks/burst.py``'s
 4-partition row, shortened (a 10 s burst). The driver is :mod:`benchmarks.k8s_burst`, which
 the benchmark's ``operator`` variant runs too; the figures are computed as the local plane's.

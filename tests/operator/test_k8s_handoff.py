@@ -3,7 +3,7 @@ real ``multilane worker`` process per pod (``multilane/testing/pods.py``), each 
 on the embedded broker, under paced load. Every test ends with every delivery checker and the state
 restored from the changelogs equal to the reference (``tests/operator/k8s_harness.py``).
 
-Scenario names match ``scripts/e2e-kind.sh``: ``scale-up-down``, ``kill-learning``,
+Scenarios: ``scale-up-down``, ``kill-learning``,
 ``kill-releasing``, ``kill-promoting``, ``operator-restart``.
 """
 

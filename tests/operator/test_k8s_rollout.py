@@ -5,7 +5,7 @@ every pod one at a time, each pod's partitions handed to warm owners first; an o
 the same template replaces nothing. Every test ends with every delivery checker and the state restored
 from the changelogs equal to the reference (``tests/operator/k8s_harness.py``).
 
-Scenario names match ``scripts/e2e-kind.sh``: ``image-change``.
+Scenario: ``image-change``.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ async def wait_rolled(h: K8sHarness, workers: int, old_hash: str, limit_s: float
 
 def handoffs(runner: OperatorRunner) -> list[HandoffRecord]:
     assert runner.handlers is not None
-    return [r for _, _, ex in runner.handlers._handoffs.values() for r in ex.completed]
+    return [r for ex in runner.handlers.handoffs.executors() for r in ex.completed]
 
 
 async def placements(h: K8sHarness) -> int:

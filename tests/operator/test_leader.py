@@ -153,16 +153,16 @@ async def test_a_stale_control_loop_write_is_refused_not_overwriting(
     created = await kube.create(CR_COLLECTION, consumer_body("stale", "127.0.0.1:1", "t"))
     ref = ConsumerRef("stale", created["metadata"]["namespace"], created["metadata"]["uid"])
     old_leader = OperatorHandlers(operator_kube)
-    old_leader._seen(ref, created)  # its last read
-    await old_leader._patch_status(ref, {"factor": 2}, conditional=True)  # fine: nothing changed since
+    old_leader.gate.seen(ref, created)  # its last read
+    await old_leader.status.patch(ref, {"factor": 2}, conditional=True)  # fine: nothing changed since
     # The new leader writes the assignment; the old one, with its view from before, tries to.
     new_assignment = {"generation": 7, "members": [{"worker": "stale-1", "partitions": ["t/0"]}]}
     await kube.patch(cr_path("stale", "status"), {"status": {"assignment": new_assignment}})
     stale = {"generation": 6, "members": [{"worker": "stale-0", "partitions": ["t/0"]}]}
     with pytest.raises(KubeConflictError):
-        await old_leader._patch_status(ref, {"assignment": stale}, conditional=True)
+        await old_leader.status.patch(ref, {"assignment": stale}, conditional=True)
     status = (await kube.get(cr_path("stale")) or {}).get("status") or {}
     assert status["assignment"]["generation"] == 7 and status["factor"] == 2
     # After a re-read, its write goes through (now based on what is there).
-    old_leader._seen(ref, await operator_kube.get(cr_path("stale")))
-    await old_leader._patch_status(ref, {"factor": 3}, conditional=True)
+    old_leader.gate.seen(ref, await operator_kube.get(cr_path("stale")))
+    await old_leader.status.patch(ref, {"factor": 3}, conditional=True)

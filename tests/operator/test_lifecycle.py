@@ -98,10 +98,17 @@ async def test_create_builds_children_assigns_partitions_and_reports_status(
 
     # Status and conditions.
     async def ready() -> dict[str, Any] | None:
+        # Ready on the balanced assignment: an earlier pass, with one live worker, may have written
+        # Ready with everything on that worker, and the balancing pass writes its status after it
+        # has assigned the workers.
         status = await get_status(kube)
-        return status if cond(status, "Ready").get("status") == "True" else None
+        members = (status.get("assignment") or {}).get("members") or []
+        balanced = {m["worker"]: set(m["partitions"]) for m in members} == fleet.assignment()
+        # replicas counts the live workers: under load a worker's liveness can lapse for a pass
+        live = status.get("replicas") == 2
+        return status if cond(status, "Ready").get("status") == "True" and balanced and live else None
 
-    status = await wait_for(ready, timeout=60, what="Ready=True")
+    status = await wait_for(ready, timeout=60, what="Ready=True on the balanced assignment, 2 live workers")
     assert status["observedGeneration"] == 1
     assert status["labelSelector"] == "multilane.dev/consumer=demo"
     assert status["replicas"] == 2

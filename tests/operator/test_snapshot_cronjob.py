@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,13 @@ from tests.pipeline.test_snapshot_spark import _commit, generate, oracle, produc
 pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.spark, pytest.mark.broker]
 
 CRONJOBS = api_path("batch/v1", "cronjobs", NS)
+# The Job's command starts a JVM and runs Spark local[1]: a minute on an idle 2-core machine, several
+# when the suite's other workers share the cores; the test's own limit leaves room for the teardown.
+JOB_LIMIT_S = 600
 JOBS = api_path("batch/v1", "jobs", NS)
 
 
+@pytest.mark.timeout(JOB_LIMIT_S + 180)
 async def test_operator_made_cronjob_runs_its_job_command(
     kube: KubeClient,
     broker: EmbeddedBroker,
@@ -94,17 +97,19 @@ async def test_operator_made_cronjob_runs_its_job_command(
     if master is not None:
         command[master] = "local[1]"
     argv = [sys.executable, "-m", "multilane", *command[1:]]
-    # Off the event loop: the API double and the operator keep running meanwhile.
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        argv,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    # An asyncio subprocess: the API double and the operator keep running meanwhile, and a test that
+    # times out here kills the JVM's driver at once (a thread running subprocess.run would hold the
+    # event loop's teardown, which joins the default executor's threads, for up to its own timeout).
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), JOB_LIMIT_S)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
 
     # 4. Its snapshot holds exactly the state the changelog replays to.
     part = SnapshotReader(uri).latest_covering(topic_name, 0, committed_offset=10**6)

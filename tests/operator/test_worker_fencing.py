@@ -62,15 +62,28 @@ class InProcessControl:
 
 
 class CommitSpy:
-    """Stands in for the engine's consumer inside its commit cycle: records when commits are sent."""
+    """Stands in for the engine's consumer inside its commit cycle: records each commit request sent,
+    with whether the engine was fenced then. (A fresh partition's first commit is not left to the
+    commit interval: the progress cycle sends it as soon as an offset is committable, so a commit
+    before the fence is expected; none may be sent while fenced.)"""
 
-    def __init__(self, consumer: Any) -> None:
+    def __init__(self, consumer: Any, engine: Engine) -> None:
         self._consumer = consumer
-        self.commits: list[float] = []  # time.monotonic() of each commit request
+        self._engine = engine
+        self.commits: list[tuple[float, bool, int]] = []  # (time.monotonic(), fenced, highest offset)
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
-        self.commits.append(time.monotonic())
+        offsets = kwargs.get("offsets") or []
+        top = max((tp.offset for tp in offsets), default=-1)
+        self.commits.append((time.monotonic(), self._engine.fenced, top))
         return self._consumer.commit(*args, **kwargs)
+
+    def sent_while_fenced(self) -> list[tuple[float, bool, int]]:
+        return [c for c in self.commits if c[1]]
+
+    def last_sent(self) -> int | None:
+        """The offset of the last commit request sent (None: none)."""
+        return self.commits[-1][2] if self.commits else None
 
 
 @pytest.mark.broker
@@ -90,7 +103,7 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
     engine = Engine(cfg, rec.async_processor)
     await engine.start()
     assert engine._commits is not None
-    spy = CommitSpy(engine._commits._consumer)
+    spy = CommitSpy(engine._commits._consumer, engine)
     engine._commits._consumer = spy
     keeper = start_lease_keeper(engine, LeaseSettings(
         api_url=url, namespace=NS, name="app-0", holder="app-0",
@@ -130,8 +143,10 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
         await asyncio.sleep(0.5)
         assert [e for e in rec.snapshot() if e.kind == "start" and e.time > fenced_at] == []
         assert engine.fenced, "a renewal alone must not resume processing"
-        assert spy.commits == []
-        assert await asyncio.to_thread(committed_offset, broker, group, topic_name) is None
+        assert spy.sent_while_fenced() == []
+        at_fence = spy.last_sent()  # a fresh partition's first commit may precede the fence
+        assert at_fence is None or at_fence < N, at_fence
+        assert await asyncio.to_thread(committed_offset, broker, group, topic_name) == at_fence
 
         # 3. The generation held when fenced (or lower) is refused.
         with pytest.raises(FencingError):
@@ -140,9 +155,11 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
 
         # 4. The operator's sync sees the worker fenced (it never saw the Lease expire, so nothing
         #    moved) and pushes a higher generation with the same partitions: the fenced partition is
-        #    dropped without a commit and taken again from the committed offset (none: replay from 0).
+        #    dropped without a commit and taken again from the committed offset (the first commit's,
+        #    if it came before the fence).
         rec.mark_incarnation_end()  # for the checkers: the fenced ownership ended here (a replay follows)
         resumed_at = time.time()
+        resumed_mono = time.monotonic()
         persisted: list[AssignmentState] = []
 
         async def persist(state: AssignmentState) -> None:
@@ -156,7 +173,7 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
         assert persisted[0].members == state.members
         assert engine.generation == 1
         assert not engine.fenced and engine.status()["partitions"][0]["phase"] == "active"
-        assert spy.commits == []
+        assert spy.sent_while_fenced() == [] and spy.last_sent() == at_fence
         await wait_for(lambda: {e.offset for e in rec.snapshot() if e.kind == "end"} >= set(range(N)),
                        timeout=120, what="every record processed after the fence was lifted")
         replayed = {e.offset for e in rec.snapshot() if e.kind == "start" and e.time > resumed_at}
@@ -166,7 +183,8 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
         await engine.stop()
 
     # 5. Commits work again after the fence was lifted: the final commit covers everything.
-    assert spy.commits, "the final commit after the fence was lifted must be sent"
+    assert [c for c in spy.commits if c[0] > resumed_mono], "the final commit after the lifted fence: none"
+    assert spy.sent_while_fenced() == []
     assert await asyncio.to_thread(committed_offset, broker, group, topic_name) == N
     assert_all(check_delivery(produced, rec.snapshot(), mode="key"))
 
@@ -182,15 +200,22 @@ async def test_a_fenced_worker_does_not_commit_on_stop(broker: EmbeddedBroker, t
     engine = Engine(cfg, rec.async_processor)
     await engine.start()
     try:
-        await wait_for(lambda: len({e.offset for e in rec.snapshot() if e.kind == "end"}) >= 500,
+        # A fresh partition's first commit comes early (the progress cycle's step 0); after it, with
+        # an hour's commit interval, only a release commits: 500 more records stay uncommitted.
+        await wait_for(lambda: engine.status()["partitions"][0].get("committed") is not None,
+                       timeout=60, what="the first commit")
+        await asyncio.to_thread(produce, broker, topic_name, 500, 20)
+        await wait_for(lambda: len({e.offset for e in rec.snapshot() if e.kind == "end"}) >= 1000,
                        what="all processed")
+        first = engine.status()["partitions"][0]["committed"]
+        assert first < 1000
         engine.fence()
         engine.resume()  # a user resume does not lift the fence
         assert engine.status()["partitions"][0]["phase"] == "fenced"
     finally:
         await engine.stop()
-    # Without the fence, stop() would commit 500 (its release's final commit).
-    assert await asyncio.to_thread(committed_offset, broker, group, topic_name) is None
+    # Without the fence, stop() would commit 1000 (its release's final commit).
+    assert await asyncio.to_thread(committed_offset, broker, group, topic_name) == first
 
 
 def _args(lease: str, assign: str | None = "") -> argparse.Namespace:

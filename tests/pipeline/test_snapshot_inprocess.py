@@ -18,7 +18,7 @@ from multilane.snapshots.reader import SnapshotReader
 from multilane.testing.broker import EmbeddedBroker
 from tests.pipeline.test_snapshot_spark import generate, job_config, oracle, produce
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.matrix]
 
 
 def test_in_process_job_equals_replay_with_bounds_and_resharding(

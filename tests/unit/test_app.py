@@ -186,3 +186,23 @@ def test_worker_app_refused_in_one_line(tmp_path: Path, argv: list[str], expecte
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"multilane worker: {expected}")
+
+
+def test_run_finds_the_worker_runner_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``App.run`` imports no CLI (the CLI imports the App): it loads the runner the package registers
+    (entry point ``worker`` of ``multilane.runners``) and exits with its code."""
+    from multilane import app as app_module
+    from multilane.worker import cli
+
+    assert app_module._runner() is cli.run_app
+    seen: list[tuple[object, list[str]]] = []
+
+    def fake_run_app(app: object, argv: list[str]) -> int:
+        seen.append((app, argv))
+        return 7
+
+    monkeypatch.setattr(cli, "run_app", fake_run_app)
+    app = App(lambda record, ctx: None, name="x")
+    with pytest.raises(SystemExit) as exited:
+        app.run(["--topic", "t"])
+    assert exited.value.code == 7 and seen == [(app, ["--topic", "t"])]

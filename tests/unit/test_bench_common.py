@@ -102,3 +102,38 @@ def test_out_writes_the_same_object(capsys: pytest.CaptureFixture[str], tmp_path
     written.pop("elapsed_s")
     printed.pop("elapsed_s")
     assert written == printed
+
+
+def test_broker_passes_fill_one_table_with_a_broker_column(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--broker both``: each pass adds its rows to the same table, stamped with its broker; goals
+    name their broker; a note said twice is kept once; the stamp is gone after the passes."""
+    from benchmarks._data import broker_passes
+
+    def body(args: argparse.Namespace, report: Report) -> None:
+        for kind in broker_passes(report, "both"):
+            table = report.table("t", "A table", [Column("system"), Column("rate", "rec/s", ",.0f")])
+            table.add(system="multilane", rate=100.0 if kind == "embedded" else 200.0)
+            report.goal("multilane ÷ raw", 1.0, 0.5)
+            report.note("same note")
+        assert report.stamp == {}
+
+    code, lines = _run(capsys, ["--json"], body)
+    doc = json.loads(lines[-1])
+    assert code == 0
+    assert doc["params"]["brokers"] == ["embedded", "apache"]
+    [table] = doc["tables"]
+    assert [c["key"] for c in table["columns"]] == ["broker", "system", "rate"]
+    assert [(r["broker"], r["rate"]) for r in table["rows"]] == [("embedded", 100.0), ("apache", 200.0)]
+    assert [g["name"] for g in doc["goals"]] == [
+        "[broker embedded] multilane ÷ raw",
+        "[broker apache] multilane ÷ raw",
+    ]
+    assert doc["notes"] == ["same note"]
+
+
+def test_broker_passes_refuse_an_unknown_broker() -> None:
+    from benchmarks._data import broker_passes
+
+    report = Report(benchmark="demo", quick=True, command="x")
+    with pytest.raises(ValueError, match="--broker 'tansu'"):
+        broker_passes(report, "tansu")

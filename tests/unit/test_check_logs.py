@@ -1,4 +1,4 @@
-"""``multilane check-logs``: the delivery checkers over per-pod event logs (scripts/e2e-kind.sh)."""
+"""``multilane check-logs``: the delivery checkers over per-pod event logs (pods of a real cluster)."""
 
 from __future__ import annotations
 

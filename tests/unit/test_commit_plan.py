@@ -33,6 +33,7 @@ class FakePart:
     last_progress: bytes | None = None
     committed: int | None = None
     flushes: int = 0
+    progress_floor: int | None = None
 
     def flush(self) -> None:
         self.flushes += 1

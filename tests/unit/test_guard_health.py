@@ -214,14 +214,24 @@ def test_json_log_lines() -> None:
     assert doc["logger"] == "multilane.worker" and doc["time"].endswith("Z")
 
 
-def test_broker_probe_gives_up_once_after_the_timeout() -> None:
+def test_broker_probe_gives_up_once_after_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from multilane.worker import health
     from multilane.worker.health import BrokerProbe
 
+    # the probe's clock, stepped by the test: a loaded machine cannot stretch the first record (its
+    # warning included) past the timeout
+    now = [1000.0]
+    monkeypatch.setattr(health, "time", SimpleNamespace(monotonic=lambda: now[0]))
     reasons: list[str] = []
     probe = BrokerProbe(lambda: None, ("t",), timeout_s=0.05, on_give_up=reasons.append)
     probe.record(False, ())
     assert not probe.reachable and not reasons
-    time.sleep(0.06)
+    now[0] += 0.049
+    probe.record(False, ())
+    assert not reasons, "gave up before the timeout"
+    now[0] += 0.002
     probe.record(False, ())
     probe.record(False, ())
     assert len(reasons) == 1 and "--broker-timeout-s" in reasons[0]

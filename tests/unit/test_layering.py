@@ -58,6 +58,10 @@ PURE = (
     "operator/decision/planner.py",
     "operator/rollout/protocol.py",
     "operator/rollout/handoff_model.py",
+    "operator/rollout/handoff_memory.py",
+    "operator/k8s/memory.py",
+    "operator/k8s/leader_gate.py",
+    "formats/handover.py",
     "worker/state/apply.py",
     "formats/changelog.py",
     "worker/control_state.py",
@@ -158,3 +162,28 @@ def test_the_import_contracts_hold() -> None:
                           timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
+
+
+def test_no_operator_class_inherits_a_project_class() -> None:
+    """The operator's parts are composed (``k8s/handlers.py`` wires them), never base classes that
+    share fields: a class of ``multilane.operator`` derives from no project class but a Protocol, an
+    exception or a dataclass."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    offenders = []
+    for path in sorted((ROOT / "operator").rglob("*.py")):
+        module = "multilane." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for name, cls in vars(importlib.import_module(module.removesuffix(".__init__"))).items():
+            if not inspect.isclass(cls) or cls.__module__ != module.removesuffix(".__init__"):
+                continue
+            for base in cls.__bases__:
+                shared = base.__module__.startswith("multilane") and not (
+                    getattr(base, "_is_protocol", False)
+                    or issubclass(cls, BaseException)
+                    or dataclasses.is_dataclass(base)
+                )
+                if shared:
+                    offenders.append(f"{module}.{name}({base.__module__}.{base.__name__})")
+    assert offenders == []

@@ -227,12 +227,11 @@ def test_the_promotion_hands_the_target_what_the_source_released() -> None:
         await run_until_settled(ex, store, fake, ["w-0"], 1)
         await run_until_settled(ex, store, fake, ["w-0", "w-1"], 2)
         moved = sorted(fake.active["w-1"])
-        handed = {p: r for w, hints in fake.progress_received if w == "w-1" for p, r in hints.items()}
+        handed = {p: h.progress for w, hs in fake.handovers_received if w == "w-1" for p, h in hs.items()}
         assert handed == {p: f"progress-of-{p}" for p in moved}
-        assert not [h for w, h in fake.progress_received if w == "w-0" and h]  # the source gets none
-        ends = {p: e for w, sent in fake.ends_received if w == "w-1" for p, e in sent.items()}
+        assert not [h for w, h in fake.handovers_received if w == "w-0" and h]  # the source gets none
+        ends = {p: h.changelog_end for w, hs in fake.handovers_received if w == "w-1" for p, h in hs.items()}
         assert ends == dict.fromkeys(moved, CHANGELOG_END)
-        assert not [e for w, e in fake.ends_received if w == "w-0" and e]
-        assert not ex._progress and not ex._changelog_end  # forgotten once promoted
+        assert not ex.memory.handovers  # forgotten once promoted
 
     asyncio.run(main())

@@ -407,3 +407,24 @@ def test_intervals_from_offsets(offs: list[int]) -> None:
     assert {o for s, e in iv for o in range(s, e)} == set(offs)
     for (_, e1), (s2, _) in itertools.pairwise(iv):
         assert s2 > e1
+
+
+def test_union_progress_never_claims_less_than_either_record() -> None:
+    """A new owner's record (own) joined with the one it restored: every offset either calls done is
+    done in the union, and nothing else (key mode across two layouts; unordered intervals)."""
+    from multilane.formats.progress import union_progress
+
+    half = 2**31
+    own = ProgressRecord("g", "t", 0, 100, "new", OrderingMode.KEY,
+                         ranges=((0, 2**30, 105), (2**30, 2**32, 100)))
+    restored = ProgressRecord("g", "t", 0, 100, "old", OrderingMode.KEY,
+                              ranges=((0, half, 100), (half, 2**32, 140)))
+    u = union_progress(own, restored)
+    for kh in (0, 2**30 - 1, 2**30, half - 1, half, 2**32 - 1):
+        for off in range(95, 150):
+            assert u.is_done(off, kh) == (own.is_done(off, kh) or restored.is_done(off, kh)), (kh, off)
+    own_u = ProgressRecord("g", "t", 0, 100, "new", OrderingMode.UNORDERED, done_offsets=((101, 103),))
+    restored_u = ProgressRecord("g", "t", 0, 90, "old", OrderingMode.UNORDERED,
+                                done_offsets=((95, 101), (110, 112)))
+    u = union_progress(own_u, restored_u)
+    assert u.done_offsets == ((100, 103), (110, 112)) and u.base_offset == 100

@@ -61,7 +61,7 @@ def _apply(handlers: OperatorHandlers, raw: dict[str, Any]) -> None:
     spec, problems = validate_spec(raw)
     assert spec is not None, problems
     body = {"metadata": {"name": "orders", "namespace": "team-a", "uid": "1234"}, "spec": raw}
-    asyncio.run(handlers._apply_children(REF, spec, body, {}))
+    asyncio.run(handlers.children.apply(REF, spec, body, {}))
 
 
 def test_cronjob_created_suspended_on_removal_and_resumed() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from multilane.operator.k8s.handler_core import HandlerSettings, tick_phase
+from multilane.operator.k8s.resource import HandlerSettings, tick_phase
 
 
 def test_phase_is_fixed_per_uid_and_within_the_spread() -> None:
@@ -33,7 +33,7 @@ def test_a_deleted_consumers_stopped_timer_is_noticed_within_seconds() -> None:
     every `cancellation_polling` seconds (60 by default: a delete then waited up to a minute)."""
     import kopf
 
-    from multilane.operator.k8s.handler_core import configure_kopf
+    from multilane.operator.k8s.resource import configure_kopf
 
     settings = kopf.OperatorSettings()
     configure_kopf(settings)

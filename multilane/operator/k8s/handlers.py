@@ -41,21 +41,50 @@ when its significant part changes or once a minute (:class:`StatusMemory`), the 
   ParallelConsumer it handles (it needs one to stop the timer), so a ParallelConsumer is deleted only
   while the operator runs, or after the finalizer is removed by hand (docs/runbook.md).
 
-This module holds the kopf registrations (what the operator reacts to, read at once); the code they
-call is split by role: :mod:`~multilane.operator.k8s.handler_core` (settings, caches, status
-writes), :mod:`~multilane.operator.k8s.reconcile` (the steps above),
-:mod:`~multilane.operator.k8s.control_pass` (the timer's pass around the controller).
+This module wires the parts and holds the kopf registrations (what the operator reacts to, read at
+once). :class:`OperatorHandlers` builds each part with the few inputs it needs, as the worker's
+:class:`~multilane.worker.engine.Engine` does; no part reaches another's fields:
+
+- ``memory``: :class:`~multilane.operator.k8s.memory.ConsumerMemory`, every part's memory of each
+  consumer (one slot per part), forgotten in one place (``on.delete``);
+- ``gate``: :class:`~multilane.operator.k8s.leader_gate.LeaderGate`, the resourceVersion the control
+  loop's writes are conditional on (a deposed leader's stale write gets 409);
+- ``status``: :class:`~multilane.operator.k8s.status_writer.StatusWriter`, every status write;
+- ``environment``: :class:`~multilane.operator.k8s.environment.EnvironmentCheck` (credentials Secret,
+  topics);
+- ``children``: :class:`~multilane.operator.k8s.reconcile.ChildrenReconciler`, the steps above;
+- ``controls``, ``sources``, ``handoffs``, ``admins``: the clients of
+  :mod:`~multilane.operator.k8s.clients`;
+- ``control_pass``: :class:`~multilane.operator.k8s.control_pass.ControlPass`, the timer's pass around
+  the controller.
 """
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
 from multilane.operator.k8s.cache import WatchCache, register_indexes
+from multilane.operator.k8s.certs import ControlCertManager
+from multilane.operator.k8s.clients import (
+    AdminClients,
+    HandoffExecutors,
+    MetricSources,
+    WorkerControls,
+    default_source_factory,
+    handoff_persist,
+)
 from multilane.operator.k8s.control_pass import ControlPass
-from multilane.operator.k8s.handler_core import (
+from multilane.operator.k8s.environment import EnvironmentCheck
+from multilane.operator.k8s.kube import KubeClient
+from multilane.operator.k8s.leader_gate import LeaderGate
+from multilane.operator.k8s.memory import ConsumerMemory
+from multilane.operator.k8s.platform import KubernetesPlatform
+from multilane.operator.k8s.reconcile import ChildrenReconciler
+from multilane.operator.k8s.resource import (
     GROUP,
     PAUSED_ANNOTATION,
     PLURAL,
@@ -63,9 +92,19 @@ from multilane.operator.k8s.handler_core import (
     VERSION,
     HandlerSettings,
     configure_kopf,
+    consumer_ref,
     tick_phase,
 )
 from multilane.operator.k8s.statefulset import RECREATE_ANNOTATION
+from multilane.operator.k8s.status_writer import StatusWriter
+from multilane.operator.kafka_admin import KafkaAdminClient
+from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.platform import Platform
+from multilane.operator.rollout.assignment import WorkerControl
+from multilane.operator.rollout.handoff import HandoffControlClient
+from multilane.operator.sources import MetricSource
+from multilane.operator.spec.status_memory import StatusMemory
+from multilane.operator.spec.validation import ConsumerSpec
 
 __all__ = [
     "GROUP",
@@ -79,13 +118,113 @@ __all__ = [
 ]
 
 
-class OperatorHandlers(ControlPass):
-    """Dependencies are injectable: ``platform`` (default Kubernetes), ``control_factory(token)``,
-    ``admin_factory(config)``, ``source_factory(spec, kafka_config)``, ``token_factory()``.
+class OperatorHandlers:
+    """Wires the parts (module docstring) and registers them with kopf. Dependencies are injectable:
+    ``platform`` (default Kubernetes), ``control_factory(token)``, ``admin_factory(config)``,
+    ``source_factory(spec, kafka_config)``, ``token_factory()``."""
 
-    Built in layers, each file one role: :class:`~multilane.operator.k8s.handler_core.HandlerCore`
-    (the caches and status writes) < :class:`~multilane.operator.k8s.reconcile.ReconcileSteps` <
-    :class:`~multilane.operator.k8s.control_pass.ControlPass` < this (the kopf registrations)."""
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        platform: Platform | None = None,
+        settings: HandlerSettings | None = None,
+        metrics: OperatorMetrics | None = None,
+        control_factory: Callable[[str], WorkerControl] | None = None,
+        admin_factory: Callable[[Mapping[str, str]], KafkaAdminClient] | None = None,
+        source_factory: Callable[[ConsumerSpec, Mapping[str, str]], MetricSource] | None = None,
+        token_factory: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+    ) -> None:
+        s = self.settings = settings or HandlerSettings()
+        self.platform = platform or KubernetesPlatform(kube, cache=WatchCache())
+        self.metrics = metrics or OperatorMetrics()
+        # 1. the memory of each consumer, and what keeps memories outside it
+        memory = self.memory = ConsumerMemory()
+        self.certs = ControlCertManager(kube, s.control_tls)  # the control port's TLS
+        status_memory = StatusMemory(s.status_heartbeat_s)
+        memory.on_forget(lambda ref: self.certs.forget(ref.uid))
+        memory.on_forget(lambda ref: status_memory.forget(ref.uid))
+        forget_platform = getattr(self.platform, "forget", None)
+        if forget_platform is not None:
+            memory.on_forget(forget_platform)
+        memory.on_forget(lambda ref: self.metrics.forget(ref.namespace, ref.name))
+        locks = memory.slot("locks")
+        # 2. status writes, gated on the view they were decided on
+        self.gate = LeaderGate(memory.slot("seen-resource-version"))
+        self.status = StatusWriter(kube, self.gate, status_memory, self.metrics.observe_conditions)
+        # 3. clients
+        self.admins = AdminClients(
+            admin_factory or (lambda config: KafkaAdminClient(config, timeout_s=s.kafka_timeout_s))
+        )
+        certs = self.certs if s.control_tls.enabled else None
+        self.controls = WorkerControls(
+            kube,
+            control_factory or (lambda token: HandoffControlClient(token, timeout_s=s.worker_timeout_s)),
+            self.metrics,
+            certs,
+            memory.slot("controls"),
+        )
+        memory.on_forget(self.controls.retire)
+        self.sources = MetricSources(
+            source_factory or default_source_factory(self.admins), memory.slot("sources")
+        )
+        self.handoffs = HandoffExecutors(
+            s.release_deadline_s, lambda ref: handoff_persist(self.status.patch, ref), memory.slot("handoffs")
+        )
+        # 4. the reconcile handler and the control pass
+        self.environment = EnvironmentCheck(
+            kube,
+            self.admins,
+            self.metrics,
+            memory.slot("credentials"),
+            read_credentials=s.read_kafka_credentials,
+            secret_ttl_s=s.secret_ttl_s,
+        )
+        self.children = ChildrenReconciler(
+            kube,
+            locks,
+            self.environment,
+            self.status,
+            self.metrics,
+            certs=certs,
+            token_factory=token_factory,
+            network=s.network_policy,
+            immutable=memory.slot("immutable-change"),
+            rendered=memory.slot("rendered-template"),
+        )
+        self.control_pass = ControlPass(
+            kube,
+            self.platform,
+            self.children,
+            self.environment,
+            self.status,
+            self.gate,
+            self.metrics,
+            locks,
+            controls=self.controls,
+            sources=self.sources,
+            handoffs=self.handoffs,
+            release_deadline_s=s.release_deadline_s,
+            last_errors=memory.slot("last-error"),
+            specs=memory.slot("spec"),
+        )
+
+    async def reconcile(self, body: Mapping[str, Any]) -> bool:
+        """The reconcile handler (steps 1-6 of the module docstring)."""
+        return await self.children.reconcile(body)
+
+    async def tick(self, body: Mapping[str, Any], fresh: bool = True) -> None:
+        """One control pass (the timer)."""
+        await self.control_pass.tick(body, fresh)
+
+    def forget(self, body: Mapping[str, Any]) -> None:
+        """The consumer is deleted: everything remembered of it goes (``on.delete``)."""
+        self.memory.forget(consumer_ref(body))
+
+    async def close(self) -> None:
+        """Close the worker-control clients (HTTP sessions) and the Kafka admin clients."""
+        await self.controls.close()
+        await self.admins.close()
 
     # ---- kopf wiring ------------------------------------------------------------------------------
 

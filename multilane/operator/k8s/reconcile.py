@@ -1,52 +1,101 @@
-"""The reconcile handler of a ParallelConsumer: validate, check the environment, apply the children.
-Does I/O (Kubernetes API, Kafka admin).
+"""``ChildrenReconciler``: the reconcile handler of a ParallelConsumer -- validate, check the
+environment, apply the children. Does I/O (Kubernetes API, Kafka admin through the environment check).
 
-:meth:`ReconcileSteps.reconcile` (``on.create`` / ``on.update(field="spec")`` / ``on.resume``, and
-the timer when the spec is not applied yet) runs the numbered steps of
-:mod:`multilane.operator.k8s.handlers`' docstring; the control loop
-(:mod:`multilane.operator.k8s.control_pass`) reuses :meth:`ReconcileSteps._check_environment` and
-:meth:`ReconcileSteps._degrade`.
+:meth:`ChildrenReconciler.reconcile` (``on.create`` / ``on.update(field="spec")`` / ``on.resume``, and
+the control pass when the spec is not applied yet) runs the numbered steps of
+:mod:`multilane.operator.k8s.handlers`' docstring. Inputs: the API client, the consumer's lock (shared
+with the control pass), the environment check, the status writer, the certificate manager (None: no
+control TLS), the token factory, the NetworkPolicy settings and the metrics. It owns two memories of
+each consumer: the immutable StatefulSet change it holds (read by the control pass through
+:meth:`ChildrenReconciler.held`) and the template hash it renders for a spec.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import copy
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
-from multilane.operator.controller import EventRecord
-from multilane.operator.k8s.handler_core import PAUSED_ANNOTATION, HandlerCore, _event, _paused, _ref
-from multilane.operator.k8s.kube import KubeConflictError, KubeError, api_path
+from multilane.operator.k8s.certs import ControlCertManager
+from multilane.operator.k8s.environment import EnvironmentCheck
+from multilane.operator.k8s.kube import KubeClient, KubeConflictError, KubeError, api_path
+from multilane.operator.k8s.memory import Slot
+from multilane.operator.k8s.resource import PAUSED_ANNOTATION, consumer_ref, is_paused, post_event
 from multilane.operator.k8s.statefulset import apply_stateful_set
+from multilane.operator.k8s.status_writer import StatusWriter
 from multilane.operator.k8s.writes import conditional_patch
-from multilane.operator.kafka_admin import KafkaUnavailableError
+from multilane.operator.metrics import OperatorMetrics
+from multilane.operator.pass_model import EventRecord
 from multilane.operator.spec import children as ch
+from multilane.operator.spec import control_pki
 from multilane.operator.spec.conditions import condition, now_iso, set_condition
-from multilane.operator.spec.network import network_policy
-from multilane.operator.spec.validation import ConsumerSpec, Problem, check_environment, validate_spec
+from multilane.operator.spec.network import NetworkPolicySettings, network_policy
+from multilane.operator.spec.validation import ConsumerSpec, validate_spec
+
+__all__ = ["ChildrenReconciler"]
 
 log = logging.getLogger(__name__)
 
+_PLURALS = {
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "Service": "services",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "StatefulSet": "statefulsets",
+    "CronJob": "cronjobs",
+    "NetworkPolicy": "networkpolicies",
+}
 
-class ReconcileSteps(HandlerCore):
-    """The reconcile handler and the steps the control loop shares with it."""
+
+class ChildrenReconciler:
+    def __init__(
+        self,
+        kube: KubeClient,
+        locks: Slot[asyncio.Lock],
+        environment: EnvironmentCheck,
+        status: StatusWriter,
+        metrics: OperatorMetrics,
+        *,
+        certs: ControlCertManager | None,
+        token_factory: Callable[[], str],
+        network: NetworkPolicySettings | None,
+        immutable: Slot[str],
+        rendered: Slot[tuple[Any, str]],
+    ) -> None:
+        self._kube = kube
+        self._locks = locks  # uid -> the lock one reconcile or control pass of the consumer holds
+        self._environment = environment
+        self._status = status
+        self._metrics = metrics
+        self._certs = certs  # the control port's certificates (None: plain HTTP, no TLS Secret)
+        self._token_factory = token_factory
+        self._network = network  # the NetworkPolicy child's peers (None: no NetworkPolicy)
+        # uid -> message naming the immutable StatefulSet fields a spec change would change: set by
+        # reconcile while that change is held, removed when a reconcile applies the StatefulSet.
+        self._immutable = immutable
+        self._rendered = rendered  # uid -> (raw spec, the template hash rendered for it)
+
+    def held(self, uid: str) -> str | None:
+        """The immutable StatefulSet change held for the consumer (None: none held)."""
+        return self._immutable.get(uid)
 
     async def reconcile(self, body: Mapping[str, Any]) -> bool:
         """Validate fully, then apply the children. Returns True when the children are applied."""
-        ref = _ref(body)
-        async with self._lock(ref.uid):
+        ref = consumer_ref(body)
+        async with self._locks.setdefault(ref.uid, asyncio.Lock):
             try:
-                with self.metrics.timed("reconcile"):
+                with self._metrics.timed("reconcile"):
                     applied = await self._reconcile(ref, body)
             except KubeError as exc:
-                self.metrics.reconciles.labels("error").inc()
-                self.metrics.errors.labels("kubernetes").inc()
+                self._metrics.reconciles.labels("error").inc()
+                self._metrics.errors.labels("kubernetes").inc()
                 raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=10) from exc
-            self.metrics.reconciles.labels("applied" if applied else "held").inc()
+            self._metrics.reconciles.labels("applied" if applied else "held").inc()
             return applied
 
     async def _reconcile(self, ref: ch.ConsumerRef, body: Mapping[str, Any]) -> bool:
@@ -55,35 +104,37 @@ class ReconcileSteps(HandlerCore):
         generation = int((body.get("metadata") or {}).get("generation") or 1)
         stamp = now_iso()
         # 1. Paused: hold everything.
-        if _paused(body):
+        if is_paused(body):
             if (condition(conditions, "Paused") or {}).get("status") != "True":
-                _event(body, EventRecord("Normal", "Paused", f"annotation {PAUSED_ANNOTATION}=true: holding"))
+                post_event(
+                    body, EventRecord("Normal", "Paused", f"annotation {PAUSED_ANNOTATION}=true: holding")
+                )
             conditions = set_condition(
                 conditions, "Paused", True, "PausedByAnnotation", "changes held", now=stamp
             )
-            await self._patch_status(ref, {"conditions": conditions})
+            await self._status.patch(ref, {"conditions": conditions})
             return False
         conditions = set_condition(conditions, "Paused", False, "NotPaused", "", now=stamp)
         # 2. Validate the spec.
         spec, problems = validate_spec(body.get("spec"))
         # 3. Check the environment.
         if spec is not None:
-            problems, _, _ = await self._check_environment(ref, spec)
+            problems, _, _ = await self._environment.check(ref, spec)
         # 4. Problems: a condition and Events, no child touched.
         if problems or spec is None:
-            await self._degrade(ref, body, conditions, problems, generation)
+            await self._status.degrade(ref, body, conditions, problems, generation)
             return False
         # 5. Apply the children.
         held_before = self._immutable.get(ref.uid)
-        held = await self._apply_children(ref, spec, body, status)
+        held = await self.apply(ref, spec, body, status)
         # 6. Status.
         if held:
-            self._immutable[ref.uid] = held
+            self._immutable.set(ref.uid, held)
             if held != held_before:  # one Event per held change (kopf may run a handler again)
-                _event(body, EventRecord("Warning", "ImmutableFieldChange", held))
+                post_event(body, EventRecord("Warning", "ImmutableFieldChange", held))
             conditions = set_condition(conditions, "Degraded", True, "ImmutableFieldChange", held, now=stamp)
         else:
-            self._immutable.pop(ref.uid, None)
+            self._immutable.pop(ref.uid)
             conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", now=stamp)
         ready_reason = (condition(conditions, "Ready") or {}).get("reason")
         if ready_reason not in {"WaitingForWorkers", "Rebalancing", "AllPartitionsAssigned"}:
@@ -105,85 +156,48 @@ class ReconcileSteps(HandlerCore):
                     "factor": int(last.get("factor") or status.get("factor") or spec.min_factor),
                     "reason": "spec.scaling.replicas (scale subresource) pins the replica count",
                 }
-        await self._patch_status(ref, patch)
-        _event(body, EventRecord("Normal", "Applied", f"children applied for generation {generation}"))
+        await self._status.patch(ref, patch)
+        post_event(body, EventRecord("Normal", "Applied", f"children applied for generation {generation}"))
         return True
 
-    async def _credentials(self, ref: ch.ConsumerRef, name: str, fresh: bool) -> dict[str, Any] | None:
-        """The credentials Secret: read on reconcile (``fresh``) and after ``secret_ttl_s``."""
-        cached = self._secrets.get(ref.uid)
-        now = time.monotonic()
-        if fresh or cached is None or now - cached[0] > self.settings.secret_ttl_s:
-            secret = await self.kube.get(api_path("v1", "secrets", ref.namespace, name))
-            cached = (now, secret)
-            self._secrets[ref.uid] = cached
+    def _with_tls(self, ref: ch.ConsumerRef, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest["kind"] != "StatefulSet" or self._certs is None:
+            return manifest
+        return control_pki.with_control_tls(ref, manifest)
+
+    def template_hash(self, ref: ch.ConsumerRef, raw: Any) -> str | None:
+        """The pod template hash this operator renders for the raw spec ``raw`` (None: not valid),
+        kept while the spec stays the same."""
+        cached = self._rendered.get(ref.uid)
+        if cached is None or cached[0] != raw:
+            spec, _ = validate_spec(raw)
+            if spec is None:
+                return None
+            template = self._with_tls(ref, ch.stateful_set(ref, dict(raw or {}), 0))["spec"]["template"]
+            cached = self._rendered.set(
+                ref.uid,
+                (copy.deepcopy(raw), template["metadata"]["annotations"][ch.TEMPLATE_HASH_ANNOTATION]),
+            )
         return cached[1]
 
-    async def _check_environment(
-        self, ref: ch.ConsumerRef, spec: ConsumerSpec, fresh: bool = True
-    ) -> tuple[list[Problem], dict[str, str], dict[str, int] | None]:
-        """Problems, the Kafka client config (with credentials, in memory only), partition counts."""
-        secret_exists: bool | None = None
-        config: dict[str, str] = {"bootstrap.servers": spec.bootstrap_servers, **spec.kafka_config}
-        if spec.credentials_secret and self.settings.read_kafka_credentials:
-            secret = await self._credentials(ref, spec.credentials_secret, fresh)
-            secret_exists = secret is not None
-            for key, value in ((secret or {}).get("data") or {}).items():
-                config[key] = base64.b64decode(value).decode()
-        topic_partitions: dict[str, int] | None
-        kafka_error = None
-        if secret_exists is False:
-            topic_partitions = {
-                t: 0 for t in spec.topics
-            }  # cannot ask without credentials; report the Secret
-        else:
-            try:
-                topic_partitions = await self.admin_factory(config).topic_partitions(spec.topics)
-            except KafkaUnavailableError as exc:
-                self.metrics.errors.labels("kafka").inc()
-                topic_partitions, kafka_error = None, str(exc)
-        problems = check_environment(
-            spec, secret_exists=secret_exists, topic_partitions=topic_partitions, kafka_error=kafka_error
-        )
-        return problems, config, topic_partitions
-
-    async def _degrade(
-        self,
-        ref: ch.ConsumerRef,
-        body: Mapping[str, Any],
-        conditions: list[dict[str, Any]],
-        problems: list[Problem],
-        generation: int,
-    ) -> None:
-        stamp = now_iso()
-        message = "; ".join(p.message for p in problems)[:1000]
-        reason = problems[0].reason if problems else "InvalidSpec"
-        previous = condition(conditions, "Degraded") or {}
-        if previous.get("status") != "True" or previous.get("message") != message:
-            for p in problems:
-                _event(body, EventRecord("Warning", p.reason, p.message))
-        conditions = set_condition(conditions, "Degraded", True, reason, message, now=stamp)
-        conditions = set_condition(conditions, "Ready", False, reason, message, now=stamp)
-        await self._patch_status(ref, {"conditions": conditions})
-        log.warning("%s/%s not applied (generation %d): %s", ref.namespace, ref.name, generation, message)
-
-    async def _apply_children(
+    async def apply(
         self, ref: ch.ConsumerRef, spec: ConsumerSpec, body: Mapping[str, Any], status: Mapping[str, Any]
     ) -> str | None:
         """Apply every child; returns the message of a held immutable StatefulSet change (or None)."""
         raw_spec = dict(body.get("spec") or {})
         held: str | None = None
+        kube = self._kube
         # The token Secret: created once, never overwritten.
         secrets_path = api_path("v1", "secrets", ref.namespace)
-        if await self.kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret)) is None:
+        if await kube.get(api_path("v1", "secrets", ref.namespace, ref.token_secret)) is None:
             try:
-                await self.kube.create(secrets_path, ch.control_token_secret(ref, self.token_factory()))
+                await kube.create(secrets_path, ch.control_token_secret(ref, self._token_factory()))
             except KubeConflictError:
                 pass  # someone (an earlier pass) created it: keep theirs
-        if self.settings.control_tls.enabled:
-            await self.certs.ensure(ref)  # the control port's certificates, before the pods mount them
+        if self._certs is not None:
+            await self._certs.ensure(ref)  # the control port's certificates, before the pods mount them
         sts_path = api_path("apps/v1", "statefulsets", ref.namespace, ref.name)
-        existing = await self.kube.get(sts_path)
+        existing = await kube.get(sts_path)
 
         def replicas_for(current: Mapping[str, Any] | None) -> int:
             """The replicas decided from the StatefulSet as read (again on a 409)."""
@@ -199,41 +213,31 @@ class ReconcileSteps(HandlerCore):
 
         replicas = replicas_for(existing)
         manifests = [self._with_tls(ref, m) for m in ch.children(ref, raw_spec, replicas)]
-        if self.settings.network_policy is not None:
-            manifests.append(network_policy(ref, self.settings.network_policy))
+        if self._network is not None:
+            manifests.append(network_policy(ref, self._network))
         for manifest in manifests:
             kind = manifest["kind"]
             if kind == "StatefulSet":
                 held = await apply_stateful_set(
-                    self.kube, ref, manifest, existing, body, lambda r: _event(body, r), replicas_for
+                    kube, ref, manifest, existing, body, lambda r: post_event(body, r), replicas_for
                 )
                 continue
             api_version = manifest["apiVersion"]
-            plural = {
-                "ServiceAccount": "serviceaccounts",
-                "Role": "roles",
-                "RoleBinding": "rolebindings",
-                "Service": "services",
-                "PodDisruptionBudget": "poddisruptionbudgets",
-                "StatefulSet": "statefulsets",
-                "CronJob": "cronjobs",
-                "NetworkPolicy": "networkpolicies",
-            }[kind]
-            collection = api_path(api_version, plural, ref.namespace)
-            path = api_path(api_version, plural, ref.namespace, manifest["metadata"]["name"])
+            collection = api_path(api_version, _PLURALS[kind], ref.namespace)
+            path = api_path(api_version, _PLURALS[kind], ref.namespace, manifest["metadata"]["name"])
             # Create, or merge-patch to the manifest: a function of the spec alone, decided on no read
             # of the child (and the chart grants no get on these kinds), so there is no resourceVersion
             # to carry; the writes decided on a read carry theirs (k8s/writes.py).
             try:
-                await self.kube.create(collection, manifest)
+                await kube.create(collection, manifest)
             except KubeConflictError:
-                await self.kube.patch(path, ch.patch_body(manifest))
+                await kube.patch(path, ch.patch_body(manifest))
         if ch.snapshot_cronjob(ref, raw_spec) is None:
             # Scheduled snapshots off: suspend a CronJob left from an earlier spec. Not deleted: the
             # operator holds no delete on cronjobs (least privilege); it goes with its owner.
             cronjob_path = api_path("batch/v1", "cronjobs", ref.namespace, ch.snapshot_cronjob_name(ref))
             suspend = {"spec": {"suspend": True}}
             await conditional_patch(
-                self.kube, cronjob_path, lambda c: None if (c.get("spec") or {}).get("suspend") else suspend
+                kube, cronjob_path, lambda c: None if (c.get("spec") or {}).get("suspend") else suspend
             )
         return held

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multilane.formats.handover import Handover
 from multilane.operator.controller import ConsumerController, DecidingPolicy, TickResult
 from multilane.operator.decision.planner import format_partition
 from multilane.operator.decision.policy import PolicyConfig, PolicyState
@@ -58,6 +59,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
 
 class LocalWorkerControl:
     """The worker control calls with each local worker's own token (HTTP clients per token).
@@ -92,13 +94,10 @@ class LocalWorkerControl:
         generation: int,
         partitions: Iterable[str],
         release_deadline_s: float,
-        progress: Mapping[str, str] | None = None,
-        changelog_ends: Mapping[str, int] | None = None,
+        handovers: Mapping[str, Handover] | None = None,
     ) -> list[ReleasedPartition]:
         client = self._client(base_url, slow=True)
-        return await client.assign(
-            base_url, generation, partitions, release_deadline_s, progress, changelog_ends
-        )
+        return await client.assign(base_url, generation, partitions, release_deadline_s, handovers)
 
     async def set_factor(self, base_url: str, factor: int) -> int:
         return await self._client(base_url).set_factor(base_url, factor)
@@ -331,7 +330,10 @@ class LocalControlPlane:
                 self._persist_assignment,
             )
         self.metrics.observe_tick(
-            self.ref.namespace, self.ref.name, result, self.spec.replicas or self.spec.max_replicas,
+            self.ref.namespace,
+            self.ref.name,
+            result,
+            self.spec.replicas or self.spec.max_replicas,
             self.spec.max_factor,
         )
         self.status.update(result.status)

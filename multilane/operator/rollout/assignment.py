@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from multilane.formats.handover import Handover
 from multilane.operator.decision.planner import (
     AssignmentPlanner,
     format_partition,
@@ -67,9 +68,11 @@ class WorkerControl(Protocol):
         generation: int,
         partitions: Iterable[str],
         release_deadline_s: float,
-        progress: Mapping[str, str] | None = None,
-        changelog_ends: Mapping[str, int] | None = None,
-    ) -> list[ReleasedPartition]: ...
+        handovers: Mapping[str, Handover] | None = None,
+    ) -> list[ReleasedPartition]:
+        """Push the worker's whole assignment (fenced by ``generation``); what it released comes back.
+        ``handovers``: partition -> what its last owner released, for a partition the worker adds."""
+        ...
 
     async def set_factor(self, base_url: str, factor: int) -> int: ...
 

@@ -6,14 +6,18 @@ the rest are types. The pure data model is in :mod:`multilane.operator.rollout.h
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import ssl
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import aiohttp.abc
+
+from multilane.formats.handover import Handover
 from multilane.operator.rollout.assignment import AssignmentState, WorkerControl
 from multilane.operator.rollout.handoff_model import HandoffRecord
 from multilane.operator.rollout.protocol import Rollout, WorkerObservation
-from multilane.operator.rollout.workers import WorkerControlClient, _partitions_body
+from multilane.operator.rollout.workers import ReleasedPartition, WorkerControlClient, _partitions_body
 
 __all__ = ["HandoffControl", "HandoffControlClient", "HandoffStep", "PersistHandoff"]
 
@@ -27,14 +31,53 @@ class HandoffControl(WorkerControl, Protocol):
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None: ...
 
 
-class HandoffControlClient(WorkerControlClient):
-    """:class:`WorkerControlClient` plus ``/v1/learn`` and ``/v1/drop`` (HTTP I/O)."""
+class HandoffControlClient:
+    """The worker calls of a handoff over HTTP: a :class:`WorkerControlClient` (``client``: status,
+    assignment, factor, pause, resume, TLS; one session) and ``/v1/learn``, ``/v1/drop`` through it."""
+
+    def __init__(
+        self,
+        token: str,
+        timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+        resolver: aiohttp.abc.AbstractResolver | None = None,
+    ) -> None:
+        self.client = WorkerControlClient(token, timeout_s, ssl_context, resolver)
+
+    async def status(self, base_url: str) -> dict[str, Any]:
+        return await self.client.status(base_url)
+
+    async def assign(
+        self,
+        base_url: str,
+        generation: int,
+        partitions: Iterable[str],
+        release_deadline_s: float,
+        handovers: Mapping[str, Handover] | None = None,
+    ) -> list[ReleasedPartition]:
+        return await self.client.assign(base_url, generation, partitions, release_deadline_s, handovers)
+
+    async def set_factor(self, base_url: str, factor: int) -> int:
+        return await self.client.set_factor(base_url, factor)
+
+    async def pause(self, base_url: str) -> bool:
+        return await self.client.pause(base_url)
+
+    async def resume(self, base_url: str) -> bool:
+        return await self.client.resume(base_url)
 
     async def learn(self, base_url: str, partitions: Iterable[str]) -> None:
-        await self._call("POST", f"{base_url}/v1/learn", {"partitions": _partitions_body(partitions)})
+        await self.client.call("POST", f"{base_url}/v1/learn", {"partitions": _partitions_body(partitions)})
 
     async def drop(self, base_url: str, partitions: Iterable[str]) -> None:
-        await self._call("POST", f"{base_url}/v1/drop", {"partitions": _partitions_body(partitions)})
+        await self.client.call("POST", f"{base_url}/v1/drop", {"partitions": _partitions_body(partitions)})
+
+    def use_tls(self, ssl_context: ssl.SSLContext) -> None:
+        """:meth:`WorkerControlClient.use_tls` (the certificate manager wires the consumer's context)."""
+        self.client.use_tls(ssl_context)
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 @dataclass

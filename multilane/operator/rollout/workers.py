@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import aiohttp.abc
 
+from multilane.formats.handover import Handover, encode_handovers
 from multilane.operator.decision.planner import format_partition, parse_partition
 
 __all__ = [
@@ -44,6 +45,11 @@ class ReleasedPartition:
     committed_offset: int | None  # None: nothing was ever committed for it
     progress: str | None = None  # the progress record of that commit (base64, opaque here), if known
     changelog_end: int | None = None  # where the partition's changelog ended then (with ``progress``)
+
+    @property
+    def handover(self) -> Handover | None:
+        """What this release hands the partition's next owner (None: no progress record to hand)."""
+        return None if self.progress is None else Handover(self.progress, self.changelog_end)
 
 
 def _partitions_body(partitions: Iterable[str]) -> list[dict[str, Any]]:
@@ -111,7 +117,7 @@ class WorkerControlClient:
             self._ssl = ssl_context
             self._stale_session, self._session = self._session, None
 
-    async def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    async def call(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if self._stale_session is not None:
             stale, self._stale_session = self._stale_session, None
             await stale.close()
@@ -139,7 +145,7 @@ class WorkerControlClient:
         return data
 
     async def status(self, base_url: str) -> dict[str, Any]:
-        return await self._call("GET", f"{base_url}/v1/status")
+        return await self.call("GET", f"{base_url}/v1/status")
 
     async def assign(
         self,
@@ -147,38 +153,28 @@ class WorkerControlClient:
         generation: int,
         partitions: Iterable[str],
         release_deadline_s: float,
-        progress: Mapping[str, str] | None = None,
-        changelog_ends: Mapping[str, int] | None = None,
+        handovers: Mapping[str, Handover] | None = None,
     ) -> list[ReleasedPartition]:
         """Push the worker's whole assignment; returns what it released (with final committed offsets
-        and progress records). ``progress``: partition -> the progress record its last owner released
-        (the worker uses it for a partition it adds instead of reading the progress topic);
-        ``changelog_ends``: partition -> the changelog end that release answered (sent with its
-        progress record only: the worker trusts it only when that record fits)."""
+        and progress records). ``handovers``: partition -> what its last owner released (the worker
+        uses it for a partition it adds instead of reading the progress topic), on the wire by
+        :func:`~multilane.formats.handover.encode_handovers`."""
         body: dict[str, Any] = {
             "generation": generation,
             "partitions": _partitions_body(partitions),
             "release_deadline_s": release_deadline_s,
         }
-        if progress:
-            ends = changelog_ends or {}
-            body["progress"] = [
-                {
-                    **_partitions_body([p])[0],
-                    "progress": record,
-                    **({"changelog_end": ends[p]} if p in ends else {}),
-                }
-                for p, record in sorted(progress.items())
-            ]
-        data = await self._call("POST", f"{base_url}/v1/assignment", body)
+        if handovers:
+            body["progress"] = encode_handovers({parse_partition(p): h for p, h in handovers.items()})
+        data = await self.call("POST", f"{base_url}/v1/assignment", body)
         return _released(data.get("released"))
 
     async def set_factor(self, base_url: str, factor: int) -> int:
-        data = await self._call("POST", f"{base_url}/v1/factor", {"factor": factor})
+        data = await self.call("POST", f"{base_url}/v1/factor", {"factor": factor})
         return int(data.get("factor", factor))
 
     async def pause(self, base_url: str) -> bool:
-        return bool((await self._call("POST", f"{base_url}/v1/pause")).get("paused"))
+        return bool((await self.call("POST", f"{base_url}/v1/pause")).get("paused"))
 
     async def resume(self, base_url: str) -> bool:
-        return bool((await self._call("POST", f"{base_url}/v1/resume")).get("paused"))
+        return bool((await self.call("POST", f"{base_url}/v1/resume")).get("paused"))

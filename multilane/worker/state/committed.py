@@ -29,6 +29,9 @@ class CommittedOffsetReader:
                 "group.id": group,
                 "enable.auto.commit": False,
                 **dict(consumer_config or {}),
+                # a pending transactional offset commit is waited for (KIP-447's require_stable),
+                # never read before its transaction ends
+                "isolation.level": "read_committed",
             }
         )
         self._lock = threading.Lock()

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -33,7 +33,7 @@ from multilane.worker.state.committed import CommittedOffsetReader
 from multilane.worker.state.errors import StateDurabilityError, StatePhaseError
 from multilane.worker.state.learner import PartitionLearner
 from multilane.worker.state.opening import OpenRestorer, checkpoint_usable
-from multilane.worker.state.partition import ActivePartitionState
+from multilane.worker.state.partition import ActivePartitionState, HeldChange
 from multilane.worker.state.reader import ChangelogReader, OnCorrupt
 from multilane.worker.state.restore import RestoreStatus
 from multilane.worker.state.snapshot import SnapshotLoader
@@ -72,6 +72,7 @@ class StateManager:
         snapshot_uri: str | None = None,
         bulk_restore: bool = True,
         close_wait_s: float = 120.0,
+        transactional: bool = False,
     ) -> None:
         """``snapshot_uri``: where the snapshot job publishes state snapshots (``docs/snapshots.md``);
         full restores and learners then start from the newest usable snapshot plus the changelog tail.
@@ -81,7 +82,12 @@ class StateManager:
         snapshot loads) write in the store's bulk mode (``store.py``); False keeps the plain write
         path (benchmarks compare both). ``close_wait_s``: how long an open, learn or drop of a
         partition waits for a close of the same partition still running (``close_partition`` may run
-        after the engine answered a release)."""
+        after the engine answered a release).
+
+        ``transactional`` (exactly-once outputs): changelog records are held and go out in the input
+        partition's transaction (``partition.py``; :meth:`take_changes`, :meth:`changes_committed`),
+        not through the shared changelog producer; restores and learners read only committed
+        changelog records, as always (``reader.py``)."""
         if on_corrupt not in ("fail", "skip"):
             raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
         if not group:
@@ -102,6 +108,7 @@ class StateManager:
         self._flush_timeout_s = flush_timeout_s
         self.bulk_restore = bulk_restore
         self._close_wait_s = close_wait_s
+        self.transactional = transactional
         self._writer = ChangelogWriter(bootstrap_servers, producer_config)
         self._admin = ChangelogTopicAdmin(bootstrap_servers, changelog_topic_config, admin_config)
         self._committed_reader: CommittedOffsetReader | None = None
@@ -235,6 +242,7 @@ class StateManager:
             flt.committed_offset,
             sources,
             changelog_offset,
+            transactional=self.transactional,
         )
         with self._lock:
             self._active[tp] = part
@@ -269,6 +277,25 @@ class StateManager:
         if status is not None:
             status.committed_offset = offset
 
+    def take_changes(
+        self, topic: str, partition: int, is_complete: Callable[[int], bool]
+    ) -> list[HeldChange]:
+        """Transactional: the held changelog records of the records ``is_complete`` says are complete,
+        in apply order, for the partition's next transaction (empty when the partition is not active)."""
+        part = self._active.get((topic, partition))
+        return [] if part is None else part.take_changes(is_complete)
+
+    def changes_committed(self, topic: str, partition: int, offset: int, changelog_end: int | None) -> None:
+        """Transactional: the partition's transaction committing ``offset`` succeeded; its changelog
+        records end at ``changelog_end`` (None: it carried none)."""
+        part = self._active.get((topic, partition))
+        if part is None:
+            return
+        part.changes_committed(offset, changelog_end)
+        status = self._status.get((topic, partition))
+        if status is not None:
+            status.committed_offset = offset
+
     def changelog_end(self, topic: str, partition: int) -> int | None:
         """One past the partition's last changelog record, as far as this worker knows it (the end its
         restore reached, or its own last acknowledged write beyond): the true end while it is the
@@ -293,7 +320,8 @@ class StateManager:
         or ``drop`` of it waits until this close has finished (``_closing``), so that none of them
         touches the files (or reads a checkpoint) before step 3.
 
-        1. Flush the partition's changes; a lost change turns a clean close into an unclean one.
+        1. Flush the partition's changes; a lost change turns a clean close into an unclean one, and so
+           does a change still held for a transaction (transactional: not in the committed changelog).
         2. Close the database (flushing its memtables).
         3. Clean: write the checkpoint. Unclean: none, so the next open wipes the store.
         """
@@ -329,6 +357,9 @@ class StateManager:
             except StateDurabilityError as exc:
                 log.error("closing %s[%d] uncleanly: %s", topic, partition, exc)
                 clean = False
+        if clean and part.holds_changes():
+            log.warning("closing %s[%d] uncleanly: changes not in a committed transaction", topic, partition)
+            clean = False
         # 2.
         part.store.close()
         # 3.

@@ -45,7 +45,8 @@ _OUT_OF_RANGE = {KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET}
 def reader_consumer_config(
     bootstrap_servers: str, topic: str, overrides: Mapping[str, object] | None = None
 ) -> dict[str, object]:
-    """The confluent-kafka settings of a changelog reader of ``topic`` (``overrides`` win). Pure."""
+    """The confluent-kafka settings of a changelog reader of ``topic`` (``overrides`` win, but for
+    ``isolation.level``, always ``read_committed``). Pure."""
     return {
         "bootstrap.servers": bootstrap_servers,
         "group.id": f"multilane-state-restore.{topic}",  # never joins, never commits
@@ -57,6 +58,10 @@ def reader_consumer_config(
         "fetch.wait.max.ms": 50,
         "fetch.queue.backoff.ms": 10,
         **dict(overrides or {}),
+        # Always (overrides cannot lower it): restores and learners see only committed changelog
+        # records, never those of an aborted or still-open transaction (exactly-once outputs write the
+        # changelog in transactions; records of a plain idempotent producer are visible either way).
+        "isolation.level": "read_committed",
     }
 
 
