@@ -17,7 +17,10 @@ and status. Does I/O (processes, files, API calls as the node).
    ``volumeMount`` is bind-mounted at its ``mountPath`` (``subPath``, ``readOnly``), so paths in the
    spec work unchanged; as root, then ``setpriv`` to ``runAsUser``/``runAsGroup`` (65534 when only
    ``runAsNonRoot`` is set: the host has no image user). ``command`` + ``args`` with ``$(VAR)``
-   expanded; stdout and stderr in ``DIR/logs/CONTAINER-N.log``.
+   expanded; without ``command``, the image's entrypoint from ``entrypoints`` (image repository ->
+   argv, the test bed's stand-in for an image's ``ENTRYPOINT``). The node's hosts file (when given)
+   is bind-mounted read-only at ``/etc/hosts``: the pods' DNS names (see ``ProcessKubelet``).
+   stdout and stderr in ``DIR/logs/CONTAINER-N.log``.
 4. Probes: startup, then readiness and liveness (:mod:`multilane.testing.kubelet_probes`); a failed
    liveness or startup probe restarts the container.
 5. Restarts by ``restartPolicy`` (``Always``, ``OnFailure``, ``Never``) with the kubelet's back-off
@@ -39,6 +42,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +53,7 @@ from multilane.testing.kubelet_node import now_rfc3339
 from multilane.testing.kubelet_probes import ProbeState, run_probe
 from multilane.testing.kubelet_volumes import PodFiles, VolumeError, expand, run_as
 
-__all__ = ["ContainerRun", "PodWorker"]
+__all__ = ["ContainerRun", "PodWorker", "image_repository", "mount_order"]
 
 # argv: WORKDIR HIDDEN KEEP STASH (SOURCE TARGET rw|ro)... -- COMMAND...; run by `sh -c` in the new
 # mount namespace. HIDDEN (when set) is a directory other users cannot cross that holds KEEP (this
@@ -59,10 +63,32 @@ _MOUNT_SCRIPT = (
     'set -e\nwd="$1"; hidden="$2"; keep="$3"; stash="$4"; shift 4\n'
     'if [ -n "$hidden" ]; then mkdir -p "$stash"; mount --bind "$keep" "$stash"; '
     'mount -t tmpfs -o mode=0755 tmpfs "$hidden"; mkdir -p "$keep"; mount --bind "$stash" "$keep"; fi\n'
-    'while [ "$1" != "--" ]; do mkdir -p "$2"; mount --bind "$1" "$2"; '
+    'while [ "$1" != "--" ]; do if [ -f "$1" ]; then [ -e "$2" ] || : >"$2"; else mkdir -p "$2"; fi; '
+    'mount --bind "$1" "$2"; '
     'if [ "$3" = ro ]; then mount -o remount,bind,ro "$2"; fi; shift 3; done; shift\n'
     'if [ -n "$wd" ]; then cd "$wd"; fi\nexec "$@"'
 )
+
+
+def image_repository(image: str) -> str:
+    """``REGISTRY/REPO`` of an image reference: without its ``@digest`` and ``:tag`` (a ``:`` in the
+    registry's host:port is kept)."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def mount_order(binds: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """``binds`` (source, target, mode) in the order to mount them: a target that covers another
+    bind's source (an emptyDir at ``/tmp`` while the kubelet's directories are under ``/tmp``) would
+    hide that source once mounted, so it goes after the others, together with every target nested in
+    it (kept in their order: a parent before its children)."""
+
+    def under(path: str, parent: str) -> bool:
+        return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+    covering = [t for _, t, _ in binds if any(under(s, t) for s, _, _ in binds)]
+    return sorted(binds, key=lambda b: any(under(b[1], t) for t in covering))
 
 
 def _hidden_python() -> tuple[str, str]:
@@ -124,8 +150,12 @@ class PodWorker:
         pod_ip: str,
         api_port: int,
         backoff_s: float = 10.0,
+        entrypoints: Mapping[str, Sequence[str]] | None = None,
+        hosts_file: Path | None = None,
     ) -> None:
         self.kube = kube
+        self.entrypoints = dict(entrypoints or {})
+        self.hosts_file = hosts_file
         self.pod = pod
         self.dir = dir
         self.pod_ip = pod_ip
@@ -157,15 +187,24 @@ class PodWorker:
     async def start_container(self, run: ContainerRun) -> None:
         c = run.spec
         env = run.env = await self.files.env(c)
-        argv = [expand(a, env) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
-        if not argv:
-            raise VolumeError(f"container {c['name']}: no command (this kubelet runs no images)")
-        mounts: list[str] = []
+        command = c.get("command") or self.entrypoints.get(image_repository(str(c.get("image", ""))))
+        if not command:
+            raise VolumeError(
+                f"container {c['name']}: no command, and no entrypoint for image {c.get('image')!r}"
+                " (this kubelet runs no images)"
+            )
+        # $(VAR) is expanded in the spec's command and args, never in the image's entrypoint
+        spec_command = [expand(a, env) for a in c.get("command") or []]
+        argv = [*(spec_command or command), *(expand(a, env) for a in c.get("args") or [])]
+        binds: list[tuple[str, str, str]] = []  # (source, target, rw|ro)
+        if self.hosts_file is not None:
+            binds.append((str(self.hosts_file), "/etc/hosts", "ro"))
         for m in c.get("volumeMounts") or []:
             src = self.files.volumes[m["name"]] / m.get("subPath", "")
             if not src.exists():
                 src.mkdir(parents=True)
-            mounts += [str(src), m["mountPath"], "ro" if m.get("readOnly") else "rw"]
+            binds.append((str(src), m["mountPath"], "ro" if m.get("readOnly") else "rw"))
+        mounts = [item for bind in mount_order(binds) for item in bind]
         root = os.geteuid() == 0
         wrapper = (
             ["unshare", "--mount", "--propagation=private"]

@@ -18,7 +18,15 @@ Each round (every ``period_s``), in order:
    share pod IPs); a pod with a ``deletionTimestamp`` is terminated (SIGTERM, SIGKILL after its
    grace) and then deleted for good (``gracePeriodSeconds: 0``, precondition on its UID); a pod gone
    from the API server has its processes killed;
-3. each worker's ``tick`` (containers, probes, restarts) and its status, written when it changed.
+3. each worker's ``tick`` (containers, probes, restarts) and its status, written when it changed;
+4. the node's hosts file, bind-mounted at every container's ``/etc/hosts``: each running pod's
+   ``HOSTNAME.SUBDOMAIN.NAMESPACE.svc`` (and ``.svc.cluster.local``) -> its pod IP, the names cluster
+   DNS gives a StatefulSet's pods under its headless Service (there is no cluster DNS here). It is
+   rewritten in place (a bind mount pins the inode), and glibc reads it on every lookup.
+
+Images: none are pulled. ``entrypoints`` maps an image repository (``ghcr.io/multilane/multilane``)
+to the argv that stands in for its ``ENTRYPOINT``, for containers without ``command`` (the chart's
+operator Deployment sets only ``args``).
 
 A round's failure is logged and counted (``errors``) and the next round goes on.
 """
@@ -33,6 +41,7 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -63,18 +72,21 @@ class ProcessKubelet:
         *,
         period_s: float = 0.5,
         backoff_s: float = 10.0,
+        entrypoints: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.cluster = cluster
         self.name = name
         self.root = root or cluster.dir / "nodes" / name
         self.period_s = period_s
         self.backoff_s = backoff_s
+        self.entrypoints = dict(entrypoints or {})
         self.workers: dict[str, PodWorker] = {}
         self.errors = 0
         self.last_error = ""
         self.rounds = 0
         self._ips = (random.randint(2, 254), random.randint(0, 255))
         self._next_ip = 1
+        self._hosts = ""  # the hosts file's content as last written
         self._reported: dict[str, str] = {}  # pod uid -> JSON of the status last written
         self._terminations: dict[str, asyncio.Task[None]] = {}  # pod uid -> its running terminate()
         self._stop = threading.Event()
@@ -87,6 +99,7 @@ class ProcessKubelet:
     def start(self, timeout_s: float = 60.0) -> ProcessKubelet:
         """Start the loop thread; returns once the Node is registered (raises if it could not be)."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self._write_hosts()
         self._thread = threading.Thread(target=self._main, name=f"kubelet-{self.name}", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s) or self._failure is not None:
@@ -179,8 +192,9 @@ class ProcessKubelet:
                 if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue  # finished before this kubelet knew it (a restarted kubelet)
                 worker = self.workers[uid] = PodWorker(
-                    kube, pod, self.root / "pods" / uid, self._pod_ip(), self._api_port(), self.backoff_s
-                )
+                    kube, pod, self.root / "pods" / uid, self._pod_ip(), self._api_port(), self.backoff_s,
+                    entrypoints=self.entrypoints, hosts_file=self.hosts_file,
+                )  # fmt: skip
             worker.pod = pod
             if pod["metadata"].get("deletionTimestamp"):
                 await self._delete(kube, worker)
@@ -197,6 +211,28 @@ class ProcessKubelet:
             gone = self.workers[uid]
             self._forget(uid)
             await gone.terminate(0.0)
+        self._write_hosts()  # 4.
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.root / "hosts"
+
+    def _write_hosts(self) -> None:
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        for w in sorted(self.workers.values(), key=lambda w: (w.namespace, w.name)):
+            host, sub = w.spec.get("hostname") or w.name, w.spec.get("subdomain")
+            if sub and not w.terminating:
+                fqdn = f"{host}.{sub}.{w.namespace}.svc"
+                lines.append(f"{w.pod_ip}\t{fqdn}.cluster.local {fqdn}")
+        text = "\n".join(lines) + "\n"
+        if text == self._hosts:
+            return
+        with self.hosts_file.open("a+") as f:  # in place: containers have this inode bind-mounted
+            f.seek(0)
+            f.truncate()
+            f.write(text)
+        self.hosts_file.chmod(0o644)
+        self._hosts = text
 
     async def _delete(self, kube: KubeClient, worker: PodWorker) -> None:
         """Terminate in the background (other pods go on meanwhile); once done, delete for good."""

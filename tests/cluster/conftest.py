@@ -9,6 +9,7 @@ the reason; under ``CI=true`` it fails instead: CI builds them in ``scripts/boot
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,8 @@ def real_cluster(k8s_bin_dir: Path) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="session")
 def process_kubelet(real_cluster: LocalCluster) -> Iterator[ProcessKubelet]:
-    """The cluster's one node: pods run as local processes (short restart back-off for tests)."""
-    with ProcessKubelet(real_cluster, backoff_s=1.0) as kubelet:
+    """The cluster's one node: pods run as local processes (short restart back-off for tests). The
+    chart's image runs as this machine's ``python -m multilane`` (the image's ENTRYPOINT)."""
+    entrypoints = {"ghcr.io/multilane/multilane": [sys.executable, "-m", "multilane"]}
+    with ProcessKubelet(real_cluster, backoff_s=1.0, entrypoints=entrypoints) as kubelet:
         yield kubelet

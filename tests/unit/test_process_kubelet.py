@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from multilane.operator.k8s.kube import KubeClient, KubeSettings
-from multilane.testing.kubelet_pods import PodWorker
+from multilane.testing.kubelet_pods import PodWorker, image_repository, mount_order
 from multilane.testing.kubelet_probes import ProbeState
 from multilane.testing.kubelet_volumes import expand, run_as
 
@@ -80,3 +80,27 @@ def test_a_container_runs_as_its_user_or_nobody_when_only_non_root_is_asked() ->
 
 def test_expand_replaces_known_variables_and_keeps_unknown_ones() -> None:
     assert expand("$(A)-$(B)-$(A)", {"A": "x"}) == "x-$(B)-x"
+
+
+@pytest.mark.parametrize(
+    ("image", "repository"),
+    [("ghcr.io/multilane/multilane:0.4.0", "ghcr.io/multilane/multilane"),
+     ("ghcr.io/multilane/multilane@sha256:" + "a" * 64, "ghcr.io/multilane/multilane"),
+     ("registry:5000/team/app:1", "registry:5000/team/app"), ("local:v2", "local"), ("local", "local")],
+)  # fmt: skip
+def test_image_repository_drops_tag_and_digest_but_not_a_registry_port(image: str, repository: str) -> None:
+    assert image_repository(image) == repository
+
+
+def test_a_mount_covering_another_mounts_source_goes_after_it_with_its_children() -> None:
+    binds = [
+        ("/tmp/k/pods/u/volumes/tmp", "/tmp", "rw"),
+        ("/tmp/k/pods/u/volumes/cache", "/tmp/cache", "rw"),
+        ("/tmp/k/pods/u/volumes/token", "/var/run/secrets/kubernetes.io/serviceaccount", "ro"),
+        ("/tmp/k/hosts", "/etc/hosts", "ro"),
+    ]
+    assert [t for _, t, _ in mount_order(binds)] == [
+        "/var/run/secrets/kubernetes.io/serviceaccount", "/etc/hosts", "/tmp", "/tmp/cache"
+    ]
+    plain = [("/srv/a", "/data", "rw"), ("/srv/b", "/data/sub", "ro")]
+    assert mount_order(plain) == plain

@@ -1,0 +1,254 @@
+"""The chart installed by the real Helm CLI into the real control plane, and week one on it
+(docs/real-cluster.md, "The chart, installed by Helm"): the CRD, the RBAC and two operator replicas
+with leader election, running as processes on the process kubelet under the chart's service account
+with a real token. kube-apiserver decides every RBAC question and runs the CRD's CEL rules.
+
+Each scenario drives a ParallelConsumer through :class:`tests.operator.k8s_harness.K8sHarness` (its
+spec, its balance check and its verdict: every delivery checker and the restored state), with the
+workers of the embedded broker on loopback. The operator reaches the workers by their pod DNS names
+over mutual TLS, unchanged: the process kubelet's hosts file resolves them to the pod IPs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
+from multilane.testing.broker import EmbeddedBroker
+from multilane.testing.cluster import LocalCluster
+from multilane.testing.process_kubelet import ProcessKubelet
+from tests.cluster.helm_harness import (
+    FULLNAME,
+    RELEASE_NS,
+    HelmRelease,
+    KubeletPods,
+    admin_kube,
+    drained,
+    shared_dir,
+)
+from tests.operator.conftest import NS, cr_path
+from tests.operator.k8s_harness import NAME, PARTITIONS, K8sHarness, wait_until
+from tests.operator.test_k8s_rollout import template_hash, wait_rolled
+
+pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="function")]
+
+SA = f"system:serviceaccount:{RELEASE_NS}:{FULLNAME}"
+PLURAL = "parallelconsumers.multilane.dev"
+
+
+def _restricted_namespace(cluster: LocalCluster, name: str) -> None:
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+
+
+@pytest.fixture(scope="module")
+def release(
+    real_cluster: LocalCluster, process_kubelet: ProcessKubelet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HelmRelease]:
+    """``helm install`` of the chart (the release namespace and the consumers' namespace, both under
+    PodSecurity ``restricted``, made first); uninstalled at the end if a test did not."""
+    helm = real_cluster.bin_dir / "helm"
+    if not helm.exists():
+        pytest.fail(f"helm is missing in {real_cluster.bin_dir} (bash scripts/k8s-binaries.sh builds it)")
+    _restricted_namespace(real_cluster, RELEASE_NS)
+    _restricted_namespace(real_cluster, NS)
+    # A CRD another test of the session applied (the conformance test) is adopted by the release, as
+    # Helm adopts an object carrying its ownership label and annotations.
+    crd = "customresourcedefinition/parallelconsumers.multilane.dev"
+    if real_cluster.kubectl("get", crd, "--ignore-not-found", "-o", "name").strip():
+        real_cluster.kubectl("label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+        real_cluster.kubectl("annotate", crd, "meta.helm.sh/release-name=ml",
+                             f"meta.helm.sh/release-namespace={RELEASE_NS}", "--overwrite")  # fmt: skip
+    rel = HelmRelease(helm, real_cluster, tmp_path_factory.mktemp("helm"))
+    rel.install("--set", f"rbac.secretNamespaces={{{NS}}}")
+    try:
+        yield rel
+    finally:
+        if rel.installed:
+            rel.uninstall()
+
+
+@pytest_asyncio.fixture
+async def h(real_cluster: LocalCluster, process_kubelet: ProcessKubelet, release: HelmRelease,
+            broker: EmbeddedBroker, topic_name: str) -> AsyncIterator[K8sHarness]:  # fmt: skip
+    """The harness on the real tier; the ParallelConsumer (if any) and its pods gone at the end."""
+    broker.create_topic(topic_name, PARTITIONS)
+    root = shared_dir("multilane-helm-")
+    kube = admin_kube(real_cluster)
+    pods = KubeletPods(process_kubelet, NS)
+    harness = K8sHarness(real_cluster.server, kube, broker, topic_name, root, pods, make_operator=None)  # type: ignore[arg-type]
+    try:
+        yield harness
+    finally:
+        # the full name: the CRD's short name `pc` is PriorityClass's in kubectl (docs/real-cluster.md)
+        real_cluster.kubectl("delete", PLURAL, NAME, "-n", NS, "--ignore-not-found", "--wait=false")
+        await wait_until(lambda: _gone(kube, cr_path(NAME)), 120, "the ParallelConsumer deleted")
+        await wait_until(lambda: not pods.pods, 120, "the consumer's pods gone")
+        await kube.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _gone(kube: KubeClient, path: str) -> bool:
+    return await kube.get(path) is None
+
+
+def _operator_log(kubelet: ProcessKubelet, pod: str, grep: bool = False) -> str:
+    worker = kubelet.worker(RELEASE_NS, pod)
+    if worker is None:
+        return ""
+    logs = sorted((worker.dir / "logs").glob("*.log"))
+    if grep:
+        keep = ("elet", "rror", "arn", "atch", "inaliz")
+        text = [ln for p in logs for ln in p.read_text(errors="replace").splitlines()]
+        lines = [ln for ln in text if any(k in ln for k in keep)]
+        return "\n".join(ln[:400] for ln in lines[-40:])
+    return "".join(p.read_text(errors="replace")[-6000:] for p in logs[-1:])
+
+
+async def test_install_then_a_parallel_consumer_delivers_with_every_checker(
+    h: K8sHarness, release: HelmRelease, real_cluster: LocalCluster, process_kubelet: ProcessKubelet
+) -> None:
+    # 1. two operator replicas running on the node, one of them holding the leader Lease
+    pods = release.operator_pods()
+    assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+    assert all(p["status"].get("phase") == "Running" for p in pods), [p["status"] for p in pods]
+    names = {p["metadata"]["name"] for p in pods}
+    try:
+        leader = await wait_until(lambda: release.leader() in names and release.leader(), 60, "a leader")
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {n}:\n{_operator_log(process_kubelet, n)}" for n in sorted(names))
+        raise AssertionError(f"{exc}: Lease holder {release.leader()!r}\n{logs}") from None
+    # 2. kube-apiserver's RBAC: what the chart grants, and what it does not
+    def can(*args: str) -> bool:
+        return real_cluster.kubectl("auth", "can-i", "--as", SA, *args, check=False).strip() == "yes"
+
+    assert can("create", "statefulsets.apps", "-n", NS)
+    assert can("create", "secrets", "-n", NS)
+    assert not can("list", "secrets", "-n", NS)
+    assert not can("get", "secrets", "-n", "kube-system")
+    assert not can("create", "clusterrolebindings")
+    # 3. a ParallelConsumer: its pod runs, owns every partition, and delivers a load
+    await h.create(h.body(replicas=1))
+    try:
+        await wait_until(lambda: h.balanced(1), 120, "every partition on orders-0", h)
+    except AssertionError as exc:
+        log = _operator_log(process_kubelet, leader)
+        raise AssertionError(f"{exc}\nleader {leader} log:\n{log}") from None
+    h.start_load(100, 8)
+    await wait_until(lambda: drained(h), 120, "every produced record committed", h)
+    assert (await h.status()).get("rollout") is None
+    v = h.assert_ok()
+    print(f"helm install + ParallelConsumer: produced {v.produced}, replayed {v.replayed}")
+
+
+async def test_a_spec_breaking_a_cel_rule_is_refused_by_kube_apiserver(h: K8sHarness) -> None:
+    """The CRD's x-kubernetes-validations run in kube-apiserver: 422 Invalid with the rule's message."""
+    body = h.body(replicas=1)
+    body["spec"]["kafka"]["config"] = {"group.id": "stolen"}
+    with pytest.raises(KubeError) as refused:
+        await h.create(body)
+    assert refused.value.status == 422, refused.value
+    assert "set by multilane" in str(refused.value), refused.value
+    long = h.body(replicas=1)
+    long["metadata"]["name"] = "x" * 53
+    with pytest.raises(KubeError) as too_long:
+        await h.create(long)
+    assert too_long.value.status == 422 and "at most 52 characters" in str(too_long.value), too_long.value
+
+
+async def test_image_change_rolls_the_pods_through_on_delete_with_nothing_lost(h: K8sHarness) -> None:
+    await h.create(h.body(replicas=2))
+    await wait_until(lambda: h.balanced(2), 150, "2 pods with 2 partitions each", h)
+    old = await template_hash(h)
+    h.start_load(100, 15)
+    await asyncio.sleep(2)
+    await h.kube.patch(cr_path(NAME), {"spec": {"workload": {"image": "local:v2"}}})
+    await wait_rolled(h, 2, old, 240)
+    await wait_until(lambda: drained(h), 120, "every produced record committed", h)
+    v = h.assert_ok()
+    print(f"helm image-change: produced {v.produced}, replayed {v.replayed}")
+
+
+async def test_leader_killed_mid_rollout_the_other_replica_finishes_it(
+    h: K8sHarness, release: HelmRelease, process_kubelet: ProcessKubelet, real_cluster: LocalCluster
+) -> None:
+    await h.create(h.body(replicas=2))
+    await wait_until(lambda: h.balanced(2), 150, "2 pods with 2 partitions each", h)
+    old = await template_hash(h)
+    leader = release.leader()
+    h.start_load(100, 20)
+    await asyncio.sleep(2)
+    await h.kube.patch(cr_path(NAME), {"spec": {"workload": {"image": "local:v3"}}})
+    await wait_until(lambda: _rolling(h), 60, "the rollout under way", h)
+    assert process_kubelet.pids(RELEASE_NS, leader), f"no process for the leader {leader}"
+    # Killed with its pod (force: no grace; the kubelet SIGKILLs the process). A SIGKILL of the
+    # process alone would restart the container in the same pod, whose identity (the pod name) is
+    # the Lease's holder: it takes the Lease straight back, and the other replica never leads.
+    real_cluster.kubectl("delete", "pod", leader, "-n", RELEASE_NS, "--grace-period=0", "--force")
+    new_leader = await wait_until(
+        lambda: release.leader() not in ("", leader) and release.leader(), 90, "the other replica leading"
+    )
+    await wait_rolled(h, 2, old, 240)
+    await wait_until(lambda: drained(h), 120, "every produced record committed", h)
+    v = h.assert_ok()
+    print(f"helm leader-kill: {leader} -> {new_leader}; produced {v.produced}, replayed {v.replayed}")
+
+
+async def test_immutable_field_change_gives_degraded(h: K8sHarness) -> None:
+    await h.create(h.body(replicas=1))
+    await wait_until(lambda: h.balanced(1), 150, "every partition on orders-0", h)
+    await h.kube.patch(cr_path(NAME), {"spec": {"state": {"storage": {"size": "2Gi"}}}})
+
+    async def degraded() -> dict[str, Any] | None:
+        conditions = (await h.status()).get("conditions") or []
+        return next(
+            (c for c in conditions if c.get("type") == "Degraded" and c.get("status") == "True"), None
+        )
+
+    held = await wait_until(degraded, 60, "Degraded=True", h)
+    assert held["reason"] == "ImmutableFieldChange", held
+    assert "spec.volumeClaimTemplates" in held["message"], held
+    sts = await h.kube.get(api_path("apps/v1", "statefulsets", NS, NAME)) or {}
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] != "2Gi"
+
+
+async def _rolling(h: K8sHarness) -> bool:
+    return (await h.status()).get("rollout") is not None
+
+
+async def test_zz_uninstall_then_namespace_deletion_both_finish(
+    h: K8sHarness, release: HelmRelease, real_cluster: LocalCluster
+) -> None:
+    """docs/operator-install.md's order: the ParallelConsumers first (the operator removes its
+    finalizer; the garbage collector takes the StatefulSet and its pods; the claims go by
+    ``pvcRetention.whenDeleted: Delete``, the default), then ``helm uninstall`` (the CRD stays:
+    ``crds.keep``), then the namespaces. Last in this module: it uninstalls the release."""
+    await h.create(h.body(replicas=1))
+    await wait_until(lambda: h.balanced(1), 150, "every partition on orders-0", h)
+    claims = api_path("v1", "persistentvolumeclaims", NS)
+    assert await h.kube.list(claims), "no claim for the worker's state"
+    await h.kube.delete(cr_path(NAME))
+    await wait_until(lambda: _gone(h.kube, cr_path(NAME)), 120, "the ParallelConsumer deleted (finalizer)")
+    sets = api_path("apps/v1", "statefulsets", NS)
+    await wait_until(lambda: _none(h.kube, sets), 120, "the StatefulSet collected")
+    await wait_until(lambda: _none(h.kube, claims), 120, "the claims deleted (whenDeleted: Delete)")
+    await asyncio.to_thread(release.uninstall)
+    assert await h.kube.get(api_path("apps/v1", "deployments", RELEASE_NS, FULLNAME)) is None
+    crds = "customresourcedefinitions"
+    crd = api_path("apiextensions.k8s.io/v1", crds, None, "parallelconsumers.multilane.dev")
+    assert await h.kube.get(crd), "the CRD went with the release (crds.keep is true)"
+    for ns in (NS, RELEASE_NS):
+        real_cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    for ns in (NS, RELEASE_NS):
+        await wait_until(lambda ns=ns: _gone(h.kube, api_path("v1", "namespaces", None, ns)), 180,
+                         f"namespace {ns} deleted")  # fmt: skip
+
+
+async def _none(kube: KubeClient, collection: str) -> bool:
+    return not await kube.list(collection)
