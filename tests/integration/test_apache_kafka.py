@@ -69,8 +69,10 @@ def test_transactions_share_groups_and_a_clean_stop() -> None:
         consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "tx-reader",
                              "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                              "enable.partition.eof": True})
-        consumer.assign([TopicPartition("tx", 0)])
-        values, deadline = [], time.monotonic() + 30
+        # from offset 0: no committed-offset lookup, so no wait on the group coordinator, whose
+        # __consumer_offsets partitions a new broker may still be loading
+        consumer.assign([TopicPartition("tx", 0, 0)])
+        values, deadline = [], time.monotonic() + 60
         while time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is None:
