@@ -16,6 +16,7 @@ import json
 import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -397,8 +398,18 @@ def _admin_ssl(cluster: LocalCluster) -> ssl.SSLContext:
 
 
 @pytest.fixture(scope="module")
-def targets(real_cluster: LocalCluster) -> Iterator[tuple[Target, Target]]:
+def conformance_cluster(k8s_bin_dir: Path) -> Iterator[LocalCluster]:
+    """A control plane of this module's own: the session's cluster also runs the chart's operator
+    (tests/cluster/test_helm_chart.py), which watches every namespace and would act on the
+    ParallelConsumer ``owner`` and its children while the rows compare answers (seen in CI)."""
+    with LocalCluster(k8s_bin_dir, start_timeout_s=240) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def targets(conformance_cluster: LocalCluster) -> Iterator[tuple[Target, Target]]:
     """(double, real): each with the CRD, the namespace and the ParallelConsumer ``owner``."""
+    real_cluster = conformance_cluster
     crd = "crd/parallelconsumers.multilane.dev"
     # Made here only when absent, and then removed at the end: a later test installs the chart, whose
     # Helm release must own the CRD (Helm refuses to adopt one it did not make).
