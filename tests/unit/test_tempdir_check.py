@@ -33,6 +33,7 @@ def _run(tmp_path: Path, leak: bool, *extra: str) -> subprocess.CompletedProcess
     (tmp_path / "test_inner.py").write_text(TESTS)
     # only the plugins the check needs: the run starts faster
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LEAK": "1" if leak else "0",
+           "MULTILANE_TEMPDIR_STRICT": "1",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
                            "tests.support.tempdir_check", *extra, "test_inner.py"],
