@@ -2,9 +2,11 @@
 (:class:`multilane.testing.cluster.LocalCluster`) for trying the chart and the operator. Does I/O.
 
 - ``up`` starts the cluster and a process kubelet (node ``multilane-node-0``; ``--no-kubelet``
-  leaves it out), writes a state file (JSON: the ``up`` process's PID, the kubeconfig, the
-  directory, the components' PIDs) and stays in the foreground until SIGINT/SIGTERM, then stops
-  everything and removes the state file and the directory. ``up --detach`` runs the same in the
+  leaves it out; ``--image REPO``, repeatable, names the image repositories whose entrypoint is this
+  machine's ``multilane``, the chart's ``ghcr.io/multilane/multilane`` always among them), writes
+  a state file (JSON: the ``up`` process's PID, the kubeconfig, the directory, the components'
+  PIDs) and stays in the foreground until SIGINT/SIGTERM, then stops everything and removes the
+  state file and the directory. ``up --detach`` runs the same in the
   background (its log beside the state file) and returns once the cluster is ready.
 - ``down`` reads the state file and stops that ``up`` process by its PID (SIGTERM; SIGKILL for any
   component still alive after ``--timeout``). The components also die with the ``up`` process
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 from multilane.testing.cluster import ClusterError, LocalCluster
+from multilane.testing.kubelet_pods import shadowed_python
 from multilane.testing.process_kubelet import ProcessKubelet
 
 
@@ -61,7 +64,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-kubelet", action="store_true", help="up: no process kubelet (no node: pods stay Pending)"
     )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="REPO",
+        help="up: an image repository the process kubelet runs as this machine's `multilane` (the "
+        f"image's ENTRYPOINT), besides {CHART_IMAGE}; repeatable (e.g. the chart's image.repository)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for start or stop")
+
+
+CHART_IMAGE = "ghcr.io/multilane/multilane"
+# What a pod on the process kubelet shares with the host: its network namespace (one loopback IP per
+# pod), so two operator replicas binding 0.0.0.0 on one port collide without these values.
+KUBELET_VALUES = "tests/cluster/values-process-kubelet.yaml"
+
+
+def entrypoints(images: list[str]) -> dict[str, list[str]]:
+    """Image repository -> the argv standing in for its ``ENTRYPOINT ["multilane"]`` (Dockerfile)."""
+    return {repo: [sys.executable, "-m", "multilane"] for repo in dict.fromkeys([CHART_IMAGE, *images])}
 
 
 def _alive(pid: int) -> bool:
@@ -119,7 +141,7 @@ def _up(args: argparse.Namespace, state_file: Path) -> int:
         return 1
     try:
         if not args.no_kubelet:
-            kubelet = ProcessKubelet(cluster).start()
+            kubelet = ProcessKubelet(cluster, entrypoints=entrypoints(args.image)).start()
         state = {
             "pid": os.getpid(),
             "kubeconfig": str(cluster.kubeconfig),
@@ -134,6 +156,21 @@ def _up(args: argparse.Namespace, state_file: Path) -> int:
             f"cluster up: {cluster.server} (pids {cluster.pids}); stop with `multilane cluster down`",
             file=sys.stderr,
         )
+        shadowed = shadowed_python(["/tmp"])
+        if kubelet is not None and shadowed is not None:
+            print(
+                f"multilane cluster up: warning: {shadowed[0]} is under /tmp, which the chart's pods "
+                "mount an emptyDir over: their containers cannot start (CreateContainerConfigError); "
+                "use a checkout outside /tmp",
+                file=sys.stderr,
+            )
+        if kubelet is not None:
+            print(
+                f"node multilane-node-0: pods are local processes; images {', '.join(kubelet.entrypoints)} "
+                f"run as `multilane`; pods share the host's network: install the chart with "
+                f"--values {KUBELET_VALUES}",
+                file=sys.stderr,
+            )
         print(cluster.kubeconfig, flush=True)
         while not stop.wait(1.0):
             dead = [name for name, ok in cluster.alive().items() if not ok]
@@ -172,6 +209,8 @@ def _detach(args: argparse.Namespace, state_file: Path) -> int:
         argv += ["--dir", str(args.dir)]
     if args.no_kubelet:
         argv.append("--no-kubelet")
+    for image in args.image:
+        argv += ["--image", image]
     with log.open("ab") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -7,6 +7,10 @@ A marker is an HTML comment on the line before the fence, at the fence's indenta
 - ``<!-- block: run needs=crd,pc NS=@ns NAME=orders -->``: the block runs in the real-cluster tier as
   written, with ``KUBECONFIG`` set. ``needs`` names what the runner provides first (a comma list);
   ``KEY=value`` replaces the placeholder word ``KEY`` (``@ns`` = the test's own namespace).
+- Two substitutions, each named in the marker, for what the tier cannot be as a user's cluster is:
+  ``helm-values=FILE`` adds ``--values FILE`` to each ``helm install``/``helm upgrade`` of the block
+  (the process kubelet's pods share the host's network), and ``watch=SECONDS`` ends each
+  ``kubectl ... -w`` after SECONDS (``--request-timeout``, where a reader presses Ctrl-C).
 - ``<!-- block: not-runnable REASON -->``: it cannot run here, and REASON says why (and what checks it
   instead, if anything).
 
@@ -46,16 +50,25 @@ class DocBlock:
     needs: tuple[str, ...] = ()
     placeholders: dict[str, str] = field(default_factory=dict)
     expected: tuple[str, ...] = ()
+    helm_values: str = ""  # a values file added to each helm install/upgrade ("" = none)
+    watch_s: int = 0  # a bound on each `kubectl ... -w` (0 = none)
 
     @property
     def name(self) -> str:
         return f"{self.doc}:{self.line}"
 
     def script(self, namespace: str) -> str:
-        """The body with each placeholder word replaced (``@ns`` -> ``namespace``)."""
+        """The body with each placeholder word replaced (``@ns`` -> ``namespace``) and the marker's
+        substitutions made (``helm-values``, ``watch``)."""
         out = self.body
         for key, value in self.placeholders.items():
             out = re.sub(rf"\b{re.escape(key)}\b", namespace if value == "@ns" else value, out)
+        if self.helm_values:
+            helm = r"\bhelm (upgrade --install|install|upgrade)\b"
+            out = re.sub(helm, rf"helm \1 --values {self.helm_values}", out)
+        if self.watch_s:
+            watch = r"^(\s*kubectl\b[^\n#]*\s-w)(?=\s|$)"
+            out = re.sub(watch, rf"\1 --request-timeout={self.watch_s}s", out, flags=re.M)
         return out
 
 
@@ -67,17 +80,23 @@ def _parse_marker(doc: str, line: int, text: str) -> dict[str, object]:
         return {"runnable": False, "reason": rest.strip()}
     if kind != "run":
         raise DocBlockError(f"{doc}:{line}: marker must be 'run ...' or 'not-runnable REASON', got {text!r}")
-    needs: tuple[str, ...] = ()
+    fields: dict[str, object] = {"runnable": True}
     placeholders: dict[str, str] = {}
     for word in rest.split():
         key, eq, value = word.partition("=")
         if not eq or not value:
             raise DocBlockError(f"{doc}:{line}: {word!r} is not KEY=value")
         if key == "needs":
-            needs = tuple(value.split(","))
+            fields["needs"] = tuple(value.split(","))
+        elif key == "helm-values":
+            fields["helm_values"] = value
+        elif key == "watch":
+            if not value.isdigit() or int(value) == 0:
+                raise DocBlockError(f"{doc}:{line}: watch= takes a whole number of seconds, got {value!r}")
+            fields["watch_s"] = int(value)
         else:
             placeholders[key] = value
-    return {"runnable": True, "needs": needs, "placeholders": placeholders}
+    return {**fields, "placeholders": placeholders}
 
 
 def extract(doc: str, text: str) -> list[DocBlock]:

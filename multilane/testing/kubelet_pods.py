@@ -47,13 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import multilane
 from multilane.operator.k8s.kube import KubeClient, KubeError
 from multilane.testing.cluster import die_with_parent
 from multilane.testing.kubelet_node import now_rfc3339
 from multilane.testing.kubelet_probes import ProbeState, run_probe
 from multilane.testing.kubelet_volumes import PodFiles, VolumeError, expand, run_as
 
-__all__ = ["ContainerRun", "PodWorker", "image_repository", "mount_order"]
+__all__ = ["ContainerRun", "PodWorker", "image_repository", "mount_order", "shadowed_python"]
 
 # argv: WORKDIR HIDDEN KEEP STASH (SOURCE TARGET rw|ro)... -- COMMAND...; run by `sh -c` in the new
 # mount namespace. HIDDEN (when set) is a directory other users cannot cross that holds KEEP (this
@@ -89,6 +90,19 @@ def mount_order(binds: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]
 
     covering = [t for _, t, _ in binds if any(under(s, t) for s, _, _ in binds)]
     return sorted(binds, key=lambda b: any(under(b[1], t) for t in covering))
+
+
+def shadowed_python(targets: Sequence[str]) -> tuple[str, str] | None:
+    """(this Python's environment or the directory multilane is imported from, the mount target
+    covering it), or None: a volume mounted over either (the chart's emptyDir at ``/tmp`` over a
+    checkout under ``/tmp``) hides it from the container, which then cannot run ``multilane``."""
+    needed = [sys.prefix, sys.base_prefix, str(Path(multilane.__file__).resolve().parents[1])]
+    for path in needed:
+        for target in targets:
+            t = target.rstrip("/") or "/"
+            if t != "/" and (path == t or path.startswith(t + "/")):
+                return path, target
+    return None
 
 
 def _hidden_python() -> tuple[str, str]:
@@ -196,6 +210,13 @@ class PodWorker:
         # $(VAR) is expanded in the spec's command and args, never in the image's entrypoint
         spec_command = [expand(a, env) for a in c.get("command") or []]
         argv = [*(spec_command or command), *(expand(a, env) for a in c.get("args") or [])]
+        shadowed = shadowed_python([m["mountPath"] for m in c.get("volumeMounts") or []])
+        if shadowed is not None:
+            raise VolumeError(
+                f"container {c['name']}: this node's Python environment {shadowed[0]} lies under the "
+                f"volume mounted at {shadowed[1]}, which hides it from the container; put the checkout "
+                f"and its .venv outside {shadowed[1]}"
+            )
         binds: list[tuple[str, str, str]] = []  # (source, target, rw|ro)
         if self.hosts_file is not None:
             binds.append((str(self.hosts_file), "/etc/hosts", "ro"))

@@ -9,14 +9,16 @@ the reason; under ``CI=true`` it fails instead: CI builds them in ``scripts/boot
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from multilane.testing.cluster import ClusterError, LocalCluster, resolve_bin_dir
+from multilane.testing.cluster_cli import entrypoints as cluster_entrypoints
 from multilane.testing.process_kubelet import ProcessKubelet
+
+DOCS_IMAGE = "registry.example.com/platform/multilane"  # docs/operator-install.md's image.repository
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,7 +51,8 @@ def real_cluster(k8s_bin_dir: Path) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def process_kubelet(real_cluster: LocalCluster) -> Iterator[ProcessKubelet]:
     """The cluster's one node: pods run as local processes (short restart back-off for tests). The
-    chart's image runs as this machine's ``python -m multilane`` (the image's ENTRYPOINT)."""
-    entrypoints = {"ghcr.io/multilane/multilane": [sys.executable, "-m", "multilane"]}
+    chart's image runs as this machine's ``python -m multilane`` (the image's ENTRYPOINT): the chart's
+    default repository and the one docs/operator-install.md installs (``registry.example.com``)."""
+    entrypoints = cluster_entrypoints([DOCS_IMAGE])
     with ProcessKubelet(real_cluster, backoff_s=1.0, entrypoints=entrypoints) as kubelet:
         yield kubelet

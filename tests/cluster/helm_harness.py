@@ -30,14 +30,35 @@ from tests.operator.k8s_harness import K8sHarness
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "multilane"
 VALUES = Path(__file__).with_name("values-process-kubelet.yaml")
-RELEASE = "ml"
+RELEASE = "multilane"  # the docs' release (docs/operator-install.md): its full name is "multilane"
 RELEASE_NS = "multilane-system"
-FULLNAME = "ml-multilane"
+FULLNAME = "multilane"
 # the image's ENTRYPOINT ["multilane"] (Dockerfile), as the process kubelet runs it
 IMAGE = "ghcr.io/multilane/multilane"
 
 __all__ = ["CHART", "FULLNAME", "IMAGE", "RELEASE", "RELEASE_NS", "HelmRelease", "KubeletPods",
-           "admin_kube", "drained", "shared_dir"]
+           "admin_kube", "adopt_crd", "drained", "helm_env", "shared_dir"]
+
+
+def adopt_crd(cluster: LocalCluster) -> None:
+    """Let the release take over a CRD another test of the session applied with kubectl, as Helm
+    adopts an object carrying its ownership label and annotations (it refuses one without them). A
+    user's first install meets no CRD, so this changes nothing a reader does."""
+    crd = "customresourcedefinition/parallelconsumers.multilane.dev"
+    if cluster.kubectl("get", crd, "--ignore-not-found", "-o", "name").strip():
+        cluster.kubectl("label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+        cluster.kubectl("annotate", crd, f"meta.helm.sh/release-name={RELEASE}",
+                        f"meta.helm.sh/release-namespace={RELEASE_NS}", "--overwrite")  # fmt: skip
+
+
+def helm_env(home: Path) -> dict[str, str]:
+    """Helm's cache, config and data under ``home`` (not the user's)."""
+    return {
+        "HOME": str(home),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
 
 
 def admin_kube(cluster: LocalCluster) -> KubeClient:
@@ -72,11 +93,8 @@ class HelmRelease:
     def run(self, *args: str, timeout_s: float = 300.0) -> str:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.home),
             "KUBECONFIG": str(self.cluster.kubeconfig),
-            "HELM_CACHE_HOME": str(self.home / "cache"),
-            "HELM_CONFIG_HOME": str(self.home / "config"),
-            "HELM_DATA_HOME": str(self.home / "data"),
+            **helm_env(self.home),
         }
         done = subprocess.run(
             [str(self.helm), *args], env=env, capture_output=True, text=True, timeout=timeout_s

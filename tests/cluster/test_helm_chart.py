@@ -29,6 +29,7 @@ from tests.cluster.helm_harness import (
     HelmRelease,
     KubeletPods,
     admin_kube,
+    adopt_crd,
     drained,
     shared_dir,
 )
@@ -60,13 +61,7 @@ def release(
         pytest.fail(f"helm is missing in {real_cluster.bin_dir} (bash scripts/k8s-binaries.sh builds it)")
     _restricted_namespace(real_cluster, RELEASE_NS)
     _restricted_namespace(real_cluster, NS)
-    # A CRD another test of the session applied (the conformance test) is adopted by the release, as
-    # Helm adopts an object carrying its ownership label and annotations.
-    crd = "customresourcedefinition/parallelconsumers.multilane.dev"
-    if real_cluster.kubectl("get", crd, "--ignore-not-found", "-o", "name").strip():
-        real_cluster.kubectl("label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite")
-        real_cluster.kubectl("annotate", crd, "meta.helm.sh/release-name=ml",
-                             f"meta.helm.sh/release-namespace={RELEASE_NS}", "--overwrite")  # fmt: skip
+    adopt_crd(real_cluster)  # a CRD another test of the session applied (the conformance test)
     rel = HelmRelease(helm, real_cluster, tmp_path_factory.mktemp("helm"))
     rel.install("--set", f"rbac.secretNamespaces={{{NS}}}")
     try:

@@ -58,3 +58,24 @@ def test_expected_lines_match_in_order_only() -> None:
     assert match_in_order(("a", "b ... c"), output) is None
     assert match_in_order(("b ... c", "a"), output) == "expected line not found in order: 'a'"
     assert match_in_order(("b",), output) is not None  # a whole line, not a substring
+
+
+def test_the_markers_substitutions_are_the_only_changes_to_a_block() -> None:
+    text = (
+        "<!-- block: run needs=kubelet helm-values=v.yaml watch=20 -->\n"
+        "```bash\n"
+        "helm upgrade --install multilane charts/multilane \\\n"
+        "  --set a=b   # comment\n"
+        "kubectl get pcon -A -w\n"
+        "kubectl get pcon -A   # no -w here\n"
+        "```\n"
+    )
+    [block] = extract("d", text)
+    assert block.script("ns") == (
+        "helm upgrade --install --values v.yaml multilane charts/multilane \\\n"
+        "  --set a=b   # comment\n"
+        "kubectl get pcon -A -w --request-timeout=20s\n"
+        "kubectl get pcon -A   # no -w here\n"
+    )
+    with pytest.raises(DocBlockError, match="whole number of seconds"):
+        extract("d", "<!-- block: run watch=soon -->\n```bash\nls\n```\n")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from multilane.operator.k8s.kube import KubeClient, KubeSettings
-from multilane.testing.kubelet_pods import PodWorker, image_repository, mount_order
+from multilane.testing.kubelet_pods import PodWorker, image_repository, mount_order, shadowed_python
 from multilane.testing.kubelet_probes import ProbeState
 from multilane.testing.kubelet_volumes import expand, run_as
 
@@ -104,3 +104,15 @@ def test_a_mount_covering_another_mounts_source_goes_after_it_with_its_children(
     ]
     plain = [("/srv/a", "/data", "rw"), ("/srv/b", "/data/sub", "ro")]
     assert mount_order(plain) == plain
+
+
+def test_a_volume_over_this_pythons_environment_is_named_not_left_to_fail_in_the_container() -> None:
+    """A checkout under /tmp, and the chart's emptyDir at /tmp: the container could not see the venv
+    (``setpriv: failed to execute ...: No such file or directory``); the kubelet names the cause."""
+    import sys
+
+    venv = sys.prefix
+    parent = str(Path(venv).parent)
+    assert shadowed_python([parent]) == (venv, parent)
+    assert shadowed_python([parent + "/"]) == (venv, parent + "/")
+    assert shadowed_python(["/nonexistent-mount", "/"]) is None  # "/" is the node's root, never a volume
