@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from multilane.testing.cluster import ClusterError, LocalCluster
-from multilane.testing.kubelet_pods import shadowed_python
+from multilane.testing.kubelet_pods import shadowed_python, unreachable_python
 from multilane.testing.process_kubelet import ProcessKubelet
 
 
@@ -156,6 +156,13 @@ def _up(args: argparse.Namespace, state_file: Path) -> int:
             f"cluster up: {cluster.server} (pids {cluster.pids}); stop with `multilane cluster down`",
             file=sys.stderr,
         )
+        closed = unreachable_python() if os.geteuid() == 0 else None
+        if kubelet is not None and closed is not None:
+            print(
+                f"multilane cluster up: warning: {closed[0]} is not readable by the pods' users "
+                f"({closed[1]} is closed to others): their containers cannot start; chmod o+x {closed[1]}",
+                file=sys.stderr,
+            )
         shadowed = shadowed_python(["/tmp"])
         if kubelet is not None and shadowed is not None:
             print(

@@ -54,7 +54,8 @@ from multilane.testing.kubelet_node import now_rfc3339
 from multilane.testing.kubelet_probes import ProbeState, run_probe
 from multilane.testing.kubelet_volumes import PodFiles, VolumeError, expand, run_as
 
-__all__ = ["ContainerRun", "PodWorker", "image_repository", "mount_order", "shadowed_python"]
+__all__ = ["ContainerRun", "PodWorker", "image_repository", "mount_order", "shadowed_python",
+           "unreachable_python"]
 
 # argv: WORKDIR HIDDEN KEEP STASH (SOURCE TARGET rw|ro)... -- COMMAND...; run by `sh -c` in the new
 # mount namespace. HIDDEN (when set) is a directory other users cannot cross that holds KEEP (this
@@ -102,6 +103,21 @@ def shadowed_python(targets: Sequence[str]) -> tuple[str, str] | None:
             t = target.rstrip("/") or "/"
             if t != "/" and (path == t or path.startswith(t + "/")):
                 return path, target
+    return None
+
+
+def unreachable_python() -> tuple[str, str] | None:
+    """(this Python's environment or multilane's source directory, the first directory above it
+    that other users cannot cross), or None: a container running as a non-root user cannot read
+    either through such a directory (``No module named multilane``). The base installation is
+    handled apart (:func:`_hidden_python` mounts it back)."""
+    base = Path(sys.base_prefix).resolve()
+    for needed in (Path(sys.prefix).resolve(), Path(multilane.__file__).resolve().parents[1]):
+        if needed == base or base in needed.parents:
+            continue
+        for parent in reversed(needed.parents):
+            if parent != Path("/") and not parent.stat().st_mode & 0o001:
+                return str(needed), str(parent)
     return None
 
 
@@ -216,6 +232,14 @@ class PodWorker:
                 f"container {c['name']}: this node's Python environment {shadowed[0]} lies under the "
                 f"volume mounted at {shadowed[1]}, which hides it from the container; put the checkout "
                 f"and its .venv outside {shadowed[1]}"
+            )
+        as_user = run_as(self.spec, c) if os.geteuid() == 0 else None
+        unreachable = unreachable_python() if as_user and as_user[0] != 0 else None
+        if unreachable is not None:
+            raise VolumeError(
+                f"container {c['name']}: this node's Python environment {unreachable[0]} is not readable by "
+                f"the container's user: {unreachable[1]} is closed to other users (chmod o+x it, or put "
+                "the checkout where others can read it)"
             )
         binds: list[tuple[str, str, str]] = []  # (source, target, rw|ro)
         if self.hosts_file is not None:

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from multilane.operator.k8s.kube import KubeClient, KubeSettings
-from multilane.testing.kubelet_pods import PodWorker, image_repository, mount_order, shadowed_python
+from multilane.testing.kubelet_pods import (
+    PodWorker,
+    image_repository,
+    mount_order,
+    shadowed_python,
+    unreachable_python,
+)
 from multilane.testing.kubelet_probes import ProbeState
 from multilane.testing.kubelet_volumes import expand, run_as
 
@@ -116,3 +122,26 @@ def test_a_volume_over_this_pythons_environment_is_named_not_left_to_fail_in_the
     assert shadowed_python([parent]) == (venv, parent)
     assert shadowed_python([parent + "/"]) == (venv, parent + "/")
     assert shadowed_python(["/nonexistent-mount", "/"]) is None  # "/" is the node's root, never a volume
+
+
+def test_a_python_environment_behind_a_closed_directory_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout in a ``mktemp -d`` directory (mode 0700): a container running as uid 10001 found
+    no multilane (``No module named multilane``); the kubelet names the closed directory."""
+    import shutil
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="multilane-closed-", dir="/var/tmp"))  # /tmp's pytest dirs are 0700
+    try:
+        root.chmod(0o755)
+        closed = root / "trial"
+        venv = closed / "checkout" / ".venv"
+        venv.mkdir(parents=True)
+        closed.chmod(0o700)
+        monkeypatch.setattr(sys, "prefix", str(venv))
+        assert unreachable_python() == (str(venv.resolve()), str(closed.resolve()))
+        closed.chmod(0o711)
+        found = unreachable_python()
+        assert found is None or found[0] != str(venv.resolve())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
