@@ -53,10 +53,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks._common import Column, Report, log, main, ratio
 from benchmarks._data import add_broker_argument, broker_passes, broker_session
+
+if TYPE_CHECKING:
+    from multilane.testing.loadgen import LoadResult
 
 VARIANTS = ("multilane", "before", "keda-hpa", "operator")
 DEFAULT_VARIANTS = ("multilane", "before", "keda-hpa")
@@ -239,7 +242,7 @@ async def _scenario(
         json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
     )
     moves = list(cp.executor.completed if cp.executor is not None else [])
-    return _row(partitions, variant, figures, moves, verdict, wall0, timeline.events)
+    return _row(partitions, variant, figures, moves, verdict, wall0, timeline.events, result)
 
 
 async def _operator_scenario(
@@ -272,7 +275,14 @@ async def _operator_scenario(
         json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
     )
     return _row(
-        partitions, "operator", result.figures, result.handoffs, result.verdict, result.wall0, timeline.events
+        partitions,
+        "operator",
+        result.figures,
+        result.handoffs,
+        result.verdict,
+        result.wall0,
+        timeline.events,
+        result.load,
     )
 
 
@@ -284,9 +294,11 @@ def _row(
     verdict: Any,
     wall0: float,
     events: list[tuple[float, str, str]],
+    load: LoadResult,
 ) -> dict[str, Any]:
     """Step 4's row: the burst figures, the scale-up's rollout (moves released between the onset and
-    the end of the burst, wall clock) and the verdict."""
+    the end of the burst, wall clock), the verdict, and whether the load generator delivered the
+    offered burst (:func:`input_check`)."""
     onset_wall = wall0 + figures.onset_s
     up = [
         h for h in moves if h.released_at is not None and onset_wall <= h.released_at <= wall0 + figures.end_s
@@ -326,7 +338,27 @@ def _row(
         "lost": verdict.lost,
         "replayed": verdict.replayed,
         "checks": checks,
+        "input": input_check(figures, load),
     }
+
+
+SHORT_INPUT = 0.95  # a row whose achieved burst rate is below this share of the offered one is not compared
+
+
+def input_check(figures: Any, load: LoadResult) -> str:
+    """ "ok" when the burst's achieved rate (delivery reports per second) is >= SHORT_INPUT of the
+    offered one, else "SHORT" with what explains it: records the generator skipped (it was starved of
+    CPU beyond ``max_behind_s``), and the longest produce -> delivery time in the burst (the broker
+    acknowledged late: records reached the topic after the burst's seconds). Such a row measured a
+    smaller burst than the others: its figures are shown, never compared."""
+    if figures.offered_rate <= 0 or figures.achieved_rate >= SHORT_INPUT * figures.offered_rate:
+        return "ok"
+    peak = max(load.offered_per_s, default=0.0)
+    burst = [i for i, x in enumerate(load.offered_per_s) if x >= peak > 0]
+    latency = max((load.latency_max_per_s[i] for i in burst if i < len(load.latency_max_per_s)), default=0.0)
+    return (f"SHORT {figures.achieved_rate / figures.offered_rate:.0%} of offered: "
+            f"{load.skipped:,} skipped, delivery latency up to {latency:.1f} s, producer ready after "
+            f"{load.ready_s:.1f} s")
 
 
 def body(args: argparse.Namespace, report: Report) -> None:
@@ -368,9 +400,11 @@ def body(args: argparse.Namespace, report: Report) -> None:
             Column("lost"),
             Column("replayed"),
             Column("checks"),
+            Column("input", "input (achieved >= 95% of offered)"),
         ],
     )
-    rows: dict[tuple[str, int, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, int, str], dict[str, Any]] = {}  # rows whose input was the offered burst
+    short: list[str] = []
     kinds: list[str] = []
     for kind in passes:
         kinds.append(kind)
@@ -388,7 +422,11 @@ def body(args: argparse.Namespace, report: Report) -> None:
                     except Exception as exc:  # a row fails alone
                         table.add_unavailable(f"{type(exc).__name__}: {exc}", partitions=p, variant=variant)
                         continue
-                    rows[(kind, p, variant)] = table.add(**row)
+                    table.add(**row)
+                    if row["input"] == "ok":
+                        rows[(kind, p, variant)] = row
+                    else:  # a smaller burst than offered: shown, never compared
+                        short.append(f"{kind} broker, {p} partitions, {variant}: {row['input']}")
     ratios = report.table(
         "ratios",
         "multilane against the baselines of the same run (lower is better for multilane)",
@@ -443,6 +481,11 @@ def body(args: argparse.Namespace, report: Report) -> None:
                     f"rollout of {ours['moves']} moves on {p} partitions (s)", ours["rollout_s"], 8.0, "<="
                 )
     report.stamp.pop("broker", None)
+    if short:
+        report.errors.append(
+            f"{len(short)} row(s) measured a smaller burst than offered (achieved < {SHORT_INPUT:.0%}); "
+            "their ratios and goals are left out: " + "; ".join(short)
+        )
     report.note(
         "scaling actions = scale-ups and scale-downs; a factor-follows decision (the factor rising as "
         "the pods of a pending scale-up become ready) completes that scale-up and is counted only in "
