@@ -217,7 +217,12 @@ class ApacheKafka:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log_file = log
         self._log_offset = log.tell()  # where this attempt's lines begin (a caller's log is appended to)
-        jvm = [java, *self._jvm_options, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+        # the JVM's temp files (lz4-java's extracted native library) go with the work dir: a killed
+        # JVM never runs the deleteOnExit hooks that would remove them from /tmp
+        jvm_tmp = Path(workdir, "tmp")
+        jvm_tmp.mkdir()
+        jvm = [java, *self._jvm_options, f"-Djava.io.tmpdir={jvm_tmp}", f"-Dlog4j2.configurationFile={log4j}",
+               "-cp", classpath]
         # 3. format
         fmt = subprocess.run(
             [java, *_TOOL_JVM_OPTIONS, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath,
