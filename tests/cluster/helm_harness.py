@@ -237,8 +237,10 @@ def moves(events: list[ConsumerEvent]) -> list[Move]:
 
 def move_table(rows: list[Move], t0: float) -> str:
     """The moves as a table: move, t (s after ``t0``), partition, from -> to, pause s."""
-    lines = [f"{'move':>4}  {'t s':>6}  {'partition':<28} {'from -> to':<22} {'pause s':>7}"]
-    for i, mv in enumerate(rows, 1):
-        way = f"{mv.source} -> {mv.target}" + (" (eager)" if mv.eager else "")
-        lines.append(f"{i:>4}  {mv.at - t0:>6.1f}  {mv.partition:<28} {way:<22} {mv.pause_s:>7.3f}")
+    ways = [f"{mv.source} -> {mv.target}" + (" (eager)" if mv.eager else "") for mv in rows]
+    pw = max([len("partition"), *(len(mv.partition) for mv in rows)])
+    ww = max([len("from -> to"), *(len(w) for w in ways)])
+    lines = [f"{'move':>4}  {'t s':>6}  {'partition':<{pw}}  {'from -> to':<{ww}}  {'pause s':>7}"]
+    for i, (mv, way) in enumerate(zip(rows, ways, strict=True), 1):
+        lines.append(f"{i:>4}  {mv.at - t0:>6.1f}  {mv.partition:<{pw}}  {way:<{ww}}  {mv.pause_s:>7.3f}")
     return "\n".join(lines)
