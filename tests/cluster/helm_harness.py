@@ -9,25 +9,31 @@ workers seen through the process kubelet. Does I/O (helm, the API server, files,
   ``status`` and verdict (every delivery checker) run unchanged on the real tier.
 - :func:`drained`: every produced record committed, read from the consumer group's offsets in Kafka
   (the workers' control port is on mutual TLS, which the test's client does not hold).
-- :func:`consumer_events`: the Events the operator posted on a ParallelConsumer (``ScalingDecision``,
-  ``HandedOff``: each completed move with its pause), read back from kube-apiserver, and
-  :func:`move_table` (move, partition, from -> to, pause).
+- From :mod:`benchmarks.k8s_burst_real` (the burst benchmark on this tier uses them too):
+  :func:`admin_kube`, :func:`shared_dir`, and :func:`consumer_events`: the Events the operator posted
+  on a ParallelConsumer (``ScalingDecision``; ``HandedOff``: each completed move with its pause), read
+  back from kube-apiserver, :func:`moves` and :func:`move_table` (move, partition, from -> to, pause).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from multilane.operator.k8s.kube import KubeClient, KubeSettings, api_path
+from benchmarks.k8s_burst_real import (
+    ConsumerEvent,
+    Move,
+    admin_kube,
+    consumer_events,
+    move_table,
+    moves,
+    shared_dir,
+)
 from multilane.testing.cluster import LocalCluster
 from multilane.testing.process_kubelet import ProcessKubelet
 from tests.operator.k8s_harness import K8sHarness
@@ -44,26 +50,6 @@ IMAGE = "ghcr.io/multilane/multilane"
 __all__ = ["CHART", "FULLNAME", "IMAGE", "RELEASE", "RELEASE_NS", "ConsumerEvent", "HelmRelease",
            "KubeletPods", "Move", "admin_kube", "consumer_events", "drained", "move_table", "moves",
            "shared_dir"]
-
-
-def admin_kube(cluster: LocalCluster) -> KubeClient:
-    assert cluster.admin is not None and cluster.pki is not None
-    return KubeClient(
-        KubeSettings(
-            host=cluster.server,
-            ca_file=str(cluster.pki.ca_cert),
-            cert_file=str(cluster.admin.cert),
-            key_file=str(cluster.admin.key),
-        )
-    )
-
-
-def shared_dir(prefix: str) -> Path:
-    """A directory the pods' users can write (mode 0777) and see: not under ``/tmp``, which each
-    container has its own emptyDir over."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
-    path.chmod(0o777)
-    return path
 
 
 @dataclass
@@ -179,68 +165,3 @@ def wait_for(cond: Any, limit_s: float, what: str) -> Any:
             raise AssertionError(f"{what} not reached within {limit_s:.0f}s")
         time.sleep(0.5)
 
-
-@dataclass(frozen=True)
-class ConsumerEvent:
-    """An Event on the ParallelConsumer: ``at`` its ``eventTime`` (epoch seconds; kopf writes it with
-    microseconds), ``reason`` and ``message``."""
-
-    at: float
-    reason: str
-    message: str
-
-
-async def consumer_events(kube: KubeClient, namespace: str, name: str) -> list[ConsumerEvent]:
-    """Every Event kube-apiserver holds on the ParallelConsumer ``namespace/name``, oldest first."""
-    items = await kube.list(
-        api_path("v1", "events", namespace),
-        fields={"involvedObject.kind": "ParallelConsumer", "involvedObject.name": name},
-    )
-    out = []
-    for e in items:
-        involved = e.get("involvedObject") or {}
-        if involved.get("kind") != "ParallelConsumer" or involved.get("name") != name:
-            continue
-        stamp = e.get("eventTime") or e.get("firstTimestamp") or e["metadata"]["creationTimestamp"]
-        at = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-        out.append(ConsumerEvent(at, str(e.get("reason", "")), str(e.get("message", ""))))
-    return sorted(out, key=lambda ev: ev.at)
-
-
-@dataclass(frozen=True)
-class Move:
-    """One completed move, from its ``HandedOff`` Event (``P: A -> B paused Xs``; ``eager``: the
-    fallback without a restored learner, i.e. not restore-before-handoff)."""
-
-    at: float
-    partition: str
-    source: str
-    target: str
-    pause_s: float
-    eager: bool
-
-
-_HANDED_OFF = re.compile(r"^(\S+): (\S+) -> (\S+) paused ([0-9.]+)s( \(eager fallback\))?$")
-
-
-def moves(events: list[ConsumerEvent]) -> list[Move]:
-    """The ``HandedOff`` Events as moves; an Event of that reason the pattern does not read fails."""
-    out = []
-    for ev in events:
-        if ev.reason != "HandedOff":
-            continue
-        m = _HANDED_OFF.match(ev.message)
-        assert m is not None, f"a HandedOff Event this test cannot read: {ev.message!r}"
-        out.append(Move(ev.at, m[1], m[2], m[3], float(m[4]), m[5] is not None))
-    return out
-
-
-def move_table(rows: list[Move], t0: float) -> str:
-    """The moves as a table: move, t (s after ``t0``), partition, from -> to, pause s."""
-    ways = [f"{mv.source} -> {mv.target}" + (" (eager)" if mv.eager else "") for mv in rows]
-    pw = max([len("partition"), *(len(mv.partition) for mv in rows)])
-    ww = max([len("from -> to"), *(len(w) for w in ways)])
-    lines = [f"{'move':>4}  {'t s':>6}  {'partition':<{pw}}  {'from -> to':<{ww}}  {'pause s':>7}"]
-    for i, (mv, way) in enumerate(zip(rows, ways, strict=True), 1):
-        lines.append(f"{i:>4}  {mv.at - t0:>6.1f}  {mv.partition:<{pw}}  {way:<{ww}}  {mv.pause_s:>7.3f}")
-    return "\n".join(lines)

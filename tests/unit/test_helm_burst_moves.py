@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from multilane.operator.rollout.handoff_model import HandoffRecord, handed_off_event
-from tests.cluster.helm_harness import ConsumerEvent, moves
+from benchmarks.k8s_burst_real import ConsumerEvent, moves
 
 
 @pytest.mark.parametrize("eager", [False, True])
