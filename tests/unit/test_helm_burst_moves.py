@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from multilane.operator.rollout.handoff_model import HandoffRecord, handed_off_event
 from benchmarks.k8s_burst_real import ConsumerEvent, moves
+from multilane.operator.rollout.handoff_model import HandoffRecord, handed_off_event
 
 
 @pytest.mark.parametrize("eager", [False, True])
