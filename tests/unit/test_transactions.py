@@ -138,10 +138,12 @@ def test_open_fences_with_the_partition_id_and_holds_are_replaced_or_dropped() -
     txns.hold(*TP, 5, _out(50), epoch)  # a later attempt of the same record replaces
     txns.hold(*TP, 6, _out(6), epoch - 1)  # an attempt from an earlier ownership: dropped
     assert txns.held(TP) == 1 and not full
-    txns.hold(*TP, 7, _out(7))
-    assert full == [1]  # max_records holds: a commit is due now
-    txns.hold(*TP, 7, [])  # an attempt without outputs replaces one with outputs
-    assert txns.take(TP, lambda o: True) == _out(50)
+    txns.hold(*TP, 7, [])  # a record without outputs is in the transaction too
+    assert full == [1] and txns.held(TP) == 2  # max_records records: a commit is due now
+    txns.hold(*TP, 5, [])  # an attempt without outputs replaces one with outputs
+    assert txns.take(TP, lambda o: o == 5) == [] and txns.held(TP) == 1
+    txns.hold(*TP, 8, _out(8))
+    assert txns.take(TP, lambda o: True) == _out(8) and txns.held(TP) == 0
     txns.close(TP)
     assert producer.closed and txns.held(TP) == 0
 
