@@ -52,7 +52,7 @@ __all__ = [
     "ClusterError",
     "LocalCluster",
     "default_bin_dir",
-    "die_with_parent",
+    "die_with_parent",  # re-exported: multilane.testing.kubelet imports it from here
     "resolve_bin_dir",
     "write_kubeconfig",
 ]
