@@ -275,7 +275,7 @@ async def _operator_scenario(
         log(move_table(moved, real.wall0))
         _keep_timeline(workdir / f"timeline-{partitions}-operator-real-{run}.json", real.timeline)
         events = real.timeline.events
-        return _row(partitions, "operator", real.figures, moved, real.verdict, real.wall0, events)
+        return _row(partitions, "operator", real.figures, moved, real.verdict, real.wall0, events, real.load)
     result = await run_operator_burst(
         bootstrap,
         topic,
