@@ -62,10 +62,6 @@ from tests.cluster.conformance_rows import (
 )
 from tests.operator.conftest import render_chart
 
-# serial: beside the parallel pass one row's first read found no StatefulSet on one side (CI,
-# 2026-11-28, twice; never alone): the rows run after it, one at a time, until that is understood
-pytestmark = pytest.mark.serial
-
 ROWS: list[Row] = [
     *operator_child_rows(),
     *RBAC_ROWS,
