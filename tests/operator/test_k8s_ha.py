@@ -8,6 +8,11 @@ Lease once it expired (within the lease duration plus one round of the standby's
 starts its operator, resumes the rollout from ``status.rollout``/``status.assignment`` and completes
 it: every delivery checker holds (nothing lost, no key processed twice at once) and the state
 restored from the changelogs equals the reference (``tests/operator/k8s_harness.py``).
+
+Every step is ``slow``: in the default suite the leader is killed mid-rollout on the real cluster
+(``tests/cluster/test_helm_chart.py::test_leader_killed_mid_rollout_the_other_replica_finishes_it``:
+the chart's two replicas, the Lease changing hands, the rollout finished, every checker). Here the
+kill lands on a chosen step, and the takeover is timed.
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ class ElectedOperator:
     "at",
     [
         pytest.param("learn", marks=pytest.mark.slow),
-        pytest.param("release"),
+        pytest.param("release", marks=pytest.mark.slow),
         pytest.param("promote", marks=pytest.mark.slow),
     ],
 )
