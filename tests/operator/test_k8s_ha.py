@@ -83,14 +83,8 @@ class ElectedOperator:
         await self.kube.close()
 
 
-@pytest.mark.parametrize(
-    "at",
-    [
-        pytest.param("learn", marks=pytest.mark.slow),
-        pytest.param("release", marks=pytest.mark.slow),
-        pytest.param("promote", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("at", ["learn", "release", "promote"])
 async def test_leader_killed_mid_rollout_the_standby_finishes_it(k8s: K8sHarness, at: str) -> None:
     h = k8s
     stuck = asyncio.Event()
