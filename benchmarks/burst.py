@@ -82,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keda-factor", type=int, default=16, help="the keda-hpa baseline's fixed factor")
     parser.add_argument("--lag-threshold", type=float, default=500.0, help="the keda-hpa lagThreshold")
     parser.add_argument("--keep", default="", help="keep logs and timelines in this directory")
+    parser.add_argument(
+        "--cluster",
+        choices=("double", "real"),
+        default="double",
+        help="where the operator variant runs: the emulated API server (double) or the real-cluster "
+        "tier's control plane with the chart installed by Helm (real; docs/real-cluster.md)",
+    )
 
 
 @dataclass
@@ -257,6 +264,15 @@ async def _operator_scenario(
     warm, tail = (8.0, 8.0) if args.quick else (10.0, 20.0)
     await asyncio.to_thread(_create_topic, bootstrap, topic, partitions)
     shape = BurstShape(lull, burst, warm, burst_s, tail, sleep_ms=args.sleep_ms)
+    max_replicas = 3 if partitions <= 4 else 6
+    if args.cluster == "real":
+        from benchmarks.k8s_burst_real import move_table, run_cluster_burst
+
+        real, moved = await run_cluster_burst(bootstrap, topic, partitions, workdir, shape, max_replicas)
+        log(move_table(moved, real.wall0))
+        _keep_timeline(workdir / f"timeline-{partitions}-operator-real-{run}.json", real.timeline)
+        events = real.timeline.events
+        return _row(partitions, "operator", real.figures, moved, real.verdict, real.wall0, events)
     result = await run_operator_burst(
         bootstrap,
         topic,
@@ -264,15 +280,19 @@ async def _operator_scenario(
         workdir,
         shape,
         CRD_PATH,
-        max_replicas=3 if partitions <= 4 else 6,
+        max_replicas=max_replicas,
         tick_s=args.operator_tick,
     )
     timeline = result.timeline
-    (workdir / f"timeline-{partitions}-operator-{run}.json").write_text(
-        json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
-    )
+    _keep_timeline(workdir / f"timeline-{partitions}-operator-{run}.json", timeline)
     return _row(
         partitions, "operator", result.figures, result.handoffs, result.verdict, result.wall0, timeline.events
+    )
+
+
+def _keep_timeline(path: Path, timeline: Any) -> None:
+    path.write_text(
+        json.dumps({"events": timeline.events, "samples": [asdict(x) for x in timeline.samples]}, indent=1)
     )
 
 
@@ -340,6 +360,7 @@ def body(args: argparse.Namespace, report: Report) -> None:
             "sleep_ms": args.sleep_ms,
             "rates": RATES,
             "operator_tick_s": args.operator_tick,
+            "cluster": args.cluster,
         }
     )
     table = report.table(
@@ -450,7 +471,19 @@ def body(args: argparse.Namespace, report: Report) -> None:
         "late also scales down late, after the run ends, so a count of all actions would favour it; "
         "scale-downs are shown beside them."
     )
-    if "operator" in variants:
+    if "operator" in variants and args.cluster == "real":
+        report.note(
+            "variant operator on --cluster real = the multilane row through the chart installed by Helm "
+            "on the real-cluster tier (kube-apiserver, etcd, kube-controller-manager v1.34.4, the process "
+            "kubelet; docs/real-cluster.md): two operator replicas as pods (their own control-loop "
+            "period; --operator-tick does not apply), a worker process per pod. Decisions and moves are "
+            "the operator's Events (ScalingDecision, HandedOff) read from kube-apiserver: a move's "
+            "pause is the operator's figure, its release time the Event's time minus the pause (the "
+            "rollout is an upper bound) and the release and promotion calls apart are not reported. "
+            "Samples come from Kafka committed and end offsets (the workers' control port is on "
+            "mutual TLS), so the processing rate moves in commit steps."
+        )
+    elif "operator" in variants:
         report.note(
             "variant operator = the multilane row through the kopf operator (a timer every "
             f"{args.operator_tick:g} s) against the emulated API server, a real worker process per pod "
