@@ -114,7 +114,8 @@ def _describe(path: Path, known: dict[str, dict[str, object]]) -> str:
     record = known.get(str(path))
     if record is None:
         return f"{path.name} (creator not recorded)"
-    argv = " ".join(str(a) for a in record.get("argv") or [])  # type: ignore[union-attr]
+    args = record.get("argv")
+    argv = " ".join(str(a) for a in args) if isinstance(args, list) else ""
     return f"{path.name} (created by pid {record.get('pid')}: {argv[:300]}; at {record.get('caller')})"
 
 

@@ -47,7 +47,7 @@ def hook_for(ledger: str) -> Callable[[str, tuple[Any, ...]], None]:
                 os.write(fd, (line + "\n").encode())  # one write with O_APPEND: lines don't mix
             finally:
                 os.close(fd)
-        except Exception:  # noqa: BLE001, S110 (a record is best effort; the process goes on)
+        except Exception:  # a record is best effort: the process goes on
             pass
 
     return hook
