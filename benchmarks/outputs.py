@@ -22,6 +22,7 @@ average.
 from __future__ import annotations
 
 import argparse
+import json
 import marshal
 import os
 import statistics
@@ -138,7 +139,10 @@ def _pass(args: argparse.Namespace, report: Report, table: Any, broker: Any, scr
             sent = {"on": f"{res.get('outputs_sent', 0):,} outputs acknowledged",
                     "exactly-once": f"{res.get('transactions', 0):,} transactions committed"
                     }.get(variant, "")
-            note = "; ".join(x for x in (sent, "delivery checked" if res.get("checked") else "") if x)
+            rtt = ("" if res.get("produce_rtt_ms") is None else
+                   f"produce rtt {res['produce_rtt_ms']:.1f} ms (median of the 100 ms windows' means; "
+                   f"max {res['produce_rtt_max_ms']:.1f})")
+            note = "; ".join(x for x in (sent, rtt, "delivery checked" if res.get("checked") else "") if x)
             table.add(run=i + 1, outputs=variant, records=records, rate=res["rate"],
                       efficiency=res["rate"] / ideal, cpu_us=res["cpu_us_per_record"], note=note)
         r = ratio(rates.get("on"), rates.get("off"))
@@ -215,6 +219,7 @@ def child_main(argv: list[str]) -> int:
     sleep = make_processor("async-sleep", BASE_MS, 0.0, 0.0, lambda: None, RunningCounter(), recorder)
     out: OutputProducer | None = None
     out_topic = args.out_topic
+    rtts: list[float] = []  # ms, one per statistics window with a produce request (outputs on)
 
     async def transform(record: Record, ctx: Context) -> None:
         await sleep(record, ctx)
@@ -225,6 +230,12 @@ def child_main(argv: list[str]) -> int:
         conf = output_producer_config(args.bootstrap, "bench-outputs", args.linger_ms,
                                       idempotent=args.idempotence == "on")
         conf.update(item.split("=", 1) for item in args.producer_config)
+        # the produce round trips the client measures (librdkafka statistics: each 100 ms window's
+        # mean rtt to the broker), reported beside the rate: is a slow row the broker's acknowledgement?
+        conf.setdefault("statistics.interval.ms", 100)
+        conf.setdefault("stats_cb", lambda text: rtts.extend(
+            b["rtt"]["avg"] / 1000 for b in json.loads(text)["brokers"].values()
+            if b.get("nodeid", -1) >= 0 and b["rtt"]["cnt"] > 0))
         from confluent_kafka import Producer
 
         # Warm up like a worker in its steady state: the idempotent producer has its producer id (its
@@ -234,6 +245,7 @@ def child_main(argv: list[str]) -> int:
         client.produce(out_topic, b"warm-up")
         if client.flush(30):
             raise RuntimeError("the output producer's warm-up record was not acknowledged in 30 s")
+        rtts.clear()  # the warm-up record's round trip is not the run's
         out = OutputProducer(client, poll_on_loop=args.poll == "loop")
         inner = with_outputs(transform, out)
     txns: Any = None
@@ -288,7 +300,9 @@ def child_main(argv: list[str]) -> int:
         raise AssertionError("delivery checks failed: " + " / ".join(failures))
     emit_child_result(meter.result(args.records, outputs=args.outputs, checked=True,
                                    outputs_sent=out.sent if out is not None else 0,
-                                   transactions=txns.committed_transactions if txns is not None else 0))
+                                   transactions=txns.committed_transactions if txns is not None else 0,
+                                   produce_rtt_ms=statistics.median(rtts) if rtts else None,
+                                   produce_rtt_max_ms=max(rtts, default=None)))
     return 0
 
 

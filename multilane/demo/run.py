@@ -239,7 +239,9 @@ async def _demo(args: argparse.Namespace) -> int:
         if result is not None:
             timeline.offered_per_s = result.offered_per_s
             timeline.delivered_per_s = result.delivered_per_s
-            onset, end = marks[0][0], marks[1][0]
+            # the profile's second 0 on this clock: the generator's own, known once it finished
+            load_offset = producer.started - t0
+            onset, end = marks[0][0] + load_offset, marks[1][0] + load_offset
             burst = burst_figures(
                 timeline.samples,
                 timeline.events,

@@ -25,11 +25,8 @@ on Linux, a watchdog process otherwise (the signal follows the thread that forke
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +38,7 @@ from types import TracebackType
 from xml.sax.saxutils import quoteattr
 
 from multilane.testing.broker import BrokerError, create_topic, free_port, probe_broker
+from multilane.testing.child_process import die_with_parent_of, stop_by_pid
 
 __all__ = ["DEFAULT_JVM_OPTIONS", "KAFKA_VERSION", "ApacheKafka", "ApacheKafkaUnavailableError",
            "kafka_jars_dir"]
@@ -78,7 +76,6 @@ TEST_BED_SETTINGS: dict[str, str] = {
     "group.share.heartbeat.interval.ms": "1000",
 }
 
-_PR_SET_PDEATHSIG = 1
 _WATCHDOG = (
     "import os, signal, sys, time\n"
     "parent, child = int(sys.argv[1]), int(sys.argv[2])\n"
@@ -135,10 +132,6 @@ def new_cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not text.startswith("-"):  # Kafka's Uuid.randomUuid() refuses these too
             return text
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ApacheKafka:
@@ -217,7 +210,12 @@ class ApacheKafka:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log_file = log
         self._log_offset = log.tell()  # where this attempt's lines begin (a caller's log is appended to)
-        jvm = [java, *self._jvm_options, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+        # the JVM's temp files (lz4-java's extracted native library) go with the work dir: a killed
+        # JVM never runs the deleteOnExit hooks that would remove them from /tmp
+        jvm_tmp = Path(workdir, "tmp")
+        jvm_tmp.mkdir()
+        jvm = [java, *self._jvm_options, f"-Djava.io.tmpdir={jvm_tmp}", f"-Dlog4j2.configurationFile={log4j}",
+               "-cp", classpath]
         # 3. format
         fmt = subprocess.run(
             [java, *_TOOL_JVM_OPTIONS, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath,
@@ -235,7 +233,7 @@ class ApacheKafka:
         self._proc = subprocess.Popen(
             [*jvm, "kafka.Kafka", str(properties)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent if on_main else None,
+            start_new_session=True, preexec_fn=die_with_parent_of(os.getpid()) if on_main else None,
         )
         if not on_main:
             self._watchdog = subprocess.Popen(
@@ -295,15 +293,8 @@ class ApacheKafka:
     def stop(self) -> None:
         """Kill the JVM by PID (SIGTERM, then SIGKILL after 15 s), wait, remove the work directory."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        if proc is not None:
+            stop_by_pid(proc, 15, group=True, reap_s=10)
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
             watchdog.kill()

@@ -44,20 +44,18 @@ where a test relies on one of these behaviours it says so.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import re
-import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Protocol
+
+from multilane.testing.child_process import die_with_parent_of, stop_by_pid
 
 __all__ = [
     "BrokerError", "EmbeddedBroker", "KafkaBroker", "LogTarget", "check_port_free", "create_topic",
@@ -67,7 +65,6 @@ __all__ = [
 # Where the broker's log goes: a path, an open binary file, a file descriptor, or None (EmbeddedBroker).
 LogTarget = str | os.PathLike[str] | IO[bytes] | int | None
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -159,23 +156,6 @@ def _cmdline(pid: int) -> str:
         argv[0] = os.path.basename(argv[0])
     text = " ".join(argv)
     return text if len(text) <= 100 else text[:97] + "..."
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGKILL when the thread that started it ends (``prctl``).
-
-    libc is resolved here, in the parent; the child only calls ``prctl`` and ``getppid``. When the
-    parent already died before the ``prctl``, the child kills itself.
-    """
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    prctl = libc.prctl
-
-    def pre() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return pre
 
 
 def resolve_broker_binary() -> str:
@@ -287,7 +267,7 @@ class EmbeddedBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),  # the child calls only prctl and getppid
+            preexec_fn=die_with_parent_of(os.getpid()),  # the child calls only prctl and getppid
         )
         # 3. wait until it answers
         deadline = time.monotonic() + timeout
@@ -341,15 +321,8 @@ class EmbeddedBroker:
     def stop(self) -> None:
         """Kill the broker by PID (SIGTERM, then SIGKILL) and wait for it."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        if proc is not None:
+            stop_by_pid(proc, 5, group=True, reap_s=5)
         log = self._log_file
         self._log_file = None
         if log is not None:

@@ -28,11 +28,9 @@ cluster from a thread that outlives it) and is stopped by its PID: SIGTERM, then
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -45,6 +43,7 @@ from pathlib import Path
 from types import TracebackType
 
 from multilane.testing.broker import free_port
+from multilane.testing.child_process import die_with_parent, stop_by_pid
 from multilane.testing.cluster_pki import ClientCert, ClusterPki
 
 __all__ = [
@@ -53,7 +52,7 @@ __all__ = [
     "ClusterError",
     "LocalCluster",
     "default_bin_dir",
-    "die_with_parent",
+    "die_with_parent",  # re-exported: multilane.testing.kubelet imports it from here
     "resolve_bin_dir",
     "write_kubeconfig",
 ]
@@ -138,16 +137,6 @@ def write_kubeconfig(path: Path, server: str, ca: Path, client: ClientCert, user
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML: every client reads it
     path.chmod(0o600)
     return path
-
-
-# resolved once in the parent: the child between fork and exec only calls it (no dlopen there, which
-# could wait forever on a lock another thread held at the fork)
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent (thread) dies (``PR_SET_PDEATHSIG``)."""
-    _PRCTL(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -314,15 +303,7 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop the children in reverse order (SIGTERM, SIGKILL after the grace), remove the dir."""
         for child in reversed(self._children):
-            if child.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.proc.pid, signal.SIGTERM)
-                try:
-                    child.proc.wait(timeout=self.stop_grace_s)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child.proc.pid, signal.SIGKILL)
-                    child.proc.wait()
+            stop_by_pid(child.proc, self.stop_grace_s, group=False)
         self._children.clear()
         if self.dir != Path() and self._root is None and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from multilane.operator.k8s.kube import KubeClient, KubeError
-from multilane.testing.cluster import die_with_parent
+from multilane.testing.child_process import die_with_parent
 from multilane.testing.kubelet_node import now_rfc3339
 from multilane.testing.kubelet_probes import ProbeState, run_probe
 from multilane.testing.kubelet_volumes import PodFiles, VolumeError, expand, run_as

@@ -20,6 +20,11 @@ class LoadgenProcess:
 
     :meth:`finish` waits for it (or stops it with SIGTERM: it flushes and writes what was
     delivered), then returns the exact produced set and the offered/delivered rates per second.
+
+    ``started``: ``time.monotonic()`` when the process was started; after :meth:`finish`, the
+    generator's own second 0 (its producer ready, seconds after the process start on a loaded
+    machine), so that ``delivered_per_s[i]`` is second ``started + i`` of the caller's clock (Linux:
+    one monotonic clock for all processes).
     """
 
     def __init__(
@@ -84,5 +89,10 @@ class LoadgenProcess:
             skipped=int(timeline.get("skipped", 0)),
             delivered_per_s=[int(x) for x in timeline.get("delivered_per_s", [])],
             offered_per_s=[float(x) for x in timeline.get("offered_per_s", [])],
+            latency_max_per_s=[float(x) for x in timeline.get("latency_max_per_s", [])],
+            started_monotonic=float(timeline.get("started_monotonic") or 0.0),
+            ready_s=float(summary.get("ready_s", 0.0)),
         )
+        if result.started_monotonic > 0:
+            self.started = result.started_monotonic
         return result, timeline

@@ -24,7 +24,9 @@ from the reports, never from end offsets, which the embedded broker under-report
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import math
 import random
 import time
@@ -184,6 +186,15 @@ class LoadResult:
     """Paced runs: delivery reports received in each second since the start (the achieved rate)."""
     offered_per_s: list[float] = field(default_factory=list)
     """Paced runs: records/s the profile asked for in each second since the start."""
+    latency_max_per_s: list[float] = field(default_factory=list)
+    """Paced runs: the longest produce -> delivery report time (s) of the reports of each second (the
+    broker's side of a shortfall: records produced on time but acknowledged late)."""
+    started_monotonic: float = 0.0
+    """Paced runs: ``time.monotonic()`` at the profile's second 0 (after the producer was ready); on
+    Linux the clock is shared by all processes, so a parent can place the profile on its own clock."""
+    ready_s: float = 0.0
+    """Paced runs: how long the producer took to become ready before second 0 (metadata, and the
+    producer id of an idempotent producer)."""
 
     @property
     def delivered(self) -> int:
@@ -202,6 +213,7 @@ class LoadResult:
             "rate": round(self.rate, 1),
             "sampler": self.sampler,
             "skipped": self.skipped,
+            "ready_s": round(self.ready_s, 3),
             "errors": self.errors[:5],
         }
 
@@ -223,24 +235,42 @@ def _values(value_size: int, seed: int) -> list[bytes]:
     return [blob[i * value_size : (i + 1) * value_size] for i in range(count)]
 
 
+class _Clock:
+    """Second 0 of a paced run (``t0``, None until the producer is ready: reports before it count
+    in second 0). One owner: :func:`produce_paced` sets ``t0`` once."""
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+
+
 def _producer(
-    bootstrap: str, result: LoadResult, extra: Mapping[str, Any] | None, t0: float | None = None
+    bootstrap: str,
+    result: LoadResult,
+    extra: Mapping[str, Any] | None,
+    clock: _Clock | None = None,
+    on_stats: Callable[[str], None] | None = None,
 ) -> Any:
-    """A producer whose delivery reports fill ``result`` (with ``t0``: also ``delivered_per_s``)."""
+    """A producer whose delivery reports fill ``result`` (with ``clock``: also ``delivered_per_s`` and
+    ``latency_max_per_s``, per second since ``clock.t0``)."""
     from confluent_kafka import Producer
 
     records = result.records
     topic = result.topic
     per_s = result.delivered_per_s
+    latency = result.latency_max_per_s
 
     def on_delivery(err: Any, msg: Any) -> None:
         if err is None:
             records.append(ProducedRecord(topic, msg.partition(), msg.offset(), msg.key()))
-            if t0 is not None:
-                second = int(time.monotonic() - t0)
+            if clock is not None:
+                second = 0 if clock.t0 is None else max(0, int(time.monotonic() - clock.t0))
                 if second >= len(per_s):
                     per_s.extend([0] * (second + 1 - len(per_s)))
+                    latency.extend([0.0] * (second + 1 - len(latency)))
                 per_s[second] += 1
+                lat = msg.latency() or 0.0
+                if lat > latency[second]:
+                    latency[second] = lat
         else:
             result.failed += 1
             if len(result.errors) < 10:
@@ -248,7 +278,36 @@ def _producer(
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, **DEFAULT_PRODUCER_CONFIG, **(extra or {})}
     conf["on_delivery"] = on_delivery
+    if on_stats is not None:
+        conf.setdefault("statistics.interval.ms", 100)
+        conf["stats_cb"] = on_stats
     return Producer(conf)
+
+
+def _wait_ready(producer: Any, topic: str, idempotent: bool, idemp_state: list[str],
+                timeout_s: float) -> None:
+    """Step 1b of :func:`produce_paced`: the topic's metadata (every partition with a leader) and, for
+    an idempotent producer, its producer id (librdkafka's ``eos.idemp_state`` "Assigned" in the
+    statistics; on a fresh Apache Kafka the first one waits for the transaction coordinator to load).
+    Raises TimeoutError naming what was missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        meta = None
+        with contextlib.suppress(Exception):  # a transient metadata error: ask again
+            meta = producer.list_topics(topic, timeout=max(0.1, min(left, 5.0))).topics.get(topic)
+        has_leaders = (meta is not None and meta.error is None and bool(meta.partitions)
+                       and all(p.leader >= 0 for p in meta.partitions.values()))
+        has_pid = not idempotent or idemp_state[-1:] == ["Assigned"]
+        if has_leaders and has_pid:
+            return
+        if time.monotonic() >= deadline:
+            missing = [what for what, ok in (("the topic's partition leaders", has_leaders),
+                                             ("a producer id", has_pid)) if not ok]
+            state = idemp_state[-1] if idemp_state else "unknown"
+            raise TimeoutError(f"the producer was not ready within {timeout_s:g} s: no "
+                               f"{' and no '.join(missing)} (idempotence state {state})")
+        producer.poll(0.05)
 
 
 def _produce_one(producer: Any, topic: str, value: bytes, key: bytes | None, partition: int | None) -> None:
@@ -354,17 +413,23 @@ def produce_paced(
     tick_s: float = 0.005,
     max_behind_s: float = 1.0,
     on_progress: Callable[[int], None] | None = None,
+    ready_timeout_s: float = 60.0,
     **options: Unpack[LoadOptions],
 ) -> LoadResult:
     """Produce following ``profile`` (records/s per step), then wait for every delivery report.
     ``on_progress(seconds)`` is called every tick with the whole seconds of the profile elapsed.
 
-    1. Precompute the values and the whole key sequence (``profile.total_records`` keys).
+    1. Precompute the values and the whole key sequence (``profile.total_records`` keys); create the
+       producer and wait until it is ready (``ready_timeout_s``): the topic's metadata and, for an
+       idempotent producer, its producer id. Second 0 of the profile starts then (``started_monotonic``),
+       so a slow first round trip (a fresh broker's coordinator, a cold JVM) is not a shortfall of
+       the first seconds.
     2. Every ``tick_s``, produce the records that are due by now, and serve delivery reports (the
-       achieved rate is what was *delivered*, per second, in ``delivered_per_s``). A generator that
-       fell more than ``max_behind_s`` of the current rate behind (starved of CPU, a slow broker)
-       skips the excess and counts it in ``skipped`` instead of catching up in one spike, so the
-       offered load is never more than the profile says. Until the profile ends or ``should_stop()``.
+       achieved rate is what was *delivered*, per second, in ``delivered_per_s``; the longest produce
+       -> report time per second in ``latency_max_per_s``). A generator that fell more than
+       ``max_behind_s`` of the current rate behind (starved of CPU) skips the excess and counts it in
+       ``skipped`` instead of catching up in one spike, so the offered load is never more than the
+       profile says. Until the profile ends or ``should_stop()``.
     3. Flush, as in :func:`produce_records`.
     """
     # 1.
@@ -376,8 +441,25 @@ def produce_paced(
     result.offered_per_s = [
         float(profile.due(i + 1) - profile.due(i)) for i in range(math.ceil(profile.duration_s))
     ]
-    t0 = time.monotonic()
-    producer = _producer(bootstrap, result, load.producer_config, t0=t0)
+    conf = {**DEFAULT_PRODUCER_CONFIG, **(load.producer_config or {})}
+    idempotent = str(conf.get("enable.idempotence", False)).lower() in ("true", "1")
+    idemp_state: list[str] = []
+
+    def on_stats(text: str) -> None:  # every 100 ms for the whole run: parsed only until "Assigned"
+        if idemp_state[-1:] != ["Assigned"]:
+            state = json.loads(text).get("eos", {}).get("idemp_state")
+            if state:
+                idemp_state[:] = [state]
+
+    clock = _Clock()
+    t_ready = time.monotonic()
+    producer = _producer(bootstrap, result, load.producer_config, clock,
+                         on_stats if idempotent and "stats_cb" not in conf else None)
+    if idempotent and "stats_cb" in conf:
+        idemp_state.append("Assigned")  # the caller reads the statistics: metadata only
+    _wait_ready(producer, topic, idempotent, idemp_state, ready_timeout_s)
+    t0 = clock.t0 = time.monotonic()
+    result.started_monotonic, result.ready_s = t0, t0 - t_ready
     sent = 0  # records produced or skipped
     # 2.
     while sent < total:

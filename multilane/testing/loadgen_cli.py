@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeline",
         help="paced runs: write a JSON file with the offered and the delivered records per second, "
-        "the skipped count and the summary (the demo and the burst benchmark plot it)",
+        "the longest delivery latency per second, the skipped count, the monotonic time of second 0 "
+        "and the summary (the demo and the burst benchmark plot it)",
     )
     parser.add_argument(
         "--max-behind-s",
@@ -131,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
             "offered_per_s": result.offered_per_s,
             "delivered_per_s": result.delivered_per_s,
             "skipped": result.skipped,
+            "latency_max_per_s": [round(x, 4) for x in result.latency_max_per_s],
+            "started_monotonic": result.started_monotonic,
             "summary": result.summary(),
         }
         with open(args.timeline, "w", encoding="ascii") as f:

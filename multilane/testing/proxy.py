@@ -252,8 +252,11 @@ class ProxiedBroker:
         """The broker's own listener (metadata still sends clients to the proxy)."""
         return f"127.0.0.1:{self.broker.port}"
 
-    def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-        self.broker.create_topic(name, partitions, config)
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> None:
+        """Create a topic and wait until its metadata shows every partition (through the proxy's broker)."""
+        self.broker.create_topic(name, partitions, config, timeout)
 
     def start(self, timeout: float = 20.0) -> ProxiedBroker:
         """1. Start the proxy (it forwards to A). 2. Start the broker on A advertising B, probed via B."""

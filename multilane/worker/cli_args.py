@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "(read_committed readers see each input's outputs once; docs/outputs.md)")
     a("--transaction-max-records", type=int, default=10_000,
       help="exactly-once: a partition's transaction commits at --commit-interval-ms or once this many "
-           "of its records hold outputs, whichever comes first")
+           "records (with or without outputs) are in it, whichever comes first")
     a("--output-linger-ms", type=float, default=1.0,
       help="the output producer's linger.ms (a record waits for its outputs, so this adds to latency)")
     a("--output-idempotence", choices=("on", "off"), default="on",

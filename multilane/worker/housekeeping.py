@@ -98,7 +98,7 @@ class HousekeepingLoop:
                  consumer: Any, watchdog: StallWatchdog, rate: RateMeter, learners: LearnerStatusCache,
                  reopener: Reopener, lifecycle: Lifecycle, commit_due: asyncio.Event | None = None) -> None:
         """``commit_due``: set when a commit is due before the interval (exactly-once outputs: a
-        partition holds ``--transaction-max-records`` records' outputs)."""
+        partition's open transaction has ``--transaction-max-records`` records)."""
         self._interval = commit_interval_s
         self._commit_due = commit_due
         self._partitions = partitions

@@ -9,9 +9,10 @@ Per input partition (``docs/outputs.md``, "Exactly-once"), numbered as in the co
    ``init_transactions`` (fences the previous owner and aborts what it left open), then
    ``begin_transaction``. The partition's *epoch* rises: holds of attempts started under an earlier
    epoch are dropped.
-2. Hold (:meth:`TransactionalOutputs.hold`, any thread, as a processor returns): the attempt's outputs
-   (or the record's dead letter) replace whatever the record held before. A failed attempt holds
-   nothing (its retry holds its own).
+2. Hold (:meth:`TransactionalOutputs.hold`, any thread, as a processor returns): the record joins the
+   partition's open transaction, and the attempt's outputs (none, or the record's dead letter) replace
+   whatever the record held before. A failed attempt holds nothing (its retry holds its own). A
+   transaction with ``max_records`` records makes the next commit due at once.
 3. Commit (:meth:`TransactionalOutputs.take` on the loop, then :meth:`TransactionalOutputs.commit` on an
    I/O thread, one commit of a partition at a time and in the order taken, see ``turn``): with state,
    the changelog records of those records (held by the state, taken with the outputs; in apply
@@ -283,15 +284,17 @@ class TransactionalOutputs:
     """The worker's exactly-once outputs: one :class:`PartitionTransaction` per owned input partition and
     the outputs held per record (steps 1-4 of the module docstring).
 
-    Invariants: ``_held[tp]`` exists exactly while ``tp`` has a transaction; holds (from any thread)
-    and takes (on the loop) go under ``_lock``; ``_epoch[tp]`` rises at each open.
+    Invariants: ``_held[tp]`` exists exactly while ``tp`` has a transaction, and maps the offset of
+    every record of that transaction not yet taken by a commit to its outputs (possibly none); holds
+    (from any thread) and takes (on the loop) go under ``_lock``; ``_epoch[tp]`` rises at each open.
     """
 
     def __init__(self, new_producer: Callable[[str, int, str], Any], group: str, max_records: int = 10_000,
                  timeout_s: float = 30.0) -> None:
         """``new_producer(topic, partition, transactional_id)``: a producer (or a double) for one
-        partition. ``max_records``: records holding outputs in a partition that make the next commit
-        due at once (``on_full`` is called, from the holding thread)."""
+        partition. ``max_records``: records in a partition's open transaction (processed, with or
+        without outputs, not yet committed) that make the next commit due at once (``on_full`` is
+        called, from the holding thread)."""
         self._new_producer = new_producer
         self.group = group
         self.max_records = max(1, max_records)
@@ -342,25 +345,23 @@ class TransactionalOutputs:
     # 2.
     def hold(self, topic: str, partition: int, offset: int, outputs: list[Output],
              epoch: int | None = None) -> None:
-        """Any thread: ``outputs`` replace what the record at ``offset`` held. Dropped when the
-        partition has no transaction, or ``epoch`` is not its current one (an attempt of an earlier
-        ownership that outlived its release)."""
+        """Any thread: the record at ``offset`` is in the partition's open transaction, with ``outputs``
+        (possibly none) replacing what it held. Dropped when the partition has no transaction, or
+        ``epoch`` is not its current one (an attempt of an earlier ownership that outlived its
+        release)."""
         tp = (topic, partition)
         full = False
         with self._lock:
             held = self._held.get(tp)
             if held is None or (epoch is not None and epoch != self._epoch.get(tp)):
                 return
-            if outputs:
-                held[offset] = outputs
-                full = len(held) >= self.max_records
-            else:
-                held.pop(offset, None)
+            held[offset] = outputs
+            full = len(held) >= self.max_records
         if full:
             self.on_full()
 
     def held(self, tp: TopicPartitionId) -> int:
-        """Records of ``tp`` holding outputs now."""
+        """Records in ``tp``'s open transaction now (processed, not yet taken by a commit)."""
         with self._lock:
             return len(self._held.get(tp, ()))
 
@@ -369,8 +370,8 @@ class TransactionalOutputs:
         return self._txns.get(tp)
 
     def take(self, tp: TopicPartitionId, is_complete: Callable[[int], bool]) -> list[Output]:
-        """On the loop, holding the partition's ``turn``: remove and return the held outputs of the
-        records ``is_complete`` says are complete (in offset order)."""
+        """On the loop, holding the partition's ``turn``: remove the records ``is_complete`` says are
+        complete and return their held outputs (in offset order)."""
         with self._lock:
             held = self._held.get(tp)
             if not held:

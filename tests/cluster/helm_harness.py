@@ -9,6 +9,10 @@ workers seen through the process kubelet. Does I/O (helm, the API server, files,
   ``status`` and verdict (every delivery checker) run unchanged on the real tier.
 - :func:`drained`: every produced record committed, read from the consumer group's offsets in Kafka
   (the workers' control port is on mutual TLS, which the test's client does not hold).
+- From :mod:`benchmarks.k8s_burst_real` (the burst benchmark on this tier uses them too):
+  :func:`admin_kube`, :func:`shared_dir`, and :func:`consumer_events`: the Events the operator posted
+  on a ParallelConsumer (``ScalingDecision``; ``HandedOff``: each completed move with its pause), read
+  back from kube-apiserver, :func:`moves` and :func:`move_table` (move, partition, from -> to, pause).
 """
 
 from __future__ import annotations
@@ -16,13 +20,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multilane.operator.k8s.kube import KubeClient, KubeSettings
+from benchmarks.k8s_burst_real import (
+    ConsumerEvent,
+    Move,
+    admin_kube,
+    consumer_events,
+    move_table,
+    moves,
+    shared_dir,
+)
 from multilane.testing.cluster import LocalCluster
 from multilane.testing.process_kubelet import ProcessKubelet
 from tests.operator.k8s_harness import K8sHarness
@@ -36,28 +47,9 @@ FULLNAME = "ml-multilane"
 # the image's ENTRYPOINT ["multilane"] (Dockerfile), as the process kubelet runs it
 IMAGE = "ghcr.io/multilane/multilane"
 
-__all__ = ["CHART", "FULLNAME", "IMAGE", "RELEASE", "RELEASE_NS", "HelmRelease", "KubeletPods",
-           "admin_kube", "drained", "shared_dir"]
-
-
-def admin_kube(cluster: LocalCluster) -> KubeClient:
-    assert cluster.admin is not None and cluster.pki is not None
-    return KubeClient(
-        KubeSettings(
-            host=cluster.server,
-            ca_file=str(cluster.pki.ca_cert),
-            cert_file=str(cluster.admin.cert),
-            key_file=str(cluster.admin.key),
-        )
-    )
-
-
-def shared_dir(prefix: str) -> Path:
-    """A directory the pods' users can write (mode 0777) and see: not under ``/tmp``, which each
-    container has its own emptyDir over."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
-    path.chmod(0o777)
-    return path
+__all__ = ["CHART", "FULLNAME", "IMAGE", "RELEASE", "RELEASE_NS", "ConsumerEvent", "HelmRelease",
+           "KubeletPods", "Move", "admin_kube", "consumer_events", "drained", "move_table", "moves",
+           "shared_dir"]
 
 
 @dataclass
@@ -172,3 +164,4 @@ def wait_for(cond: Any, limit_s: float, what: str) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {limit_s:.0f}s")
         time.sleep(0.5)
+

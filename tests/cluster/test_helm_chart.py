@@ -12,16 +12,21 @@ over mutual TLS, unchanged: the process kubelet's hosts file resolves them to th
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from multilane.demo.processors import SLEEP_ENV
 from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.cluster import LocalCluster
+from multilane.testing.loadgen import RateProfile
 from multilane.testing.process_kubelet import ProcessKubelet
 from tests.cluster.helm_harness import (
     FULLNAME,
@@ -29,7 +34,10 @@ from tests.cluster.helm_harness import (
     HelmRelease,
     KubeletPods,
     admin_kube,
+    consumer_events,
     drained,
+    move_table,
+    moves,
     shared_dir,
 )
 from tests.operator.conftest import NS, cr_path
@@ -222,6 +230,87 @@ async def test_immutable_field_change_gives_degraded(h: K8sHarness) -> None:
 
 async def _rolling(h: K8sHarness) -> bool:
     return (await h.status()).get("rollout") is not None
+
+
+# The burst: the PC's own autoscaling policy with short windows (the demo's, docs/demo.md), a lane
+# budget of 8 per pod so that more than factor 2 on 4 partitions needs a second pod, and 40 ms of I/O
+# per record (a lane does ~25 rec/s): one pod at factor 2 carries ~200 rec/s, the burst offers 250.
+BURST_SCALING = {
+    "minReplicas": 1, "maxReplicas": 2, "minFactor": 2, "maxFactor": 4, "maxLanesPerReplica": 8,
+    "targetCatchUpSeconds": 5, "targetUtilisation": 0.7, "intervalSeconds": 2,
+    "stabilisationSeconds": 4, "scaleDownDelaySeconds": 10, "maxPartitionsMovedAtOnce": 4,
+}  # fmt: skip
+BURST = RateProfile.parse("15x6,250x12,15x30")
+BURST_SLEEP_MS = 40
+PAUSE_BOUND_S = 10.0
+"""Each move's pause (release call to promotion answered), bounded for a loaded 2-core machine: the
+demo measures ~0.3-0.5 s (docs/demo.md). Not a timing claim: a stuck handover fails it."""
+_SIZE = re.compile(r"replicas (\d+)->(\d+), factor (\d+)->(\d+)")
+
+
+async def test_a_burst_scales_up_and_back_through_restore_before_handoff(h: K8sHarness) -> None:
+    """A burst from the load generator on a stateful key-mode consumer that the operator sizes itself:
+    it scales up (factor, then a second pod whose learners restore before the handoff) and back down
+    to one pod (the partitions handed back the same way). Every move's pause comes from its
+    ``HandedOff`` Event on kube-apiserver; every delivery checker and the restored state hold."""
+    body = h.body(replicas=None, **BURST_SCALING)
+    workload = body["spec"]["workload"]
+    workload["ordering"] = "key"
+    workload["env"] = [
+        e if e["name"] != SLEEP_ENV else {"name": SLEEP_ENV, "value": str(BURST_SLEEP_MS)}
+        for e in workload["env"]
+    ]
+    await h.create(body)
+    await wait_until(lambda: h.balanced(1), 150, "every partition on orders-0", h)
+    t0 = time.time()
+    h.start_load(0, 0, BURST)
+    peak = [1, 1]
+
+    async def back_to_one() -> bool:
+        status = await h.status()
+        peak[0] = max(peak[0], int(status.get("replicas") or 1))
+        peak[1] = max(peak[1], int(status.get("factor") or 1))
+        return (
+            peak[0] == 2
+            and h.load_done()
+            and int(status.get("replicas") or 0) == 1
+            and await h.balanced(1)
+            and "orders-1" not in h.double.pods
+        )
+
+    # the load (48 s), the scale-down delay and the moves back; generous for a loaded machine
+    await wait_until(back_to_one, BURST.duration_s + 180, "scaled up to 2 pods and back to 1", h)
+    await wait_until(lambda: drained(h), 120, "every produced record committed", h)
+    events = await consumer_events(h.kube, NS, NAME)
+    decisions = [(ev.at - t0, ev.message) for ev in events if ev.reason == "ScalingDecision"]
+    moved = [mv for mv in moves(events) if mv.at >= t0]
+    head = f"{BURST.total_records} records, profile 15x6,250x12,15x30 rec/s; peak {peak[0]}x{peak[1]}"
+    print(f"\nhelm burst ({head}; load average {_loadavg()}):")
+    for t, message in decisions:
+        print(f"  t={t:6.1f}s {message[:150]}")
+    print(move_table(moved, t0))
+    # 1. up and back: a decision that raised the replicas, one that lowered them, in that order
+    sizes = [(t, [int(x) for x in m.groups()]) for t, msg in decisions if (m := _SIZE.search(msg))]
+    up = next((t for t, (r0, r1, _f0, _f1) in sizes if r1 > r0), None)
+    down = next((t for t, (r0, r1, _f0, _f1) in sizes if up is not None and t > up and r1 < r0), None)
+    assert up is not None and down is not None, decisions
+    # 2. every partition the second pod took went there and came back through a move; none eager
+    out = [mv for mv in moved if mv.source == "orders-0" and mv.target == "orders-1"]
+    back = [mv for mv in moved if mv.source == "orders-1" and mv.target == "orders-0"]
+    assert out and {mv.partition for mv in back} == {mv.partition for mv in out}, move_table(moved, t0)
+    assert not [mv for mv in moved if mv.eager], "a move fell back to eager (no restored learner)"
+    # 3. each pause within the bound
+    slow = [mv for mv in moved if mv.pause_s > PAUSE_BOUND_S]
+    assert not slow, f"pauses above {PAUSE_BOUND_S}s:\n{move_table(slow, t0)}"
+    # 4. nothing lost: every delivery checker, the state restored from the changelogs = the reference
+    v = h.assert_ok()
+    longest = max(mv.pause_s for mv in moved)
+    print(f"helm burst: produced {v.produced}, replayed {v.replayed}, {len(moved)} moves, longest pause "
+          f"{longest:.3f}s (bound {PAUSE_BOUND_S:g}s), load average {_loadavg()}")  # fmt: skip
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 async def test_zz_uninstall_then_namespace_deletion_both_finish(

@@ -6,9 +6,6 @@ delete before the controller makes the pod again."""
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,7 @@ import pytest
 
 from multilane.testing.cluster import ClusterError, LocalCluster
 from multilane.testing.process_kubelet import ProcessKubelet
+from tests.cluster.pod_support import RESTRICTED, apply, conditions, get, pod_namespace, until
 
 # The container: reads its projected service-account files, asks the API server for its own pod with
 # that token, writes what it found into its claim, serves HTTP on its pod IP, and records SIGTERM.
@@ -46,34 +44,6 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer((os.environ["POD_IP"], 8080), H).serve_forever()
 """
-
-RESTRICTED = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "runAsNonRoot": True,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-
-
-def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
-    return dict(json.loads(cluster.kubectl("get", "-o", "json", *args)))
-
-
-def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
-    cluster.kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
-    )
-
-
-def _until(what: str, check: Callable[[], Any], timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last: {last!r})")
 
 
 def _statefulset(name: str, namespace: str) -> dict[str, Any]:
@@ -123,8 +93,8 @@ def _statefulset(name: str, namespace: str) -> dict[str, Any]:
 
 
 def _facts(cluster: LocalCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
-    pvc = _get(cluster, "-n", namespace, "pvc", f"data-{pod}")
-    pv = _get(cluster, "pv", pvc["spec"]["volumeName"])
+    pvc = get(cluster, "-n", namespace, "pvc", f"data-{pod}")
+    pv = get(cluster, "pv", pvc["spec"]["volumeName"])
     return [
         json.loads(p.read_text()) for p in sorted(Path(pv["spec"]["hostPath"]["path"]).glob("facts-*.json"))
     ]
@@ -133,48 +103,45 @@ def _facts(cluster: LocalCluster, namespace: str, pod: str) -> list[dict[str, An
 def test_statefulset_pods_run_as_processes_and_come_back_after_delete(
     real_cluster: LocalCluster, process_kubelet: ProcessKubelet
 ) -> None:
-    ns = f"workers-{uuid.uuid4().hex[:6]}"
     cluster = real_cluster
     # the user's choice for the workers' namespace: PodSecurity `restricted`, enforced
-    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
-    _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})
-    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": ns},
-            "spec": {"containers": [{"name": "c", "image": "x", "command": ["true"]}]}}  # fmt: skip
-    with pytest.raises(ClusterError, match="violates PodSecurity"):
-        _apply(cluster, bare)
-    # the pods' service account may read pods: the container proves its token with a real request
-    _apply(
-        cluster,
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "pod-reader", "namespace": ns},
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "pod-reader", "namespace": ns},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
-         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}]},
-        _statefulset("web", ns),
-    )  # fmt: skip
-    try:
-        _until(
+    with pod_namespace(cluster, "workers", restricted=True) as ns:
+        bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": ns},
+                "spec": {"containers": [{"name": "c", "image": "x", "command": ["true"]}]}}  # fmt: skip
+        with pytest.raises(ClusterError, match="violates PodSecurity"):
+            apply(cluster, bare)
+        # the pods' service account may read pods: the container proves its token with a real request
+        apply(
+            cluster,
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "pod-reader", "namespace": ns},
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "pod-reader", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}]},
+            _statefulset("web", ns),
+        )  # fmt: skip
+        until(
             "2 ready replicas",
-            lambda: _get(cluster, "-n", ns, "sts", "web")["status"].get("readyReplicas") == 2,
+            lambda: get(cluster, "-n", ns, "sts", "web")["status"].get("readyReplicas") == 2,
         )
-        pods = {p["metadata"]["name"]: p for p in _get(cluster, "-n", ns, "pods")["items"]}
+        pods = {p["metadata"]["name"]: p for p in get(cluster, "-n", ns, "pods")["items"]}
         assert sorted(pods) == ["web-0", "web-1"]
         for name, pod in pods.items():
             assert pod["spec"]["nodeName"] == process_kubelet.name
             assert pod["status"]["phase"] == "Running"
-            assert {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"] == "True"
+            assert conditions(pod)["Ready"] == "True"
             assert len(process_kubelet.pids(ns, name)) == 1
-            [facts] = _until(f"{name}'s facts", lambda name=name: _facts(cluster, ns, name), 30)
+            [facts] = until(f"{name}'s facts", lambda name=name: _facts(cluster, ns, name), 30)
             assert facts == {"pod": name, "namespace": ns, "uid": 1000, "api_status": 200,
                              "pod_uid": pod["metadata"]["uid"], "pod_ip": pod["status"]["podIP"],
                              "greeting": "hello world"}  # fmt: skip
         assert pods["web-0"]["status"]["podIP"] != pods["web-1"]["status"]["podIP"]
         # the node: Ready, its Lease renewed by the kubelet
-        node = _get(cluster, "node", process_kubelet.name)
-        assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
-        lease = _get(cluster, "-n", "kube-node-lease", "lease", process_kubelet.name)
+        node = get(cluster, "node", process_kubelet.name)
+        assert conditions(node)["Ready"] == "True"
+        lease = get(cluster, "-n", "kube-node-lease", "lease", process_kubelet.name)
         assert lease["spec"]["holderIdentity"] == process_kubelet.name
 
         # delete web-0: SIGTERM reaches the process, the controller makes it again, it is Ready again
@@ -182,20 +149,16 @@ def test_statefulset_pods_run_as_processes_and_come_back_after_delete(
         cluster.kubectl("-n", ns, "delete", "pod", "web-0", "--wait=false")
 
         def again() -> bool:
-            pod = _get(cluster, "-n", ns, "pods")["items"]
+            pod = get(cluster, "-n", ns, "pods")["items"]
             new = [p for p in pod if p["metadata"]["name"] == "web-0" and p["metadata"]["uid"] != old_uid]
-            return bool(new) and any(
-                c["type"] == "Ready" and c["status"] == "True" for c in new[0]["status"].get("conditions", [])
-            )
+            return bool(new) and conditions(new[0]).get("Ready") == "True"
 
-        _until("web-0 made again and Ready", again)
+        until("web-0 made again and Ready", again)
         assert process_kubelet.pids(ns, "web-0") and process_kubelet.pids(ns, "web-0")[0] != old_pid
         claim_facts = _facts(cluster, ns, "web-0")  # the same claim, one facts file per incarnation
         assert len(claim_facts) == 2
-        pvc = _get(cluster, "-n", ns, "pvc", "data-web-0")
+        pvc = get(cluster, "-n", ns, "pvc", "data-web-0")
         terminated = (
-            Path(_get(cluster, "pv", pvc["spec"]["volumeName"])["spec"]["hostPath"]["path"]) / "terminated"
+            Path(get(cluster, "pv", pvc["spec"]["volumeName"])["spec"]["hostPath"]["path"]) / "terminated"
         )
         assert terminated.read_text() == "web-0\n"
-    finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

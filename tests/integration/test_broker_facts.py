@@ -200,8 +200,9 @@ def test_end_offset_from_list_offsets(broker: EmbeddedBroker, topic_name: str, b
 
 
 def test_compaction(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
-    """Gap 5. Tansu: cleanup.policy=compact is accepted, but old values of a key are never removed.
-    Apache Kafka: the cleaner removes them from rolled segments within seconds (``segment.ms`` 100,
+    """Gap 5. Tansu: cleanup.policy=compact is accepted, but old values of a key are never removed, so
+    a compacted topic keeps contiguous offsets (test_offset_gaps.py's compacted input has no gaps
+    there). Apache Kafka: the cleaner removes them from rolled segments within seconds (``segment.ms`` 100,
     the test bed's cleaner backoff 1 s), so a compacted topic has gaps in its offsets.
 
     Lives with it: restore reads the whole changelog and keeps the newest value per key; the offset
@@ -229,7 +230,8 @@ def test_compaction(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -
         return
     time.sleep(2.0)  # ample time for a compaction with these settings on Apache Kafka's cleaner
     got = _consume(broker.bootstrap, topic_name, 3, timeout=10.0)
-    assert [m.value() for m in got] == [b"version-0", b"version-1", b"version-2"]
+    # every version stays, at contiguous offsets: a compacted topic on Tansu has no gaps
+    assert [(m.offset(), m.value()) for m in got] == [(0, b"version-0"), (1, b"version-1"), (2, b"version-2")]
 
 
 def test_fetch_response_size(broker: EmbeddedBroker, topic_name: str, broker_kind: str) -> None:
@@ -409,3 +411,107 @@ def test_transaction_markers_take_an_offset_and_the_end_event_steps_over_them(
         c.close()
     assert 3 not in seen and 7 not in seen
     assert end == position == 8, f"end-of-partition event at {end}, position {position}"
+
+
+SHARE_APIS = {76: "ShareGroupHeartbeat", 77: "ShareGroupDescribe", 78: "ShareFetch", 79: "ShareAcknowledge"}
+_VICTIM = """
+import sys, time
+from confluent_kafka import ShareConsumer
+c = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                   "share.acknowledgement.mode": "explicit"})
+c.subscribe([sys.argv[3]])
+got = 0
+while got == 0:
+    got = len([m for m in c.poll(0.5) if m.error() is None])
+print(got, flush=True)  # acquired, never acknowledged
+time.sleep(600)
+"""
+
+
+def _api_keys(bootstrap: str) -> set[int]:
+    """The API keys the broker lists in an ApiVersions v0 response (raw protocol: the client does not
+    expose them)."""
+    import socket
+    import struct
+
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        body = struct.pack(">hhih", 18, 0, 1, 5) + b"facts"
+        s.sendall(struct.pack(">i", len(body)) + body)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = s.recv(65536)
+            assert chunk, "the broker closed the connection"
+            data += chunk
+    _correlation, error, n = struct.unpack(">ihi", data[4:14])
+    assert error == 0, f"ApiVersions error {error}"
+    return {struct.unpack(">h", data[14 + 6 * i : 16 + 6 * i])[0] for i in range(n)}
+
+
+def test_share_groups_and_the_acquired_records_of_a_killed_member(
+    broker: EmbeddedBroker, topic_name: str, broker_kind: str
+) -> None:
+    """Gap 8. Tansu has no share groups (KIP-932): its ApiVersions lists none of the share APIs, and
+    librdkafka's ``ShareConsumer`` then polls nothing and reports no error. Apache Kafka: a share
+    consumer killed by SIGKILL with 20 records acquired and unacknowledged gives them back when its
+    connection closes, long before their acquisition lock (60 s here, the broker's maximum) or its
+    session (45 s, the default) expire: another member gets all of them with delivery count 2
+    (1.2 s after the kill, measured at load average 10; asserted: within 20 s).
+
+    Lives with it: share groups are measured on Apache Kafka only (``benchmarks.share``); its
+    kill -9 row's redelivery is this release at connection close, not the lock's expiry."""
+    import subprocess
+    import sys
+
+    from confluent_kafka import ShareConsumer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    listed = _api_keys(broker.bootstrap) & set(SHARE_APIS)
+    broker.create_topic(topic_name, 1)
+    _produce(broker.bootstrap, topic_name, [b"v%d" % i for i in range(20)])
+    group = f"share-{uuid.uuid4().hex[:8]}"
+    if _on_tansu(broker_kind):
+        assert not listed, f"Tansu now lists share APIs {sorted(SHARE_APIS[k] for k in listed)}: revisit"
+        errors: list[str] = []
+        c = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                           "error_cb": lambda e: errors.append(str(e))})
+        c.subscribe([topic_name])
+        got: list[Any] = []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            got += c.poll(0.5)
+        c.close()
+        assert not got and not errors, (got, errors)
+        return
+    assert listed == set(SHARE_APIS), f"share APIs listed: {sorted(SHARE_APIS[k] for k in listed)}"
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+               for k, v in {"share.auto.offset.reset": "earliest",
+                            "share.record.lock.duration.ms": "60000"}.items()]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.incremental_alter_configs([ConfigResource(ConfigResource.Type.GROUP, group,
+                                                                  incremental_configs=entries)]).values():
+        future.result(30)
+    victim = subprocess.Popen([sys.executable, "-c", _VICTIM, broker.bootstrap, group, topic_name],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout is not None
+        assert int(victim.stdout.readline() or 0) == 20, "the first member did not acquire the 20 records"
+    finally:
+        victim.kill()
+        victim.wait()
+    killed = time.monotonic()
+    c = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    redelivered: dict[int, tuple[float, int | None]] = {}
+    try:
+        c.subscribe([topic_name])
+        while len(redelivered) < 20 and time.monotonic() - killed < 25:
+            for m in c.poll(0.2):
+                offset = m.offset()
+                if m.error() is None and offset is not None:
+                    redelivered.setdefault(offset, (time.monotonic() - killed, m.delivery_count()))
+    finally:
+        c.close()
+    print(f"redelivered after the kill (s, delivery count): {sorted(redelivered.items())}")
+    assert sorted(redelivered) == list(range(20)), f"redelivered within 25 s: {sorted(redelivered)}"
+    assert {count for _, count in redelivered.values()} == {2}
+    assert max(t for t, _ in redelivered.values()) < 20.0

@@ -37,7 +37,9 @@ class FakeStateHooks:
     """Test double of the state-hook contract: records calls; optional faults.
 
     ``fail_commit(topic, partition, offset) -> bool``: ``before_commit`` raises
-    :class:`StateDurabilityError` when it returns True. ``open_delay_s``: ``open_partition`` sleeps
+    :class:`StateDurabilityError` when it returns True, and then on every later call for that
+    partition until it is closed, as ``ChangelogWriter.check`` does (a recorded loss is forgotten only
+    when the partition closes). ``open_delay_s``: ``open_partition`` sleeps
     this long (to observe parallel opens). ``lag``: the ``restore_lag`` ``learner_status`` reports.
     """
 
@@ -52,6 +54,7 @@ class FakeStateHooks:
         self.opening: set[tuple[str, int]] = set()
         self.learning: set[tuple[str, int]] = set()
         self.lag = 0
+        self.lost: set[tuple[str, int]] = set()  # partitions whose injected loss stands until close
         # contract violations seen by view()/before_commit() (recorded: an exception there would only
         # fail and retry the attempt, hiding the violation); every test asserts this stays empty
         self.violations: list[str] = []
@@ -94,7 +97,11 @@ class FakeStateHooks:
         with self.lock:
             if (topic, partition) not in self.active:
                 self.violations.append(f"before_commit of {topic}/{partition}@{offset} while not open")
-        if self.fail_commit is not None and self.fail_commit(topic, partition, offset):
+        with self.lock:
+            lost = (topic, partition) in self.lost
+        if lost or (self.fail_commit is not None and self.fail_commit(topic, partition, offset)):
+            with self.lock:
+                self.lost.add((topic, partition))
             self._add("before_commit_failed", topic, partition, offset)
             raise StateDurabilityError(f"injected: a changelog record of {topic}[{partition}] was lost")
         self._add("before_commit", topic, partition, offset)
@@ -102,6 +109,7 @@ class FakeStateHooks:
     def close_partition(self, topic: str, partition: int, clean: bool) -> None:
         with self.lock:
             self.active.discard((topic, partition))
+            self.lost.discard((topic, partition))
         self._add("close", topic, partition, clean)
 
     # -- learner calls and observability ---------------------------------------------------------------
@@ -182,13 +190,15 @@ def test_durability_error_reopens_the_partition_without_committing(
     bad = failed[0]
     calls = hooks.calls
     i = calls.index(("before_commit_failed", topic_name, 0, bad))
-    # the failed partition is closed uncleanly (no commit in between) and opened again at the
-    # committed offset of before the failure (None: never committed)
-    assert calls[i + 1] == ("close", topic_name, 0, False), calls[i:i + 3]
+    # the failed partition is closed uncleanly and opened again at the committed offset of before the
+    # failure (None: never committed). A commit cycle that runs before the reopen takes the control
+    # lock meets the same loss again, so only failed attempts may come in between.
+    j = calls.index(("close", topic_name, 0, False), i)
+    assert all(c[0] == "before_commit_failed" for c in calls[i + 1:j]), calls[i:j + 2]
     earlier = [c[3] for c in calls[:i] if c[0] == "before_commit"]
     before = max(earlier) if earlier else None
     assert before is None or before < bad
-    assert calls[i + 2] == ("open", topic_name, 0, before), calls[i:i + 3]
+    assert calls[j + 1] == ("open", topic_name, 0, before), calls[i:j + 2]
     # so every record from that offset to the failed commit was processed again after the reopen
     ends: dict[int, int] = {}
     for e in rec.snapshot():
@@ -376,8 +386,10 @@ def test_durability_error_reopens_in_standalone_mode(broker: EmbeddedBroker, top
         wait_for(lambda: len(hooks.of("open")) >= 2, 60, what="the partition reopened")
         wait_for(lambda: committed_offset(broker, group, topic_name) == n, 60, what="commit of n")
     assert failed
-    i = hooks.calls.index(("before_commit_failed", topic_name, 0, failed[0]))
-    assert hooks.calls[i + 1] == ("close", topic_name, 0, False)
-    assert hooks.calls[i + 2][:3] == ("open", topic_name, 0)
+    calls = hooks.calls
+    i = calls.index(("before_commit_failed", topic_name, 0, failed[0]))
+    j = calls.index(("close", topic_name, 0, False), i)
+    assert all(c[0] == "before_commit_failed" for c in calls[i + 1:j]), calls[i:j + 2]
+    assert calls[j + 1][:3] == ("open", topic_name, 0)
     assert hooks.violations == []
     assert_all(check_delivery(produced, rec.snapshot(), mode="key", rewind_within_incarnation=True))

@@ -126,15 +126,18 @@ def test_exactly_once_across_retries_dead_letters_and_a_restart(broker: Embedded
     assert ended(rec.snapshot()) >= {r.offset for r in inputs if r.partition == 0}
 
 
+@pytest.mark.parametrize("outputs", [True, False], ids=["with-outputs", "without-outputs"])
 def test_a_transaction_commits_after_max_records_before_the_interval(broker: EmbeddedBroker,
-                                                                      topic_name: str) -> None:
+                                                                      topic_name: str, outputs: bool) -> None:
+    """``max_records`` counts the records in the transaction, whether they produced outputs or not."""
     broker.create_topic(topic_name, 1)
     out_topic = f"{topic_name}-out"
     broker.create_topic(out_topic, 1)
     produce(broker, topic_name, 200, keys=10)
 
     async def proc(record: Record, ctx: Context) -> None:
-        ctx.produce(out_topic, f"1:{record.topic}:{record.partition}:{record.offset}:0", key=record.key)
+        if outputs:
+            ctx.produce(out_topic, f"1:{record.topic}:{record.partition}:{record.offset}:0", key=record.key)
 
     cfg = config(broker, topic_name, f"g-{topic_name}", factor=4, commit_interval_ms=120_000)
     with running_eos(cfg, proc, max_records=20):

@@ -687,6 +687,7 @@ def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path
     assert_all(check_delivery(produced, events, mode="key"))
 
 
+@pytest.mark.matrix
 def test_replay_bound_holds_at_every_kill(broker: KafkaBroker, topic_name: str, tmp_path: Path,
                                           workers: list[WorkerProcess]) -> None:
     """One run in the default suite (three kills); the slow variant below runs eight."""
@@ -694,6 +695,7 @@ def test_replay_bound_holds_at_every_kill(broker: KafkaBroker, topic_name: str, 
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # on Apache Kafka: -m "matrix and slow" --broker=apache
 @pytest.mark.parametrize("seed", range(8))
 def test_replay_bound_holds_at_every_kill_repeated(broker: KafkaBroker, topic_name: str, tmp_path: Path,
                                                    workers: list[WorkerProcess], seed: int) -> None:

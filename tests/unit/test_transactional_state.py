@@ -29,16 +29,6 @@ from tests.unit.test_transactions import TP, Consumer, Part, Store, Tracker, Txn
 CHANGELOG = "g.orders.changelog"
 
 
-class NoWriter:
-    """The shared changelog producer: a transactional partition must never use it."""
-
-    def produce(self, *_a: Any) -> None:
-        raise AssertionError("a transactional partition produced outside its transaction")
-
-    def end_offset(self, _topic: str, _partition: int) -> int:
-        return 0
-
-
 @dataclass
 class Msg:
     _offset: int
@@ -90,8 +80,8 @@ class Hooks:
 @pytest.fixture
 def part(tmp_path: Path) -> Any:
     store = PartitionStore(partition_dir(tmp_path, *TP)).open()
-    yield ActivePartitionState(*TP, CHANGELOG, store, NoWriter(), 10, set(), 40,  # type: ignore[arg-type]
-                               transactional=True)
+    # no shared changelog producer: a transactional partition has nothing to produce outside its transaction
+    yield ActivePartitionState(*TP, CHANGELOG, store, None, 10, set(), 40)
     store.close()
 
 
@@ -164,11 +154,18 @@ def test_restores_and_learners_read_committed_only() -> None:
 
 
 @pytest.mark.parametrize("held", [True, False])
-def test_a_close_with_changes_not_committed_is_unclean(tmp_path: Path, held: bool) -> None:
+def test_a_close_with_changes_not_committed_is_unclean(tmp_path: Path, held: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The local store is ahead of the committed changelog: no checkpoint, so the next open wipes it
-    and restores from the committed changelog. Without held changes a clean close keeps its checkpoint."""
+    and restores from the committed changelog. Without held changes a clean close keeps its checkpoint.
+    A transactional manager creates no shared changelog producer (nothing would go through it)."""
     from multilane.testing.broker import free_port
+    from multilane.worker.state import manager as manager_module
 
+    def no_writer(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a transactional state manager created the shared changelog producer")
+
+    monkeypatch.setattr(manager_module, "ChangelogWriter", no_writer)
     manager = StateManager(tmp_path, f"127.0.0.1:{free_port()}", "g", transactional=True)
     try:
         directory = partition_dir(tmp_path, *TP)

@@ -121,6 +121,13 @@ def _txns(max_records: int = 100) -> tuple[TransactionalOutputs, dict[str, TxnPr
     return TransactionalOutputs(new_producer, "g", max_records=max_records), made
 
 
+def _opened() -> tuple[TransactionalOutputs, TxnProducer]:
+    """Transactional outputs with ``TP``'s transaction open, and that transaction's producer."""
+    txns, made = _txns()
+    txns.open(TP)
+    return txns, made[transactional_id("g", *TP)]
+
+
 def _out(i: int) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
     return [("out", f"v{i}".encode(), b"k", [])]
 
@@ -138,10 +145,12 @@ def test_open_fences_with_the_partition_id_and_holds_are_replaced_or_dropped() -
     txns.hold(*TP, 5, _out(50), epoch)  # a later attempt of the same record replaces
     txns.hold(*TP, 6, _out(6), epoch - 1)  # an attempt from an earlier ownership: dropped
     assert txns.held(TP) == 1 and not full
-    txns.hold(*TP, 7, _out(7))
-    assert full == [1]  # max_records holds: a commit is due now
-    txns.hold(*TP, 7, [])  # an attempt without outputs replaces one with outputs
-    assert txns.take(TP, lambda o: True) == _out(50)
+    txns.hold(*TP, 7, [])  # a record without outputs is in the transaction too
+    assert full == [1] and txns.held(TP) == 2  # max_records records: a commit is due now
+    txns.hold(*TP, 5, [])  # an attempt without outputs replaces one with outputs
+    assert txns.take(TP, lambda o: o == 5) == [] and txns.held(TP) == 1
+    txns.hold(*TP, 8, _out(8))
+    assert txns.take(TP, lambda o: True) == _out(8) and txns.held(TP) == 0
     txns.close(TP)
     assert producer.closed and txns.held(TP) == 0
 
@@ -149,9 +158,7 @@ def test_open_fences_with_the_partition_id_and_holds_are_replaced_or_dropped() -
 def test_a_transaction_carries_the_completed_records_outputs_progress_and_offset() -> None:
     """Held outputs of records counted complete go out in offset order, then the progress record to its
     progress partition, then the committed offset; records not complete stay held for the next one."""
-    txns, made = _txns()
-    txns.open(TP)
-    producer = made[transactional_id("g", *TP)]
+    txns, producer = _opened()
     for off in (12, 10, 15, 11):
         txns.hold(*TP, off, _out(off))
     part = Part(*TP, Tracker(prefix=12, done_above={15}))  # 10, 11 below the prefix, 15 above; 12 not
@@ -175,9 +182,7 @@ def test_a_transaction_carries_the_completed_records_outputs_progress_and_offset
 
 
 def test_an_aborted_transaction_returns_the_partition_and_its_outputs_are_gone() -> None:
-    txns, made = _txns()
-    txns.open(TP)
-    producer = made[transactional_id("g", *TP)]
+    txns, producer = _opened()
     txns.hold(*TP, 0, _out(0))
     producer.fail_commit = KafkaError(KafkaError.REQUEST_TIMED_OUT, "timed out", txn_requires_abort=True)
     part = Part(*TP, Tracker(prefix=1))
@@ -194,9 +199,7 @@ def test_an_aborted_transaction_returns_the_partition_and_its_outputs_are_gone()
 
 
 def test_a_fenced_partition_is_lost_for_good() -> None:
-    txns, made = _txns()
-    txns.open(TP)
-    producer = made[transactional_id("g", *TP)]
+    txns, producer = _opened()
     producer.fail_commit = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
     part = Part(*TP, Tracker(prefix=1))
     cycle = CommitCycle(Consumer(), Store(), None, transactions=txns)  # type: ignore[arg-type]
@@ -208,9 +211,7 @@ def test_a_fenced_partition_is_lost_for_good() -> None:
 
 
 def test_the_blocking_driver_commits_the_same_transaction() -> None:
-    txns, made = _txns()
-    txns.open(TP)
-    producer = made[transactional_id("g", *TP)]
+    txns, producer = _opened()
     txns.hold(*TP, 0, _out(0))
     part = Part(*TP, Tracker(prefix=1))
     cycle = CommitCycle(Consumer(), Store(), None, transactions=txns)  # type: ignore[arg-type]

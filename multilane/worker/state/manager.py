@@ -85,9 +85,9 @@ class StateManager:
         after the engine answered a release).
 
         ``transactional`` (exactly-once outputs): changelog records are held and go out in the input
-        partition's transaction (``partition.py``; :meth:`take_changes`, :meth:`changes_committed`),
-        not through the shared changelog producer; restores and learners read only committed
-        changelog records, as always (``reader.py``)."""
+        partition's transaction (``partition.py``; :meth:`take_changes`, :meth:`changes_committed`);
+        the worker then has no shared changelog producer (``producer_config`` is unused); restores
+        and learners read only committed changelog records, as always (``reader.py``)."""
         if on_corrupt not in ("fail", "skip"):
             raise ValueError(f"on_corrupt must be 'fail' or 'skip', got {on_corrupt!r}")
         if not group:
@@ -109,7 +109,11 @@ class StateManager:
         self.bulk_restore = bulk_restore
         self._close_wait_s = close_wait_s
         self.transactional = transactional
-        self._writer = ChangelogWriter(bootstrap_servers, producer_config)
+        # The shared changelog producer. Invariant: None exactly when ``transactional`` (the changelog
+        # records go in the input partitions' transactions, never through it).
+        self._writer: ChangelogWriter | None = (
+            None if transactional else ChangelogWriter(bootstrap_servers, producer_config)
+        )
         self._admin = ChangelogTopicAdmin(bootstrap_servers, changelog_topic_config, admin_config)
         self._committed_reader: CommittedOffsetReader | None = None
         self._lock = threading.RLock()
@@ -242,7 +246,6 @@ class StateManager:
             flt.committed_offset,
             sources,
             changelog_offset,
-            transactional=self.transactional,
         )
         with self._lock:
             self._active[tp] = part
@@ -271,7 +274,7 @@ class StateManager:
         part = self._active.get((topic, partition))
         if part is None:
             raise StatePhaseError(f"{topic}[{partition}] is not active in this worker's state store")
-        self._writer.flush_partition(part.changelog_topic, partition, self._flush_timeout_s)
+        self._flush(part)
         part.mark_committed(offset)
         status = self._status.get((topic, partition))
         if status is not None:
@@ -310,7 +313,13 @@ class StateManager:
         part = self._active.get((topic, partition))
         if part is None:
             raise StatePhaseError(f"{topic}[{partition}] is not active in this worker's state store")
-        self._writer.flush_partition(part.changelog_topic, partition, self._flush_timeout_s)
+        self._flush(part)
+
+    def _flush(self, part: ActivePartitionState) -> None:
+        """Wait for the shared producer's acknowledgements of the partition's changes (blocking);
+        nothing to wait for when transactional (its changes are held for its transaction)."""
+        if self._writer is not None:
+            self._writer.flush_partition(part.changelog_topic, part.partition, self._flush_timeout_s)
 
     def close_partition(self, topic: str, partition: int, clean: bool) -> None:
         """Close the partition's store (steps 1-3). ``clean``: the engine made its final commit.
@@ -353,7 +362,7 @@ class StateManager:
         # 1.
         if clean:
             try:
-                self._writer.flush_partition(part.changelog_topic, partition, self._flush_timeout_s)
+                self._flush(part)
             except StateDurabilityError as exc:
                 log.error("closing %s[%d] uncleanly: %s", topic, partition, exc)
                 clean = False
@@ -369,7 +378,8 @@ class StateManager:
             ckpts.write(Checkpoint(part.changelog_end(), committed, sources))
         else:
             ckpts.remove()
-        self._writer.reset(part.changelog_topic, partition)
+        if self._writer is not None:
+            self._writer.reset(part.changelog_topic, partition)
 
     def _close_learner(self, learner: PartitionLearner, clean: bool) -> None:
         try:
@@ -527,7 +537,8 @@ class StateManager:
                 self._wait_closed(tp)
             except StatePhaseError as exc:
                 log.error("%s", exc)
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
         with self._lock:
             reader, self._committed_reader = self._committed_reader, None
         if reader is not None:

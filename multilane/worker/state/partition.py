@@ -8,14 +8,14 @@ Durability order of one change (steps in :meth:`ActivePartitionState.put` / ``de
 Both the produce and the apply happen under the partition's write lock, so the changelog holds the
 changes of a partition in exactly the order the store applied them, whichever lanes made them.
 
-Exactly-once outputs (``transactional=True``): step 1 *holds* the changelog record(s) instead of
-producing them, in apply order, with their source offset. The commit cycle takes the held changes of
-the records its plan counts complete (:meth:`ActivePartitionState.take_changes`) and produces them in
-the partition's transaction, with the outputs, the progress record and the committed offset; after
-the commit, :meth:`ActivePartitionState.changes_committed` records the changelog end and the committed
-offset. So a ``read_committed`` changelog holds exactly the changes of records whose outputs and
-offsets committed. A change still held at a close makes the close unclean (the local store is ahead
-of the changelog: the next open wipes it).
+Exactly-once outputs (no shared changelog producer: ``writer=None``): step 1 *holds* the changelog
+record(s) instead of producing them, in apply order, with their source offset. The commit cycle takes
+the held changes of the records its plan counts complete (:meth:`ActivePartitionState.take_changes`)
+and produces them in the partition's transaction, with the outputs, the progress record and the
+committed offset; after the commit, :meth:`ActivePartitionState.changes_committed` records the
+changelog end and the committed offset. So a ``read_committed`` changelog holds exactly the changes
+of records whose outputs and offsets committed. A change still held at a close makes the close
+unclean (the local store is ahead of the changelog: the next open wipes it).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ class ActivePartitionState:
     the partition was opened at); ``above_commit_sources`` holds the ``(source_offset, key_hash)`` of
     every change in the store whose source offset is ``>= committed_offset`` -- applied by this worker
     or by a restore because progress said its record was done. Both are guarded by ``_lock``.
-    ``transactional``: ``_held`` lists, in apply order, the changelog records not yet committed
-    (guarded by ``_lock``); ``_txn_end`` is one past the last changelog record this worker committed.
+    ``transactional`` (exactly-once outputs) is ``writer is None``, fixed at construction: ``_held``
+    lists, in apply order, the changelog records not yet committed (guarded by ``_lock``); ``_txn_end``
+    is one past the last changelog record this worker committed.
     """
 
     def __init__(
@@ -48,12 +49,13 @@ class ActivePartitionState:
         partition: int,
         changelog_topic: str,
         store: PartitionStore,
-        writer: ChangelogWriter,
+        writer: ChangelogWriter | None,
         committed_offset: int,
         above_commit_sources: set[tuple[int, int]],
         changelog_offset: int,
-        transactional: bool = False,
     ) -> None:
+        """``writer``: the worker's shared changelog producer; None with exactly-once outputs (the
+        changes are held for the partition's transaction)."""
         self.topic = topic
         self.partition = partition
         self.changelog_topic = changelog_topic
@@ -63,13 +65,13 @@ class ActivePartitionState:
         self.above_commit_sources = {s for s in above_commit_sources if s[0] >= committed_offset}
         self.restored_changelog_offset = changelog_offset  # the changelog end the restore reached
         self._lock = threading.Lock()
-        self.transactional = transactional
+        self.transactional = writer is None
         self._held: list[HeldChange] = []
         self._txn_end = 0
 
     def _write(self, key: bytes, value: bytes | None, source_offset: int) -> None:
         """Step 1, under ``_lock``: produce the changelog record, or hold it for the transaction."""
-        if self.transactional:
+        if self.writer is None:
             self._held.append((source_offset, self.changelog_topic, self.partition, key, value))
         else:
             self.writer.produce(self.changelog_topic, self.partition, key, value)
@@ -132,10 +134,8 @@ class ActivePartitionState:
         """One past the last changelog record this store contains (after a flush or a commit)."""
         with self._lock:
             txn_end = self._txn_end
-        return max(
-            self.restored_changelog_offset, txn_end,
-            self.writer.end_offset(self.changelog_topic, self.partition),
-        )
+        written = 0 if self.writer is None else self.writer.end_offset(self.changelog_topic, self.partition)
+        return max(self.restored_changelog_offset, txn_end, written)
 
     def snapshot_sources(self) -> tuple[int, tuple[tuple[int, int], ...]]:
         with self._lock:
