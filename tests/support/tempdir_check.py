@@ -48,6 +48,7 @@ class _Session:
     old_env: dict[str, str | None]  # _ENV's values before configure
     left: list[str] = dataclasses.field(default_factory=list)  # "name (its creator)", left in ``tmp``
     new_in_system: list[str] = dataclasses.field(default_factory=list)
+    recorded: tuple[int, int] = (0, 0)  # temporary paths the ledger holds, and how many processes made them
 
     @property
     def tmp(self) -> Path:
@@ -131,8 +132,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state is None:
         return
     # 3. what the session left in its private temporary directory fails it
+    known = creators(state.ledger)
+    state.recorded = (len(known), len({r.get("pid") for r in known.values()}))
     if state.tmp.exists():
-        known = creators(state.ledger)
         state.left = [_describe(p, known) for p in sorted(state.tmp.iterdir())]
     if state.left and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -152,6 +154,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"  {entry}")
         if len(state.left) > 20:
             terminalreporter.write_line(f"  and {len(state.left) - 20} more")
+    else:
+        paths, processes = state.recorded
+        terminalreporter.write_line(f"temporary directory check: nothing left in TMPDIR (ledger: {paths} "
+                                    f"path(s) from {processes} process(es), all removed)")
     if state.new_in_system:
         terminalreporter.write_line(f"new in {state.system} during the session (maybe other processes'; "
                                     f"not checked): {_names(state.new_in_system)}")

@@ -78,4 +78,7 @@ def test_a_clean_session_passes(tmp_path: Path) -> None:
     done = _run(tmp_path, "")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "temporary files left" not in done.stdout
+    # the TemporaryDirectory of test_uses_tempfile was recorded, and removed
+    assert "temporary directory check: nothing left in TMPDIR (ledger: 1 path(s) from 1 process(es)" \
+        in done.stdout, done.stdout
     assert "created.jsonl" not in done.stdout
