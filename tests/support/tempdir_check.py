@@ -12,7 +12,8 @@ Does I/O (the temporary directories, the creators' ledger).
 3. At the session's end in that process (after the xdist workers finished), list what is left in
    ``tmp``: any entry fails the session (exit status 1) and is named in the summary with its creator
    from the ledger (or "not recorded": a process that is not Python, or whose environment was
-   replaced); then remove the private directory.
+   replaced); with nothing left, the summary says so, with how many paths the ledger recorded. Then
+   remove the private directory.
 4. New entries of the system's temporary directory itself (before vs after) are listed too, as a
    report only: other processes of the machine write there as well. A program that ignores ``TMPDIR``
    (the JVM's ``java.io.tmpdir``) shows up there.
