@@ -33,6 +33,7 @@ pytest_plugins = [
     "tests.support.tempdir_check",
     "tests.support.after_workers",
     "tests.support.xdist_order",
+    "tests.support.xdist_groups",
     "tests.support.timeout_backstop",
 ]
 

@@ -41,6 +41,9 @@ as kube-apiserver answers it (a ``Status`` object: reason, code, ``details.cause
   object whose ``ownerReferences`` name its uid is deleted too (background cascading, recursively); a
   DELETE with ``propagationPolicy: Orphan`` instead removes those references from the dependents.
 
+What a write makes of the stored object, a DELETE's options and what the garbage collector takes:
+the pure functions of :mod:`multilane.testing.kube_writes`.
+
 A missing object is 404 ``NotFound`` as kube-apiserver words it. Every answer above was compared
 with kube-apiserver v1.34.4's by ``tests/cluster/test_conformance.py`` (docs/real-cluster.md).
 
@@ -72,19 +75,12 @@ from typing import Any
 
 import aiohttp.web
 import attrs
-import jsonpatch
 import jsonschema
 import kmock
 import yaml
 from kmock._internal import enums  # the action enum is not re-exported under this name
 
-from multilane.testing.kube_crd import (
-    CelRules,
-    apply_merge_patch,
-    default_and_prune,
-    merge_diff,
-    plain_json_schema,
-)
+from multilane.testing.kube_crd import CelRules, default_and_prune, merge_diff, plain_json_schema
 from multilane.testing.kube_rules import (
     BuiltinSchemas,
     Cause,
@@ -94,6 +90,13 @@ from multilane.testing.kube_rules import (
     object_label_causes,
     statefulset_causes,
     statefulset_defaults,
+)
+from multilane.testing.kube_writes import (
+    dangling,
+    delete_orphans,
+    next_generation,
+    scale_patch,
+    written_object,
 )
 
 
@@ -132,7 +135,6 @@ BUILTINS: tuple[tuple[str, str, str, bool], ...] = (
     ("batch/v1", "jobs", "Job", True),
     ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", False),
 )
-
 
 
 @attrs.define(kw_only=True)
@@ -351,20 +353,15 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         )
 
     def _check_delete(self, request: kmock.Request) -> str | None:
-        """DeleteOptions: ``preconditions`` (409 when they do not hold) and ``propagationPolicy``
-        (returns the uid whose dependents are orphaned, for ``Orphan``)."""
+        """DeleteOptions (:func:`~multilane.testing.kube_writes.delete_orphans`); the uid whose
+        dependents are orphaned, for ``Orphan``."""
         assert request.resource is not None and request.name is not None
-        options = request.data if isinstance(request.data, dict) else {}
         stored = self._stored(request)
         if stored is None:
             return None
-        meta = stored.get("metadata") or {}
-        pre = options.get("preconditions") or {}
-        for key in ("resourceVersion", "uid"):
-            if pre.get(key) is not None and str(pre[key]) != str(meta.get(key)):
-                raise RefusalError.conflict(request.resource.plural, request.resource.group, request.name)
-        policy = options.get("propagationPolicy") or request.params.get("propagationPolicy")
-        return str(meta.get("uid")) if policy == "Orphan" else None
+        options = request.data if isinstance(request.data, dict) else {}
+        res = request.resource
+        return delete_orphans(stored, options, request.params, res.plural, res.group, request.name)
 
     async def _create(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
@@ -412,57 +409,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if want_rv is not None and str(want_rv) != str(old["metadata"].get("resourceVersion")):
                 raise RefusalError.conflict(res.plural, res.group, str(request.name))
         if sub == "scale" and res in self._scale_paths and isinstance(body, dict):
-            replicas = (body.get("spec") or {}).get("replicas")
-            body = {}
-            node = body
-            parts = self._scale_paths[res].strip(".").split(".")
-            for part in parts[:-1]:
-                node = node.setdefault(part, {})
-            node[parts[-1]] = replicas
-            sub = None
-        # Compute the new object.
-        if isinstance(body, list):
-            try:
-                new = jsonpatch.apply_patch(copy.deepcopy(old), body)
-            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                # A patch that does not apply, a failed "test" op too (kopf tests
-                # /metadata/resourceVersion before writing its finalizer and annotations): 422, which
-                # kopf expects and retries on its next cycle; a 409 there would be an "unexpected
-                # error" to kopf. Verified in kube-apiserver: jsonPatcher.applyJSPatch
-                # (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go, kubernetes/kubernetes
-                # at 00f75347) answers any error of patchObj.Apply with
-                # errors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", {}, "", msg, 0,
-                # false): reason Invalid, this fixed message, and no causes (isUnexpectedResponse is
-                # false), so the failed op is not named in the answer; it is logged here instead.
-                log.debug("JSON patch on %s refused (422): %s", request.url.path, exc)
-                raise RefusalError(
-                    422, "Invalid", "the server rejected our request due to an error in our request"
-                ) from None
-        elif is_put:
-            new = copy.deepcopy(body)
-            new.setdefault("metadata", {})
-            for key in ("uid", "creationTimestamp", "namespace", "name", "generation"):
-                if key in old["metadata"]:
-                    new["metadata"][key] = old["metadata"][key]
-        else:
-            new = apply_merge_patch(copy.deepcopy(old), body)
-        if res in self._status_subresource:
-            if sub == "status":
-                new = {**old, "status": new.get("status"), "metadata": {**old["metadata"], **new["metadata"]}}
-                if new["status"] is None:
-                    new.pop("status")
-            elif "status" in old:
-                new["status"] = old["status"]
-            else:
-                new.pop("status", None)
+            body, sub = scale_patch(self._scale_paths[res], body), None
+        new = written_object(
+            old, body, put=is_put, status_write=sub == "status", has_status=res in self._status_subresource,
+            where=request.url.path,
+        )  # fmt: skip
         new = self._admit(res, new, old, status_only=sub == "status", strict=_strict(request))
         meta = new.setdefault("metadata", {})
         meta["resourceVersion"] = str(next(_rv))
-        strip = ("metadata", "status")
-        if {k: v for k, v in new.items() if k not in strip} != {
-            k: v for k, v in old.items() if k not in strip
-        }:
-            meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
+        generation = next_generation(old, new)
+        if generation is not None:
+            meta["generation"] = generation
         diff = merge_diff(old, new)
         evolved = self._substitute(request, data=diff, action=enums.action.UPDATE, subresource=None)
         response = await super()._handle(evolved)
@@ -509,18 +466,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                         {"type": "MODIFIED", "object": copy.deepcopy(dict(obj.raw))}
                     )
         while True:
-            live_uids = {
-                (obj.get("metadata") or {}).get("uid") for _, obj in self.objects.items() if not obj.deleted
-            }
-            orphans = [
-                key
-                for key, obj in self.objects.items()
-                if not obj.deleted
-                and any(
-                    ref.get("uid") not in live_uids
-                    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-                )
-            ]
+            orphans = dangling((key, obj, obj.deleted) for key, obj in self.objects.items())
             if not orphans:
                 return
             async with self._lock:
@@ -534,10 +480,6 @@ def _strict(request: kmock.Request) -> bool:
     """``fieldValidation=Strict``: unknown fields are refused (400); else (``Warn``, the server's
     default, or ``Ignore``) they are dropped."""
     return str(request.params.get("fieldValidation") or "") == "Strict"
-
-
-def dump(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)
 
 
 @contextlib.asynccontextmanager

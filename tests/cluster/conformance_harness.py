@@ -17,7 +17,7 @@ from typing import Any
 
 from multilane.testing.kube_api import ApiServerEmulator, emulated_api_server
 
-__all__ = ["Answer", "Req", "Row", "Target", "served_double"]
+__all__ = ["JSON_PATCH", "MERGE", "Answer", "Body", "Req", "Row", "Target", "served_double"]
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

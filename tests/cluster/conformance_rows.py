@@ -1,4 +1,6 @@
-"""The conformance test's request bodies and the rows of the operator's children and of RBAC
+"""The conformance test's request bodies, the table's words (:func:`row`, and one function per kind of
+request: :func:`get`, :func:`create`, :func:`merge`, :func:`json_patch`, :func:`put`, :func:`delete`,
+so that a row reads one line per request) and the rows of the operator's children and of RBAC
 (``tests/cluster/test_conformance.py`` holds the table). Test support; pure (builds dicts)."""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from multilane.operator.k8s.kube import api_path
 from multilane.operator.spec import children as ch
 from multilane.operator.spec.network import NetworkPolicySettings, network_policy
-from tests.cluster.conformance_harness import MERGE, Req, Row
+from tests.cluster.conformance_harness import JSON_PATCH, MERGE, Body, Req, Row
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "parallelconsumers.multilane.dev.yaml"
 NS = "conformance"
@@ -205,6 +207,10 @@ def role_binding(name: str, role: str) -> dict[str, Any]:
 
 STS, SVC, SECRETS = path("apps/v1", "statefulsets"), path("v1", "services"), path("v1", "secrets")
 PCS = path(CR_API, "parallelconsumers")
+RBAC_API = "rbac.authorization.k8s.io/v1"
+ROLES, ROLEBINDINGS = path(RBAC_API, "roles"), path(RBAC_API, "rolebindings")
+PVCS, EVENTS = path("v1", "persistentvolumeclaims"), path("v1", "events")
+JOBS, CRONJOBS = path("batch/v1", "jobs"), path("batch/v1", "cronjobs")
 POST, PATCH, PUT, DELETE, GET = "POST", "PATCH", "PUT", "DELETE", "GET"
 LONG = "x" * 64
 #: The context key of the operator's token: its ServiceAccount (the chart's, as rendered) on both
@@ -215,132 +221,97 @@ RELEASE_NS = "conformance-operator"  # not the namespace a chart test installs i
 RBAC_VALUES: dict[str, Any] = {"rbac": {"secretNamespaces": [NS]}}
 
 
-def worker_role(name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": name},
-        "rules": rules,
-    }
+# ---- the table's words -------------------------------------------------------------------------------
 
+
+def at(collection: str, name: str, sub: str | None = None) -> str:
+    """The path of the object ``name`` of ``collection`` (and of its subresource ``sub``)."""
+    return f"{collection}/{name}" + (f"/{sub}" if sub else "")
+
+
+def row(id: str, why: str, *steps: Req) -> Row:
+    return Row(id, why, steps)
+
+
+def get(where: str, **kw: Any) -> Req:
+    return Req(GET, where, **kw)
+
+
+def create(collection: str, body: Body, **kw: Any) -> Req:
+    return Req(POST, collection, body, **kw)
+
+
+def merge(where: str, body: Body, **kw: Any) -> Req:
+    return Req(PATCH, where, body, MERGE, **kw)
+
+
+def json_patch(where: str, ops: Body, **kw: Any) -> Req:
+    return Req(PATCH, where, ops, JSON_PATCH, **kw)
+
+
+def put(where: str, body: Body, **kw: Any) -> Req:
+    return Req(PUT, where, body, **kw)
+
+
+def delete(where: str, body: Body = None, **kw: Any) -> Req:
+    return Req(DELETE, where, body, **kw)
+
+
+def refused(id: str, why: str, collection: str, body: Body, **kw: Any) -> Row:
+    """One create (that the double claims kube-apiserver refuses)."""
+    return row(id, why, create(collection, body, **kw))
+
+
+def changed(id: str, why: str, collection: str, body: dict[str, Any], patch: Body) -> Row:
+    """An object created, then merge-patched (an immutable field, a rule on an update)."""
+    return row(id, why, create(collection, body), merge(at(collection, body["metadata"]["name"]), patch))
+
+
+def without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    """``body`` with ``spec.key`` left out."""
+    return {**body, "spec": {k: v for k, v in body["spec"].items() if k != key}}
+
+
+def worker_role(name: str, *rules: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": RBAC_API, "kind": "Role", "metadata": {"name": name}, "rules": list(rules)}
+
+
+def rule(group: str, resource: str, *verbs: str) -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+
+
+ADMIN_BINDING = {
+    **role_binding("admin-rb", "x"),
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+}
 
 RBAC_ROWS: list[Row] = [
-    Row("rbac-bad-token", "an unknown bearer token: 401", (Req(GET, SECRETS, token="bad-token"),)),
-    Row("rbac-list-pods", "the operator lists pods (granted)", (Req(GET, path("v1", "pods"), token=OP),)),
-    Row(
-        "rbac-get-pod",
-        "the operator may not get one pod (list/watch/delete only)",
-        (Req(GET, path("v1", "pods", "nope"), token=OP),),
-    ),
-    Row(
-        "rbac-delete-secret",
-        "the operator may not delete Secrets",
-        (
-            Req(POST, SECRETS, secret("keep-me")),
-            Req(DELETE, path("v1", "secrets", "keep-me"), token=OP),
-        ),
-    ),
-    Row(
-        "rbac-secret-other-ns",
-        "Secrets only in the namespaces the chart lists",
-        (Req(GET, api_path("v1", "secrets", "default", "x"), token=OP),),
-    ),
-    Row(
-        "rbac-get-missing-sts",
-        "granted and absent: 404 NotFound",
-        (Req(GET, path("apps/v1", "statefulsets", "absent"), token=OP),),
-    ),
-    Row(
-        "rbac-delete-sts",
-        "the operator deletes a StatefulSet (granted)",
-        (
-            Req(POST, STS, sts("gone")),
-            Req(DELETE, path("apps/v1", "statefulsets", "gone"), token=OP),
-        ),
-    ),
-    Row(
-        "rbac-escalate-role",
-        "a Role granting what the operator lacks: 403 (escalation)",
-        (
-            Req(
-                POST,
-                path("rbac.authorization.k8s.io/v1", "roles"),
-                worker_role("esc", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["delete"]}]),
-                token=OP,
-            ),
-        ),
-    ),
-    Row(
-        "rbac-role-held",
-        "a Role granting only what the operator holds",
-        (
-            Req(
-                POST,
-                path("rbac.authorization.k8s.io/v1", "roles"),
-                worker_role(
-                    "held",
-                    [
-                        {
-                            "apiGroups": ["coordination.k8s.io"],
-                            "resources": ["leases"],
-                            "verbs": ["get", "update"],
-                        }
-                    ],
-                ),
-                token=OP,
-            ),
-        ),
-    ),
-    Row(
-        "rbac-bind-escalate",
-        "a RoleBinding to cluster-admin: 403 (bind)",
-        (
-            Req(
-                POST,
-                path("rbac.authorization.k8s.io/v1", "rolebindings"),
-                {
-                    **role_binding("admin-rb", "x"),
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": "cluster-admin",
-                    },
-                },
-                token=OP,
-            ),
-        ),
-    ),
-    Row(
-        "rbac-bind-missing-role",
-        "a RoleBinding to a Role that does not exist: 404 (the role is looked up)",
-        (
-            Req(
-                POST,
-                path("rbac.authorization.k8s.io/v1", "rolebindings"),
-                role_binding("rb-none", "none"),
-                token=OP,
-            ),
-        ),
-    ),
-    Row(
-        "rbac-scale-denied",
-        "the operator has no /scale (it patches the StatefulSet)",
-        (
-            Req(
-                PATCH,
-                path(CR_API, "parallelconsumers", "owner", "scale"),
-                {"spec": {"replicas": 2}},
-                MERGE,
-                token=OP,
-            ),
-        ),
-    ),
-    Row(
-        "rbac-cr-delete-denied",
-        "the operator never deletes a ParallelConsumer",
-        (Req(DELETE, path(CR_API, "parallelconsumers", "owner"), token=OP),),
-    ),
-]
+    row("rbac-bad-token", "an unknown bearer token: 401", get(SECRETS, token="bad-token")),
+    row("rbac-list-pods", "the operator lists pods (granted)", get(path("v1", "pods"), token=OP)),
+    row("rbac-get-pod", "the operator may not get one pod (list/watch/delete only)",
+        get(path("v1", "pods", "nope"), token=OP)),
+    row("rbac-delete-secret", "the operator may not delete Secrets",
+        create(SECRETS, secret("keep-me")),
+        delete(at(SECRETS, "keep-me"), token=OP)),
+    row("rbac-secret-other-ns", "Secrets only in the namespaces the chart lists",
+        get(api_path("v1", "secrets", "default", "x"), token=OP)),
+    row("rbac-get-missing-sts", "granted and absent: 404 NotFound", get(at(STS, "absent"), token=OP)),
+    row("rbac-delete-sts", "the operator deletes a StatefulSet (granted)",
+        create(STS, sts("gone")),
+        delete(at(STS, "gone"), token=OP)),
+    row("rbac-escalate-role", "a Role granting what the operator lacks: 403 (escalation)",
+        create(ROLES, worker_role("esc", rule("", "secrets", "delete")), token=OP)),
+    row("rbac-role-held", "a Role granting only what the operator holds",
+        create(ROLES, worker_role("held", rule("coordination.k8s.io", "leases", "get", "update")), token=OP)),
+    row("rbac-bind-escalate", "a RoleBinding to cluster-admin: 403 (bind)",
+        create(ROLEBINDINGS, ADMIN_BINDING, token=OP)),
+    row("rbac-bind-missing-role", "a RoleBinding to a Role that does not exist: 404 (the role is looked up)",
+        create(ROLEBINDINGS, role_binding("rb-none", "none"), token=OP)),
+    row("rbac-scale-denied", "the operator has no /scale (it patches the StatefulSet)",
+        merge(at(PCS, "owner", "scale"), {"spec": {"replicas": 2}}, token=OP)),
+    row("rbac-cr-delete-denied", "the operator never deletes a ParallelConsumer",
+        delete(at(PCS, "owner"), token=OP)),
+]  # fmt: skip
 
 
 #: Sent with the operator's children: kube-apiserver then refuses any field its schema does not know
@@ -364,17 +335,13 @@ def operator_child_rows() -> list[Row]:
         ("Lease", "coordination.k8s.io/v1", "leases", "owner-0"),
         ("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies", "owner-workers"),
     ):
+        made = path(api, plural)
         rows.append(
-            Row(
-                f"child-{kind}",
-                f"the operator creates and patches its {kind}",
-                (
-                    Req(POST, path(api, plural), child(kind), params=STRICT, save=f"child-{kind}", token=OP),
-                    Req(PATCH, path(api, plural, name), patched(kind), MERGE, params=STRICT, token=OP),
-                    Req(POST, path(api, plural), child(kind), params=STRICT, token=OP),
-                ),
-            )
-        )
+            row(f"child-{kind}", f"the operator creates and patches its {kind}",
+                create(made, child(kind), params=STRICT, save=f"child-{kind}", token=OP),
+                merge(at(made, name), patched(kind), params=STRICT, token=OP),
+                create(made, child(kind), params=STRICT, token=OP))
+        )  # fmt: skip
     return rows
 
 

@@ -12,10 +12,12 @@ over mutual TLS, unchanged: the process kubelet's hosts file resolves them to th
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -24,6 +26,7 @@ import pytest_asyncio
 
 from multilane.demo.processors import SLEEP_ENV
 from multilane.operator.k8s.kube import KubeClient, KubeError, api_path
+from multilane.operator.spec.children import CONSUMER_LABEL
 from multilane.testing.broker import EmbeddedBroker
 from multilane.testing.cluster import LocalCluster
 from multilane.testing.loadgen import RateProfile
@@ -50,6 +53,10 @@ from tests.operator.test_k8s_rollout import template_hash, wait_rolled
 pytestmark = [pytest.mark.broker, pytest.mark.serial, pytest.mark.asyncio(loop_scope="function")]
 
 SA = f"system:serviceaccount:{RELEASE_NS}:{FULLNAME}"
+METRICS_PORT = 9465  # the chart's metrics.port
+# The small rollout's bound on a handoff's pause: one release and one promotion call on a loaded
+# machine (the 0.5 s goal is the slow test's, tests/operator/test_k8s_rollout.py).
+PAUSE_BOUND_S = 5.0
 PLURAL = "parallelconsumers.multilane.dev"
 
 
@@ -129,6 +136,7 @@ async def test_install_then_a_parallel_consumer_delivers_with_every_checker(
     except AssertionError as exc:
         logs = "\n".join(f"--- {n}:\n{_operator_log(process_kubelet, n)}" for n in sorted(names))
         raise AssertionError(f"{exc}: Lease holder {release.leader()!r}\n{logs}") from None
+
     # 2. kube-apiserver's RBAC: what the chart grants, and what it does not
     def can(*args: str) -> bool:
         return real_cluster.kubectl("auth", "can-i", "--as", SA, *args, check=False).strip() == "yes"
@@ -149,7 +157,25 @@ async def test_install_then_a_parallel_consumer_delivers_with_every_checker(
     await wait_until(lambda: drained(h), 120, "every produced record committed", h)
     assert (await h.status()).get("rollout") is None
     v = h.assert_ok()
+    # 4. the chart's --log-format=json: the leader logs JSON lines
+    lines = _operator_log(process_kubelet, leader).splitlines()
+    assert [json.loads(ln) for ln in lines if ln.startswith("{")], lines[-5:]
+    # 5. the series the chart's alerts read, on the leader's metrics port: it leads, the consumer is Ready
+    ip = next(p["status"]["podIP"] for p in release.operator_pods() if p["metadata"]["name"] == leader)
+    labels = f'consumer="{NAME}",namespace="{NS}",status="True",type="Ready"'
+    ready = f"multilane_consumer_condition{{{labels}}} 1.0"
+
+    async def alert_series() -> bool:
+        text = await asyncio.to_thread(_scrape, f"http://{ip}:{METRICS_PORT}/metrics")
+        return "multilane_operator_leader 1.0" in text and ready in text
+
+    await wait_until(alert_series, 60, "multilane_operator_leader 1 and Ready=True on the leader's /metrics")
     print(f"helm install + ParallelConsumer: produced {v.produced}, replayed {v.replayed}")
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return str(answer.read().decode())
 
 
 async def test_a_spec_breaking_a_cel_rule_is_refused_by_kube_apiserver(h: K8sHarness) -> None:
@@ -168,16 +194,33 @@ async def test_a_spec_breaking_a_cel_rule_is_refused_by_kube_apiserver(h: K8sHar
 
 
 async def test_image_change_rolls_the_pods_through_on_delete_with_nothing_lost(h: K8sHarness) -> None:
+    """Every pod replaced by one on the new image, each partition moved by restore-before-handoff
+    (a ``HandedOff`` event per move, none an eager fallback), each pause bounded; nothing lost."""
     await h.create(h.body(replicas=2))
     await wait_until(lambda: h.balanced(2), 150, "2 pods with 2 partitions each", h)
     old = await template_hash(h)
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await _consumer_pods(h)}
     h.start_load(100, 15)
     await asyncio.sleep(2)
+    patched_at = time.time()  # Events of this name from earlier tests of the module are older
     await h.kube.patch(cr_path(NAME), {"spec": {"workload": {"image": "local:v2"}}})
     await wait_rolled(h, 2, old, 240)
+    after = await _consumer_pods(h)
+    assert {p["metadata"]["name"] for p in after} == set(before), after
+    assert all(p["metadata"]["uid"] != before[p["metadata"]["name"]] for p in after), "a pod not replaced"
+    assert all(p["spec"]["containers"][0]["image"] == "local:v2" for p in after)
+    rolled = [m for m in moves(await consumer_events(h.kube, NS, NAME)) if m.at >= patched_at - 1.0]
+    assert rolled and not [m for m in rolled if m.eager], rolled
+    pauses = sorted(m.pause_s for m in rolled)
+    assert pauses[-1] < PAUSE_BOUND_S, rolled
     await wait_until(lambda: drained(h), 120, "every produced record committed", h)
     v = h.assert_ok()
-    print(f"helm image-change: produced {v.produced}, replayed {v.replayed}")
+    print(f"helm image-change: {len(rolled)} moves, longest pause {pauses[-1]:.3f}s;"
+          f" produced {v.produced}, replayed {v.replayed}")  # fmt: skip
+
+
+async def _consumer_pods(h: K8sHarness) -> list[dict[str, Any]]:
+    return await h.kube.list(api_path("v1", "pods", NS), {CONSUMER_LABEL: NAME})
 
 
 async def test_leader_killed_mid_rollout_the_other_replica_finishes_it(
@@ -199,7 +242,11 @@ async def test_leader_killed_mid_rollout_the_other_replica_finishes_it(
     new_leader = await wait_until(
         lambda: release.leader() not in ("", leader) and release.leader(), 90, "the other replica leading"
     )
+    lease = json.loads(real_cluster.kubectl("get", "lease", FULLNAME, "-n", RELEASE_NS, "-o", "json"))
+    assert lease["spec"]["holderIdentity"] == new_leader, lease
+    assert lease["spec"].get("leaseTransitions", 0) >= 1, lease
     await wait_rolled(h, 2, old, 240)
+    assert not ((await h.status()).get("rollout") or {}).get("moves"), "the rollout is not finished"
     await wait_until(lambda: drained(h), 120, "every produced record committed", h)
     v = h.assert_ok()
     print(f"helm leader-kill: {leader} -> {new_leader}; produced {v.produced}, replayed {v.replayed}")
@@ -319,10 +366,12 @@ async def test_zz_uninstall_then_namespace_deletion_both_finish(
     await wait_until(lambda: h.balanced(1), 150, "every partition on orders-0", h)
     claims = api_path("v1", "persistentvolumeclaims", NS)
     assert await h.kube.list(claims), "no claim for the worker's state"
+    children = [api_path(gv, plural, NS, name) for gv, plural, name in CHILDREN]
+    assert all([await h.kube.get(c) for c in children]), "a child the operator makes is missing"
     await h.kube.delete(cr_path(NAME))
     await wait_until(lambda: _gone(h.kube, cr_path(NAME)), 120, "the ParallelConsumer deleted (finalizer)")
-    sets = api_path("apps/v1", "statefulsets", NS)
-    await wait_until(lambda: _none(h.kube, sets), 120, "the StatefulSet collected")
+    for child in children:  # through their owner references, by the garbage collector
+        await wait_until(lambda child=child: _gone(h.kube, child), 120, f"{child} collected")
     await wait_until(lambda: _none(h.kube, claims), 120, "the claims deleted (whenDeleted: Delete)")
     await asyncio.to_thread(release.uninstall)
     assert await h.kube.get(api_path("apps/v1", "deployments", RELEASE_NS, FULLNAME)) is None
@@ -334,6 +383,18 @@ async def test_zz_uninstall_then_namespace_deletion_both_finish(
     for ns in (NS, RELEASE_NS):
         await wait_until(lambda ns=ns: _gone(h.kube, api_path("v1", "namespaces", None, ns)), 180,
                          f"namespace {ns} deleted")  # fmt: skip
+
+
+#: What the operator makes for a ParallelConsumer (multilane/operator/spec/children.py), each owned by it.
+CHILDREN = [
+    ("apps/v1", "statefulsets", NAME),
+    ("v1", "services", f"{NAME}-workers"),
+    ("policy/v1", "poddisruptionbudgets", NAME),
+    ("v1", "serviceaccounts", f"{NAME}-worker"),
+    ("rbac.authorization.k8s.io/v1", "roles", f"{NAME}-worker"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings", f"{NAME}-worker"),
+    ("v1", "secrets", f"{NAME}-control-token"),
+]
 
 
 async def _none(kube: KubeClient, collection: str) -> bool:

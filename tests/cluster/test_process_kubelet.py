@@ -113,14 +113,21 @@ def test_a_deployment_gets_its_pod_running(
 def test_a_failing_liveness_probe_restarts_the_container(
     real_cluster: LocalCluster, process_kubelet: ProcessKubelet
 ) -> None:
-    """The probe fails twice in a row: SIGTERM (ignored here), SIGKILL after the grace period, exit
-    code 137, and a restart by ``restartPolicy: Always``."""
+    """The probe fails: SIGTERM (ignored here), SIGKILL after the grace period, exit code 137, and a
+    restart by ``restartPolicy: Always``.
+
+    The probe passes until a ``dead`` marker appears, and only a child the script forks *after* its
+    ``trap`` makes that marker: a probe that ran before the shell did (a loaded machine) would have
+    killed it before the trap, with SIGTERM (143). The probe consumes the marker and the restarted
+    container (``once`` already there) makes none, so ``lastState`` stays the first termination's."""
     cluster = real_cluster
-    script = "trap '' TERM; touch /srv/alive; (sleep 2; rm /srv/alive) & while true; do sleep 1; done"
+    script = ("trap '' TERM; [ -f /srv/once ] || { touch /srv/once; (sleep 2; touch /srv/dead) & }; "
+              "while true; do sleep 1; done")
+    probe = "test ! -f /srv/dead || { rm -f /srv/dead; false; }"
     container = {"name": "c", "image": "example.invalid/c:1", "command": ["sh", "-c", script],
                  "volumeMounts": [{"name": "w", "mountPath": "/srv"}],
-                 "livenessProbe": {"exec": {"command": ["test", "-f", "/srv/alive"]}, "periodSeconds": 1,
-                                   "failureThreshold": 2}}  # fmt: skip
+                 "livenessProbe": {"exec": {"command": ["sh", "-c", probe]}, "periodSeconds": 1,
+                                   "failureThreshold": 1}}  # fmt: skip
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
            "spec": {"terminationGracePeriodSeconds": 1, "containers": [container],
                     "volumes": [{"name": "w", "emptyDir": {}}]}}  # fmt: skip

@@ -126,16 +126,30 @@ async def test_the_breaker_reset_block_calls_the_worker_over_mutual_tls(tmp_path
     server = ControlServer(cast(Any, _Engine()), TOKEN, host="127.0.0.1", port=0, ssl_context=tls.context,
                            supervisor=cast(Any, supervisor))  # fmt: skip
     port = await server.start()
+    # the block writes the operator's client key to a temporary file: the pod keeps none of it
+    pod_tmp = tmp_path / "pod-tmp"
+    pod_tmp.mkdir()
+    env = {"TMPDIR": str(pod_tmp)}
+    url = f"https://localhost:{port}/breaker/reset"
     try:
-        rc, out = await _run(code, [f"https://localhost:{port}/breaker/reset"], listing)
+        rc, out = await _run(code, [url], listing, env)
         assert rc == 0, out
         assert json.loads(out) == {"was_open": True, "open": False}
         assert supervisor.breaker.open is False
+        assert list(pod_tmp.iterdir()) == []
+        # a wrong client key fails the call, and leaves nothing behind either
+        wrong = json.loads(listing)
+        other = manager.issuer.leaf(signer, "not the operator", [], server=False, now=manager.clock())
+        wrong["items"][0]["data"][pki.CLIENT_KEY] = base64.b64encode(other.key).decode()
+        rc, out = await _run(code, [url], json.dumps(wrong).encode(), env)
+        assert rc != 0 and "SSLError" in out, out
+        assert list(pod_tmp.iterdir()) == []
         # the same call without the client certificate is refused by the worker (mutual TLS)
         stripped = json.loads(listing)
         del stripped["items"][0]["data"][pki.CLIENT_CERT]
-        rc, out = await _run(code, [f"https://localhost:{port}/breaker/reset"], json.dumps(stripped).encode())
+        rc, out = await _run(code, [url], json.dumps(stripped).encode(), env)
         assert rc != 0 and "client.crt" in out, out
+        assert list(pod_tmp.iterdir()) == []
     finally:
         await server.stop()
 

@@ -159,8 +159,8 @@ async def test_finalizer_holds_a_deletion_without_operator_and_the_runbook_step_
     the operator gone (``helm uninstall`` first), a deletion -- and so a namespace deletion -- waits
     for it; docs/runbook.md "A ParallelConsumer (or namespace) stuck deleting" removes it, and the
     children then go through owner references. With the operator running (the documented order:
-    delete the ParallelConsumers, then uninstall) the deletion completes on its own
-    (test_lifecycle.py::test_delete_removes_children_through_owner_references)."""
+    delete the ParallelConsumers, then uninstall) the deletion completes on its own, on the real
+    cluster: tests/cluster/test_helm_chart.py::test_zz_uninstall_then_namespace_deletion_both_finish."""
     # No StatefulSet or worker double here: nothing but the finalizer is under test.
     runner = operator_factory(control_factory=lambda token: WorkerControlClient(token))
     await runner.start()

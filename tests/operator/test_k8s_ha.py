@@ -8,6 +8,11 @@ Lease once it expired (within the lease duration plus one round of the standby's
 starts its operator, resumes the rollout from ``status.rollout``/``status.assignment`` and completes
 it: every delivery checker holds (nothing lost, no key processed twice at once) and the state
 restored from the changelogs equals the reference (``tests/operator/k8s_harness.py``).
+
+Every step is ``slow``: in the default suite the leader is killed mid-rollout on the real cluster
+(``tests/cluster/test_helm_chart.py::test_leader_killed_mid_rollout_the_other_replica_finishes_it``:
+the chart's two replicas, the Lease changing hands, the rollout finished, every checker). Here the
+kill lands on a chosen step, and the takeover is timed.
 """
 
 from __future__ import annotations
@@ -78,14 +83,8 @@ class ElectedOperator:
         await self.kube.close()
 
 
-@pytest.mark.parametrize(
-    "at",
-    [
-        pytest.param("learn", marks=pytest.mark.slow),
-        pytest.param("release"),
-        pytest.param("promote", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("at", ["learn", "release", "promote"])
 async def test_leader_killed_mid_rollout_the_standby_finishes_it(k8s: K8sHarness, at: str) -> None:
     h = k8s
     stuck = asyncio.Event()

@@ -5,7 +5,11 @@ every pod one at a time, each pod's partitions handed to warm owners first; an o
 the same template replaces nothing. Every test ends with every delivery checker and the state restored
 from the changelogs equal to the reference (``tests/operator/k8s_harness.py``).
 
-Scenario: ``image-change``.
+Scenario: ``image-change``, both sizes marked ``slow``: the default suite's image change runs on the
+real cluster (``tests/cluster/test_helm_chart.py``,
+``test_image_change_rolls_the_pods_through_on_delete_with_nothing_lost``: pods replaced, the new
+image, every move restored before its handoff, pauses bounded, nothing lost). Here the pauses are
+broken down (release call, operator, promotion call, first record).
 """
 
 from __future__ import annotations
@@ -198,6 +202,7 @@ def processing_gaps(
     return out
 
 
+@pytest.mark.slow  # the default suite's image change runs on the real cluster (the module's docstring)
 async def test_image_change_rolls_every_pod_through_restore_before_handoff(
     make_harness: Callable[[int], Any],
 ) -> None:

@@ -216,29 +216,5 @@ async def _eq(value: Any, expected: Any) -> bool:
     return (await value) == expected
 
 
-async def test_delete_removes_children_through_owner_references(
-    kube: KubeClient,
-    broker: EmbeddedBroker,
-    topic: str,
-    fleet: WorkerFleet,
-    operator_factory: Any,
-) -> None:
-    runner = operator_factory()
-    await runner.start()
-    await kube.create(CR_COLLECTION, consumer_body("demo", broker.bootstrap, topic))
-    for gv, plural, name in CHILDREN:
-        await wait_for(
-            lambda gv=gv, plural=plural, name=name: kube.get(api_path(gv, plural, NS, name)),
-            what=f"{plural}/{name}",
-        )
-    await kube.delete(cr_path("demo"))
-    await wait_for(lambda: _is_none(kube.get(cr_path("demo"))), what="CR gone (finalizers, if any, released)")
-    for gv, plural, name in CHILDREN:
-        await wait_for(
-            lambda gv=gv, plural=plural, name=name: _is_none(kube.get(api_path(gv, plural, NS, name))),
-            what=f"{plural}/{name} collected",
-        )
-
-
 async def _is_none(value: Any) -> bool:
     return (await value) is None

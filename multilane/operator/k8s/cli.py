@@ -67,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=9465, help="operator Prometheus metrics port (0: off)"
     )
+    parser.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        help="address the metrics port binds (a pod IP where pods share the host's network)",
+    )
     parser.add_argument("--tick-seconds", type=float, default=5.0, help="control-loop period")
     parser.add_argument("--kafka-timeout", type=float, default=5.0, help="Kafka admin call timeout (s)")
     parser.add_argument(
@@ -187,7 +192,7 @@ async def _main(args: argparse.Namespace) -> int:
     )
     metrics = OperatorMetrics()
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, addr=args.metrics_address)
     async with KubeClient(KubeSettings.load()) as kube:
         registry = kopf.OperatorRegistry()
 
