@@ -255,16 +255,24 @@ async def test_leader_killed_mid_rollout_the_other_replica_finishes_it(
 async def test_immutable_field_change_gives_degraded(h: K8sHarness) -> None:
     await h.create(h.body(replicas=1))
     await wait_until(lambda: h.balanced(1), 150, "every partition on orders-0", h)
+
+    async def degraded_condition() -> dict[str, Any]:
+        conditions = (await h.status()).get("conditions") or []
+        return next((c for c in conditions if c.get("type") == "Degraded"), {})
+
+    # A pod that started before its claim was bound leaves Degraded=True (Unschedulable) until the
+    # operator's next pass sees it running: start from Degraded=False, so what follows is the patch's.
+    async def healthy() -> bool:
+        return (await degraded_condition()).get("status") == "False"
+
+    await wait_until(healthy, 60, "Degraded=False before the change", h)
     await h.kube.patch(cr_path(NAME), {"spec": {"state": {"storage": {"size": "2Gi"}}}})
 
     async def degraded() -> dict[str, Any] | None:
-        conditions = (await h.status()).get("conditions") or []
-        return next(
-            (c for c in conditions if c.get("type") == "Degraded" and c.get("status") == "True"), None
-        )
+        c = await degraded_condition()
+        return c if c.get("status") == "True" and c.get("reason") == "ImmutableFieldChange" else None
 
-    held = await wait_until(degraded, 60, "Degraded=True", h)
-    assert held["reason"] == "ImmutableFieldChange", held
+    held = await wait_until(degraded, 60, "Degraded=True (ImmutableFieldChange)", h)
     assert "spec.volumeClaimTemplates" in held["message"], held
     sts = await h.kube.get(api_path("apps/v1", "statefulsets", NS, NAME)) or {}
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] != "2Gi"
