@@ -73,7 +73,7 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "multilane"
 VALUES = ROOT / "tests" / "cluster" / "values-process-kubelet.yaml"
-RELEASE, RELEASE_NS = "ml", "multilane-system"
+RELEASE, RELEASE_NS = "multilane", "multilane-system"  # the docs' release (docs/operator-install.md)
 IMAGE = "ghcr.io/multilane/multilane"  # the chart's image; the node runs this machine's multilane
 CR_API = "multilane.dev/v1alpha1"
 

@@ -226,7 +226,8 @@ def targets(conformance_cluster: LocalCluster) -> Iterator[tuple[Target, Target]
     real_cluster.kubectl("create", "namespace", NS)
     real_cluster.kubectl("create", "namespace", RELEASE_NS)
     # The chart's RBAC as rendered, under names of its own: other tests of the session install the
-    # chart itself (release "ml"), whose cluster-scoped roles must not be these.
+    # chart itself (release "multilane", as docs/operator-install.md installs it), whose
+    # cluster-scoped roles must not be these.
     rendered = [
         doc
         for doc in render_chart(RBAC_VALUES, RELEASE_NS)
