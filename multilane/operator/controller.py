@@ -281,7 +281,8 @@ class ConsumerController:
            template is kept out of the eligible workers, so step 3 moves its partitions away.
         3. One assignment step: the :class:`AssignmentCoordinator` protocol over the workers that stay,
            or one step of the restore-before-handoff rollout (a handoff executor: state enabled).
-        4. No change pending: ``sync`` re-pushes assignment and factor where a worker disagrees.
+        4. No change pending: ``sync`` re-pushes assignment and factor where a worker disagrees and
+           reports the workers whose circuit breaker is open; a change pending: only the breakers.
         5. Delete the replaced worker once it owns nothing.
         6. Scale down only once the workers that go away own no partition (release before removal).
         """
@@ -335,6 +336,8 @@ class ConsumerController:
         if assignment.pending is None:
             synced = await coordinator.sync(assignment, view.alive, scaling.factor)
             sync_problems, breakers = synced.problems, synced.breakers
+        else:  # no sync while a change runs: the breakers are still read, so Degraded does not flap
+            breakers = await coordinator.open_breakers(view.alive)
         if step.committed:
             events.append(
                 EventRecord(

@@ -3,7 +3,7 @@
 (Degraded=False, Event ``CircuitBreakerClosed``).
 
 1. The pure parts: a worker status's breaker (:func:`open_breaker`) and the Event of a pass
-   (:func:`breaker_event`).
+   (:func:`breaker_event`); the breakers read while a change is pending (``open_breakers``).
 2. End to end: the real kopf operator on the emulated API server, a real ``multilane worker`` process
    (StatefulSet double) whose handler raises on every record, ``--breaker-dead-letters 2``.
 """
@@ -17,9 +17,12 @@ import aiohttp
 import pytest
 from confluent_kafka import Producer
 
+from multilane.operator.decision.planner import AssignmentPlanner
 from multilane.operator.k8s.kube import KubeClient
 from multilane.operator.pass_model import BREAKER_OPEN, ConditionValue, breaker_event, breaker_message
-from multilane.operator.rollout.assignment import open_breaker
+from multilane.operator.platform import WorkerInfo
+from multilane.operator.rollout.assignment import AssignmentCoordinator, AssignmentState, open_breaker
+from multilane.operator.rollout.workers import WorkerUnreachableError
 from multilane.testing.broker import EmbeddedBroker
 from tests.operator.conftest import CR_COLLECTION, NS, TOKEN, cond, consumer_body, cr_path, events
 from tests.operator.doubles import RealWorkerFleet, StatefulSetControllerDouble, wait_for
@@ -49,6 +52,38 @@ def test_breaker_event_on_open_change_and_close() -> None:
     assert closed is not None and (closed.type, closed.reason) == ("Normal", "CircuitBreakerClosed")
     # another reason taking over Degraded says nothing of the breaker
     assert breaker_event(as_read, ConditionValue("Degraded", True, "WorkerUnreachable", "x")) is None
+
+
+class _Statuses:
+    """A WorkerControl that only answers ``status`` (from a dict; a missing URL is unreachable)."""
+
+    def __init__(self, statuses: dict[str, dict[str, Any]]) -> None:
+        self.statuses = statuses
+
+    async def status(self, base_url: str) -> dict[str, Any]:
+        if base_url not in self.statuses:
+            raise WorkerUnreachableError(f"{base_url}: connection refused")
+        return self.statuses[base_url]
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_open_breakers_read_while_a_change_is_pending() -> None:
+    """With a change pending ``sync`` does not run; ``open_breakers`` still reads them (no flapping)."""
+    control = _Statuses(
+        {"u0": {"breaker": {"open": True, "reason": REASON}}, "u1": {"breaker": {"open": False}}}
+    )
+
+    async def persist(_state: AssignmentState) -> None:
+        return None
+
+    coordinator = AssignmentCoordinator(control, AssignmentPlanner(), persist)  # type: ignore[arg-type]
+    workers = [
+        WorkerInfo("app-0", 0, True, "u0"),
+        WorkerInfo("app-1", 1, True, "u1"),
+        WorkerInfo("app-2", 2, True, "u2"),  # unreachable: left to the change's own steps
+        WorkerInfo("app-3", 3, False, "u0"),  # not alive: not asked
+    ]
+    assert await coordinator.open_breakers(workers) == [f"app-0: {REASON}"]
 
 
 @pytest.mark.broker

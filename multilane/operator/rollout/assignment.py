@@ -35,7 +35,8 @@ to any alive worker that reports a lower generation or a different partition set
 sets the decided factor on workers that report another one. A worker that reports ``fenced`` (it lost
 its Lease and stopped; it accepts only a generation above the one it holds) is moved to a new
 generation with the same members (:meth:`AssignmentCoordinator._unfence`). It also reports the
-workers whose circuit breaker is open (``breaker.open`` in their status: they hold every record).
+workers whose circuit breaker is open (``breaker.open`` in their status: they hold every record);
+:meth:`AssignmentCoordinator.open_breakers` reads only that, for a pass with a change pending.
 """
 
 from __future__ import annotations
@@ -360,6 +361,23 @@ class AssignmentCoordinator:
         if fenced:
             problems += await self._unfence(state, fenced)
         return SyncReport(problems, breakers)
+
+    async def open_breakers(self, workers: Sequence[WorkerInfo]) -> list[str]:
+        """The alive workers whose circuit breaker is open ("POD: reason"), for a pass in which
+        :meth:`sync` does not run (a change is pending). A worker that does not answer is left out:
+        the change's own steps report it."""
+        breakers: list[str] = []
+        for worker in workers:
+            if not worker.alive:
+                continue
+            try:
+                held = open_breaker(await self.control.status(worker.control_url))
+            except (WorkerUnreachableError, WorkerFencedError) as exc:
+                log.info("no breaker state from %s: %s", worker.name, exc)
+                continue
+            if held is not None:
+                breakers.append(f"{worker.name}: {held}")
+        return breakers
 
     async def _unfence(self, state: AssignmentState, fenced: Sequence[tuple[WorkerInfo, int]]) -> list[str]:
         """Give fenced workers (lease lost, then renewed, partitions not moved) a higher generation
