@@ -129,6 +129,8 @@ async def test_open_breaker_degrades_the_consumer_until_reset(
 
         shown = await wait_for(breaker_shown, timeout=60, what="Degraded=True CircuitBreakerOpen")
         assert "bk-0" in shown["message"] and "2 consecutive records dead-lettered" in shown["message"]
+        status = ((await kube.get(cr_path("bk"))) or {}).get("status") or {}
+        assert cond(status, "Ready").get("status") == "True", status  # the pod still owns its partition
         warned = await wait_for(lambda: events(kube, BREAKER_OPEN), timeout=10, what="the Warning Event")
         assert warned[0]["type"] == "Warning" and "bk-0" in warned[0]["message"]
 
