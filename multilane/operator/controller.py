@@ -23,7 +23,8 @@ merge-patch is rendered in one place (:func:`~multilane.operator.pass_model.rend
    -- one step of its restore-before-handoff rollout, persisted in ``status.rollout``); when no change
    is pending, ``sync`` re-pushes the assignment and the factor where a worker disagrees.
 4. ``report`` -> :class:`ConsumerStatus`: replicas, factor, lag, rates, conditions
-   Scaling/Rebalancing/Degraded/Ready.
+   Scaling/Rebalancing/Degraded/Ready (Degraded ``CircuitBreakerOpen`` while a worker's breaker is
+   open, read by ``sync``; an Event when it opens, changes or closes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 from multilane.operator.decision.planner import AssignmentPlanner
 from multilane.operator.decision.policy import AutoscalePolicy, Decision, PolicyConfig, PolicyState
 from multilane.operator.pass_model import (
+    BREAKER_OPEN,
     ActStep,
     ConditionValue,
     ConsumerStatus,
@@ -47,6 +49,8 @@ from multilane.operator.pass_model import (
     PassView,
     SampleStatus,
     ScalingStep,
+    breaker_event,
+    breaker_message,
     decide_scaling,
     policy_config,
     rebalancing_before,
@@ -137,9 +141,10 @@ class ConsumerController:
         acted = await self.act(ref, spec, status, view, scaling, partitions, persist_assignment)
         # 4. Report.
         report = self.report(view, scaling, acted, partitions)
+        breaker = breaker_event(condition(view.conditions, "Degraded"), report.condition("Degraded"))
         return TickResult(
             status=render_status(report, view.conditions, view.stamp),
-            events=[*scaling.events, *acted.events],
+            events=[*scaling.events, *acted.events, *([breaker] if breaker else [])],
             policy_state=scaling.policy_state,
             decided=scaling.last_decision is not None,
             changed=scaling.changed,
@@ -276,7 +281,8 @@ class ConsumerController:
            template is kept out of the eligible workers, so step 3 moves its partitions away.
         3. One assignment step: the :class:`AssignmentCoordinator` protocol over the workers that stay,
            or one step of the restore-before-handoff rollout (a handoff executor: state enabled).
-        4. No change pending: ``sync`` re-pushes assignment and factor where a worker disagrees.
+        4. No change pending: ``sync`` re-pushes assignment and factor where a worker disagrees and
+           reports the workers whose circuit breaker is open; a change pending: only the breakers.
         5. Delete the replaced worker once it owns nothing.
         6. Scale down only once the workers that go away own no partition (release before removal).
         """
@@ -326,8 +332,12 @@ class ConsumerController:
         assignment = step.state
         # 4. sync
         sync_problems: list[str] = []
+        breakers: list[str] = []
         if assignment.pending is None:
-            sync_problems = await coordinator.sync(assignment, view.alive, scaling.factor)
+            synced = await coordinator.sync(assignment, view.alive, scaling.factor)
+            sync_problems, breakers = synced.problems, synced.breakers
+        else:  # no sync while a change runs: the breakers are still read, so Degraded does not flap
+            breakers = await coordinator.open_breakers(view.alive)
         if step.committed:
             events.append(
                 EventRecord(
@@ -353,6 +363,7 @@ class ConsumerController:
             handoff=self.handoff is not None,
             rollout=rollout,
             sync_problems=sync_problems,
+            breakers=breakers,
             handoffs=handoffs,
             events=events,
         )
@@ -365,7 +376,9 @@ class ConsumerController:
 
         1. Scaling: the platform runs another count, or a worker of the decided size is not alive.
         2. Rebalancing: an assignment change is pending or a rollout runs.
-        3. Degraded: the metric source failed, else workers unreachable by ``sync``, else AsExpected.
+        3. Degraded: the metric source failed, else workers unreachable by ``sync``, else workers whose
+           circuit breaker is open (``CircuitBreakerOpen``, naming each pod and its breaker's reason),
+           else AsExpected.
         4. Ready: every partition assigned, no change pending, every worker in sync.
         """
         assignment, factor, alive = acted.assignment, scaling.factor, len(view.alive)
@@ -394,6 +407,8 @@ class ConsumerController:
             degraded = ConditionValue(
                 "Degraded", True, "WorkerUnreachable", "; ".join(acted.sync_problems)[:1000]
             )
+        elif acted.breakers:
+            degraded = ConditionValue("Degraded", True, BREAKER_OPEN, breaker_message(acted.breakers))
         else:
             degraded = ConditionValue("Degraded", False, "AsExpected", "")
         # 4. Ready

@@ -26,6 +26,7 @@ from multilane.operator.spec.conditions import set_condition
 from multilane.operator.spec.validation import ConsumerSpec
 
 __all__ = [
+    "BREAKER_OPEN",
     "ActStep",
     "ConditionValue",
     "ConsumerStatus",
@@ -35,6 +36,8 @@ __all__ = [
     "PassView",
     "SampleStatus",
     "ScalingStep",
+    "breaker_event",
+    "breaker_message",
     "decide_scaling",
     "global_index",
     "json_safe",
@@ -145,6 +148,7 @@ class ActStep:
     handoff: bool  # a restore-before-handoff executor ran the step (status.rollout is written)
     rollout: Rollout | None  # the rollout after the step (None: none runs)
     sync_problems: list[str] = field(default_factory=list)
+    breakers: list[str] = field(default_factory=list)  # "POD: reason" of each open circuit breaker
     handoffs: list[HandoffRecord] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
 
@@ -165,6 +169,9 @@ class ConsumerStatus:
     last_decision: DecisionStatus | None = None
     handoff: bool = False  # write status.rollout (None when no rollout runs)
     rollout: Rollout | None = None
+
+    def condition(self, type_: str) -> ConditionValue | None:
+        return next((c for c in self.conditions if c.type == type_), None)
 
 
 def render_status(
@@ -190,6 +197,29 @@ def render_status(
         }
     )
     return out
+
+
+BREAKER_OPEN = "CircuitBreakerOpen"  # Degraded's reason while a worker's circuit breaker is open
+
+
+def breaker_message(breakers: Sequence[str]) -> str:
+    """Degraded's message for open breakers ("POD: reason" each), at most 1000 characters."""
+    return ("circuit breaker open (POST /breaker/reset on the pod, or restart it): "
+            + "; ".join(breakers))[:1000]
+
+
+def breaker_event(previous: Mapping[str, Any] | None, degraded: ConditionValue | None) -> EventRecord | None:
+    """The Event of a pass for the circuit breaker, from Degraded as read and as the pass sets it:
+    Warning ``CircuitBreakerOpen`` when it becomes the reason or its message (the pods, their
+    reasons) changes; Normal ``CircuitBreakerClosed`` when it was the reason and Degraded clears
+    (another reason taking over Degraded posts its own Event, or none: the breaker may still be open)."""
+    was = previous is not None and previous.get("status") == "True" and previous.get("reason") == BREAKER_OPEN
+    now = degraded is not None and degraded.status and degraded.reason == BREAKER_OPEN
+    if now and degraded is not None and (not was or (previous or {}).get("message") != degraded.message):
+        return EventRecord("Warning", BREAKER_OPEN, degraded.message)
+    if was and (degraded is None or not degraded.status):
+        return EventRecord("Normal", "CircuitBreakerClosed", "no worker's circuit breaker is open")
+    return None
 
 
 # ---- the decide step's pure parts ---------------------------------------------------------------

@@ -251,8 +251,14 @@ class ControlServer:
         return web.json_response({"was_open": was_open, **self.supervisor.breaker.status()})
 
     async def _status(self, request: web.Request) -> web.Response:
+        """The engine's status (with state hooks: ``learners`` too) and, with a supervisor, its
+        circuit breaker (``breaker``: ``open``, ``reason``, ...), which the operator reports as the
+        ParallelConsumer's condition Degraded (reason ``CircuitBreakerOpen``)."""
         await self.engine.refresh_learners()  # learner figures read off the loop, fresh
-        return web.json_response(self.engine.status())  # with state hooks: "learners" too
+        status = self.engine.status()
+        if self.supervisor is not None:
+            status["breaker"] = self.supervisor.breaker.status()
+        return web.json_response(status)
 
     async def _assignment(self, request: web.Request) -> web.Response:
         body = await self._body(request)

@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,11 +295,21 @@ class RealWorkerFleet:
     test on the worker's behalf (the worker wires its own keeper in the engine issue).
     Same interface as :class:`WorkerFleet` for the StatefulSet double."""
 
-    def __init__(self, token: str, bootstrap: str, group: str, tmp: Any) -> None:
+    def __init__(
+        self,
+        token: str,
+        bootstrap: str,
+        group: str,
+        tmp: Any,
+        processor: str = "multilane.demo.examples:noop",
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.token = token
         self.bootstrap = bootstrap
         self.group = group
         self.tmp = tmp
+        self.processor = processor
+        self.extra_args = list(extra_args)  # more ``multilane worker`` options, e.g. the breaker's
         self.workers: dict[str, tuple[asyncio.subprocess.Process, int]] = {}
         self.keepers: dict[str, LeaseKeeper] = {}
         self.removed_with: dict[str, set[str]] = {}
@@ -318,8 +328,8 @@ class RealWorkerFleet:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "multilane", "worker",
             "--bootstrap-servers", self.bootstrap, "--group", self.group,
-            "--processor", "multilane.demo.examples:noop", "--assign", "", "--worker-id", name,
-            "--control-port", str(port), "--control-token-file", str(token_file),
+            "--processor", self.processor, "--assign", "", "--worker-id", name,
+            "--control-port", str(port), "--control-token-file", str(token_file), *self.extra_args,
             stdout=log, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         self.workers[name] = (proc, port)

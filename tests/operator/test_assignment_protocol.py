@@ -167,8 +167,8 @@ async def test_sync_repushes_to_a_restarted_worker_and_sets_the_factor(
     state = (await coord.step(AssignmentState(), [info(fleet, "w-0")], PARTS)).state
     fleet.workers["w-0"].generation = 0  # restarted: lost its assignment
     fleet.workers["w-0"].partitions = set()
-    problems = await coord.sync(state, [info(fleet, "w-0")], factor=5)
-    assert problems == []
+    report = await coord.sync(state, [info(fleet, "w-0")], factor=5)
+    assert report.problems == [] and report.breakers == []
     assert fleet.assignment()["w-0"] == set(PARTS) and fleet.workers["w-0"].generation == state.generation
     assert fleet.workers["w-0"].factor == 5
 

@@ -167,8 +167,8 @@ async def test_lost_lease_stops_processing_and_commits_until_a_higher_generation
 
         coordinator = AssignmentCoordinator(InProcessControl(engine), AssignmentPlanner(), persist)
         state = AssignmentState(generation=0, members={"app-0": (format_partition(topic_name, 0),)})
-        problems = await coordinator.sync(state, [WorkerInfo("app-0", 0, True, "in-process")], None)
-        assert problems == []
+        report = await coordinator.sync(state, [WorkerInfo("app-0", 0, True, "in-process")], None)
+        assert report.problems == []
         assert state.generation == 1 and [s.generation for s in persisted] == [1]
         assert persisted[0].members == state.members
         assert engine.generation == 1

@@ -34,7 +34,9 @@ that was not released) and plans again at the next step.
 to any alive worker that reports a lower generation or a different partition set (it restarted), and
 sets the decided factor on workers that report another one. A worker that reports ``fenced`` (it lost
 its Lease and stopped; it accepts only a generation above the one it holds) is moved to a new
-generation with the same members (:meth:`AssignmentCoordinator._unfence`).
+generation with the same members (:meth:`AssignmentCoordinator._unfence`). It also reports the
+workers whose circuit breaker is open (``breaker.open`` in their status: they hold every record);
+:meth:`AssignmentCoordinator.open_breakers` reads only that, for a pass with a change pending.
 """
 
 from __future__ import annotations
@@ -54,7 +56,15 @@ from multilane.operator.decision.planner import (
 from multilane.operator.platform import WorkerInfo
 from multilane.operator.rollout.workers import ReleasedPartition, WorkerFencedError, WorkerUnreachableError
 
-__all__ = ["AssignmentCoordinator", "AssignmentState", "PendingChange", "StepResult", "WorkerControl"]
+__all__ = [
+    "AssignmentCoordinator",
+    "AssignmentState",
+    "PendingChange",
+    "StepResult",
+    "SyncReport",
+    "WorkerControl",
+    "open_breaker",
+]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +173,25 @@ Persist = Callable[[AssignmentState], Awaitable[None]]
 
 def _owners(assignment: Mapping[str, Sequence[str]]) -> dict[str, str]:
     return {p: w for w, ps in assignment.items() for p in ps}
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What :meth:`AssignmentCoordinator.sync` found: ``problems`` (a worker unreachable, fenced or
+    answering a malformed status: "POD: why") and ``breakers`` (a worker whose circuit breaker is
+    open: "POD: the breaker's reason"), one entry per worker, in the order of the workers given."""
+
+    problems: list[str] = field(default_factory=list)
+    breakers: list[str] = field(default_factory=list)
+
+
+def open_breaker(status: Mapping[str, Any]) -> str | None:
+    """The breaker's reason when a worker's ``/v1/status`` says its circuit breaker is open, else
+    None (closed, or a worker without one: an older worker, the local plane's in-process engine)."""
+    breaker = status.get("breaker")
+    if not isinstance(breaker, Mapping) or breaker.get("open") is not True:
+        return None
+    return str(breaker.get("reason") or "circuit breaker open")
 
 
 class AssignmentCoordinator:
@@ -292,11 +321,13 @@ class AssignmentCoordinator:
 
     async def sync(
         self, state: AssignmentState, workers: Sequence[WorkerInfo], factor: int | None
-    ) -> list[str]:
-        """Re-push the assignment in force where a worker disagrees; set the factor. Returns problems."""
+    ) -> SyncReport:
+        """Re-push the assignment in force where a worker disagrees; set the factor. Returns the
+        problems and the workers whose circuit breaker is open (from the same status read)."""
         problems: list[str] = []
+        breakers: list[str] = []
         if state.pending is not None:
-            return problems
+            return SyncReport(problems, breakers)
         fenced: list[tuple[WorkerInfo, int]] = []
         for worker in workers:
             if not worker.alive:
@@ -304,6 +335,9 @@ class AssignmentCoordinator:
             want = sorted(state.members.get(worker.name, ()))
             try:
                 status = await self.control.status(worker.control_url)
+                held = open_breaker(status)
+                if held is not None:
+                    breakers.append(f"{worker.name}: {held}")
                 if status.get("fenced"):
                     fenced.append((worker, int(status.get("generation", 0))))
                     continue
@@ -326,7 +360,24 @@ class AssignmentCoordinator:
                 problems.append(f"{worker.name}: malformed status: {exc}")
         if fenced:
             problems += await self._unfence(state, fenced)
-        return problems
+        return SyncReport(problems, breakers)
+
+    async def open_breakers(self, workers: Sequence[WorkerInfo]) -> list[str]:
+        """The alive workers whose circuit breaker is open ("POD: reason"), for a pass in which
+        :meth:`sync` does not run (a change is pending). A worker that does not answer is left out:
+        the change's own steps report it."""
+        breakers: list[str] = []
+        for worker in workers:
+            if not worker.alive:
+                continue
+            try:
+                held = open_breaker(await self.control.status(worker.control_url))
+            except (WorkerUnreachableError, WorkerFencedError) as exc:
+                log.info("no breaker state from %s: %s", worker.name, exc)
+                continue
+            if held is not None:
+                breakers.append(f"{worker.name}: {held}")
+        return breakers
 
     async def _unfence(self, state: AssignmentState, fenced: Sequence[tuple[WorkerInfo, int]]) -> list[str]:
         """Give fenced workers (lease lost, then renewed, partitions not moved) a higher generation
