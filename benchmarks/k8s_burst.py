@@ -305,10 +305,22 @@ async def run_operator_burst(
                 await client.close()
             admin.close()
     assert result is not None and loadgen is not None
+    verdict = await judge_run(bootstrap, topic, partitions, events_log, result)
+    figures = run_figures(timeline, shape, result, loadgen.started - t0)
+    return OperatorBurstRun(figures, verdict, timeline, wall0, result, handoffs, peak[0], peak[1])
+
+
+async def judge_run(bootstrap: str, topic: str, partitions: int, events_log: Path,
+                    result: LoadResult) -> Verdict:
+    """Step 4's verdict: every delivery checker over the pods' event log, and the state (the counts
+    the processor committed) against the reference of what the load generator landed."""
     counts, _committed = await asyncio.to_thread(read_counts, bootstrap, topic, topic, range(partitions))
-    verdict = judge(result.records, read_event_log(events_log), counts)
-    offset = loadgen.started - t0
-    figures = burst_figures(
+    return judge(result.records, read_event_log(events_log), counts)
+
+
+def run_figures(timeline: Timeline, shape: BurstShape, result: LoadResult, offset: float) -> BurstFigures:
+    """Step 4's figures; ``offset``: the load generator's start on the run's clock (its second 0)."""
+    return burst_figures(
         timeline.samples,
         timeline.events,
         shape.warm_s + offset,
@@ -317,4 +329,3 @@ async def run_operator_burst(
         result.delivered_per_s,
         clock_offset_s=offset,
     )
-    return OperatorBurstRun(figures, verdict, timeline, wall0, result, handoffs, peak[0], peak[1])

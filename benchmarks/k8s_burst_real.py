@@ -47,9 +47,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.k8s_burst import NAME, NAMESPACE, BurstShape, OperatorBurstRun, consumer_body
-from multilane.demo.check import judge, read_counts
-from multilane.demo.report import DemoSample, Timeline, burst_figures
+from benchmarks.k8s_burst import (
+    NAME,
+    NAMESPACE,
+    BurstShape,
+    OperatorBurstRun,
+    consumer_body,
+    judge_run,
+    run_figures,
+)
+from multilane.demo.report import DemoSample, Timeline
 from multilane.operator.k8s.kube import KubeClient, KubeSettings, api_path
 from multilane.operator.kafka_admin import KafkaAdminClient
 from multilane.operator.sources import KafkaSource, MetricSample, MetricsUnavailableError, QueryContext
@@ -57,7 +64,6 @@ from multilane.testing.cluster import LocalCluster, resolve_bin_dir
 from multilane.testing.load import LoadgenProcess
 from multilane.testing.loadgen import LoadResult
 from multilane.testing.process_kubelet import ProcessKubelet
-from multilane.testing.processors import read_event_log
 
 __all__ = [
     "ConsumerEvent",
@@ -311,19 +317,9 @@ async def run_cluster_burst(
                             result, _rates = await asyncio.to_thread(loadgen.finish, 60.0, True)
                     admin.close()
         assert result is not None and loadgen is not None
-        counts, _committed = await asyncio.to_thread(read_counts, bootstrap, topic, topic, range(partitions))
-        verdict = judge(result.records, read_event_log(events_log), counts)
+        verdict = await judge_run(bootstrap, topic, partitions, events_log, result)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
-    offset = loadgen.started - t0
-    figures = burst_figures(
-        timeline.samples,
-        timeline.events,
-        shape.warm_s + offset,
-        shape.warm_s + shape.burst_s + offset,
-        result.offered_per_s,
-        result.delivered_per_s,
-        clock_offset_s=offset,
-    )
+    figures = run_figures(timeline, shape, result, loadgen.started - t0)
     return OperatorBurstRun(figures, verdict, timeline, wall0, result, [], peak[0], peak[1]), moved
 
