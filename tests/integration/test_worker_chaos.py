@@ -207,7 +207,8 @@ def test_replays_after_kill9_are_bounded_by_the_newest_progress_record(
     )
     assert first_unfinished <= first_hang
     assert above_watermark > 10 * bound, "the hang must hold the committed offset far behind"
-    assert window.median_gap_ms <= 2 * PROGRESS_INTERVAL_MS, "progress was not written every interval"
+    # on time ~40 ms apart; only at commits, 1 s apart
+    assert window.median_gap_ms <= 4 * PROGRESS_INTERVAL_MS, "progress was not written every interval"
     assert replayed <= unclaimed, (
         f"{len(replayed - unclaimed)} of {len(replayed)} completed records that ran again were called done "
         f"by the newest progress record (the oldest replayed {oldest_replayed_ms:.0f} ms before the kill)"
@@ -767,8 +768,9 @@ def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path
         # no replayed record was called done by the newest progress record (one not found or not used)
         assert f.replayed_claimed == 0, why
         assert f.oldest_ms <= 2 * commit_interval_ms, why
-        # and the snapshots came every interval (a cycle that stopped writes only at commits, 500 ms)
-        assert f.progress_gap_ms <= 2 * PROGRESS_INTERVAL_MS, why
+        # and the snapshots kept coming (on time ~40 ms apart; a cycle that stopped writes only at
+        # commits, 500 ms apart; 4 intervals leave room for a worker starved of CPU)
+        assert f.progress_gap_ms <= 4 * PROGRESS_INTERVAL_MS, why
     assert_all(check_delivery(produced, events, mode="key"))
 
 
