@@ -168,7 +168,8 @@ class CommitCycle:
         store = self._store
         unwritten: list[PartitionRuntime] = []
         if store is not None:
-            waits = [(i.part, _write(store, i)) for i in batch.items if i.encoded is not None]
+            waits = [(i.part, fut) for i in batch.items if i.encoded is not None
+                     for fut in (*_write_lower_bases(store, i), _write(store, i))]
             for part, fut in waits:
                 try:
                     await asyncio.wait_for(fut, self._progress_timeout_s)
@@ -302,6 +303,18 @@ def _write(store: ProgressStore, item: CommitItem) -> asyncio.Future[None]:
     if part.progress_floor is None or item.offset > part.progress_floor:
         part.progress_floor = item.offset
     return store.write(part.topic, part.partition, item.encoded)
+
+
+def _write_lower_bases(store: ProgressStore, item: CommitItem) -> list[asyncio.Future[None]]:
+    """Step 3, before the commit's own record: records of the lower bases the broker may still hold
+    when the worker dies before this commit lands (the confirmed committed offset; an offset sent in
+    a commit still unanswered), as fresh as the commit's own; the commit's record follows them, so
+    the newest record has the highest base. Without them a kill before the commit landed left the
+    reader a record of the committed offset from before the commit cycle started (issue 31)."""
+    part = item.part
+    bases = sorted({b for b in (part.committed, part.commit_sent) if b is not None and b < item.offset})
+    return [store.write(part.topic, part.partition,
+                        ProgressCodec.encode(progress_for_base(part, b, item.offset))) for b in bases]
 
 
 def _log_lost(item: CommitItem, exc: StateDurabilityError) -> None:

@@ -87,15 +87,15 @@ def test_no_record_of_a_lower_base_follows_a_commits_own_record() -> None:
         progress = ProgressCycle(store, EngineHooks.of(None), commits)  # type: ignore[arg-type]
         await progress.run([rt])
         assert store.bases == [10]
-        await commits.run([rt])  # writes the record of 20, then sends the commit of 20
-        assert consumer.sent == [20] and store.bases == [10, 20]
+        await commits.run([rt])  # writes records of 10 and 20, then sends the commit of 20
+        assert consumer.sent == [20] and store.bases == [10, 10, 20]
         _complete(rt, 30)
         await progress.run([rt])  # the answer is still due: committed 10, sent 20
-        assert store.bases == [10, 20, 10, 20], "the newest record must have the highest base"
+        assert store.bases == [10, 10, 20, 10, 20], "the newest record must have the highest base"
         rt.committed = 20  # the answer
         _complete(rt, 35)
         await progress.run([rt])
-        assert store.bases == [10, 20, 10, 20, 20]
+        assert store.bases == [10, 10, 20, 10, 20, 20]
 
     asyncio.run(go())
 
@@ -139,5 +139,22 @@ def test_the_committed_base_keeps_a_fresh_record_while_a_commits_record_awaits_i
         await progress.run([rt])
         assert store.bases == [10, 10, 20]
         assert rt.commit_sent is None and consumer.sent == []
+
+    asyncio.run(go())
+
+
+def test_a_commit_writes_the_committed_bases_record_before_its_own() -> None:
+    """Committed 10, a commit of 30: the commit cycle writes a record of 10 as fresh as its own record
+    of 30, then that one (the newest record has the highest base). A kill before the commit lands
+    then finds a record of 10 from the commit's snapshot, not one from before the commit cycle."""
+
+    async def go() -> None:
+        rt, store, consumer = _part(10), Store(), Consumer()
+        _take(rt, range(10, 40))
+        _complete(rt, 30)
+        commits = CommitCycle(consumer, store, None)  # type: ignore[arg-type]
+        await commits.run([rt])
+        assert store.bases == [10, 30] and consumer.sent == [30]
+        assert rt.progress_floor == 30
 
     asyncio.run(go())
