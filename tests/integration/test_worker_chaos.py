@@ -773,8 +773,11 @@ def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path
         assert f.replayed_claimed == 0, why
         assert f.oldest_ms <= 2 * commit_interval_ms, why
         # and the snapshots kept coming (on time ~40 ms apart; a cycle that stopped writes only at
-        # commits, 500 ms apart; 4 intervals leave room for a worker starved of CPU)
-        assert f.progress_gap_ms <= 4 * PROGRESS_INTERVAL_MS, why
+        # commits, 500 ms apart; 4 intervals leave room for a worker starved of CPU). No gap (inf): the
+        # worker wrote fewer than two records of any partition (killed before its first commits
+        # landed, at load average 12-15); the bound above still held, and another kill must show one
+        assert f.progress_gap_ms <= 4 * PROGRESS_INTERVAL_MS or f.progress_gap_ms == float("inf"), why
+    assert any(f.progress_gap_ms != float("inf") for f in figures), f"no progress cadence: {figures}"
     assert_all(check_delivery(produced, events, mode="key"))
 
 
