@@ -91,7 +91,8 @@ class CommitCycle:
 
     2. State hooks: ``before_commit(topic, partition, C)``; a partition whose changes are not durable
        is dropped from the batch (never committed) and returned to the caller.
-    3. Progress: produce each record to the progress topic and wait for the acknowledgements.
+    3. Progress: produce each partition's records of its lower bases (committed; sent, unanswered),
+       then its record of ``C``, to the progress topic, and wait for the acknowledgements.
     4. Commit the offsets (progress as metadata when it fits); mark each partition's ``commit_sent``
        and ``last_progress``.
 
@@ -168,7 +169,8 @@ class CommitCycle:
         store = self._store
         unwritten: list[PartitionRuntime] = []
         if store is not None:
-            waits = [(i.part, _write(store, i)) for i in batch.items if i.encoded is not None]
+            waits = [(i.part, fut) for i in batch.items if i.encoded is not None
+                     for fut in (*_write_lower_bases(store, i), _write(store, i))]
             for part, fut in waits:
                 try:
                     await asyncio.wait_for(fut, self._progress_timeout_s)
@@ -304,6 +306,18 @@ def _write(store: ProgressStore, item: CommitItem) -> asyncio.Future[None]:
     return store.write(part.topic, part.partition, item.encoded)
 
 
+def _write_lower_bases(store: ProgressStore, item: CommitItem) -> list[asyncio.Future[None]]:
+    """Step 3, before the commit's own record: records of the lower bases the broker may still hold
+    when the worker dies before this commit lands (the confirmed committed offset; an offset sent in
+    a commit still unanswered), as fresh as the commit's own; the commit's record follows them, so
+    the newest record has the highest base. Without them a kill before the commit landed left the
+    reader a record of the committed offset from before the commit cycle started (issue 31)."""
+    part = item.part
+    bases = sorted({b for b in (part.committed, part.commit_sent) if b is not None and b < item.offset})
+    return [store.write(part.topic, part.partition,
+                        ProgressCodec.encode(progress_for_base(part, b, item.offset))) for b in bases]
+
+
 def _log_lost(item: CommitItem, exc: StateDurabilityError) -> None:
     log.error("not committing %s/%d at %d: %s", item.part.topic, item.part.partition, item.offset, exc)
 
@@ -347,12 +361,18 @@ class ProgressCycle:
     - its ``base_offset`` is an offset the broker may hold as committed when the worker dies: the
       confirmed committed offset and, while a commit awaits its answer, the offset sent (one record
       for each), so that the reader finds a record whose base equals whichever of the two landed;
-    - bases never go down in the progress topic (``PartitionRuntime.progress_floor``): once a commit
-      wrote the record of the offset it is about to commit, no record of a lower base follows it. The
-      reader stops at a lower base (everything before it is older); a record of the previous
-      committed offset written after the commit's own record made it stop there after the commit
-      landed, and replay every record completed above the committed offset (issue 31: one run in
-      three of a kill -9 test with three kills);
+    - a cycle's last record of a partition has the highest base written so far
+      (``PartitionRuntime.progress_floor``, raised by the commit cycle's own record before it commits):
+      the cycle writes the records of all its bases in ascending order, the floor's among them, so
+      that the newest record has the highest base. The reader stops at a lower base (everything
+      before it is older); a record of the previous committed offset written last, after the commit's
+      own record, made it stop there after the commit landed, and replay every record completed above
+      the committed offset (issue 31: one run in three of a kill -9 test with three kills). The
+      records of the lower bases still follow, each with its higher base after it: while a commit
+      awaits its progress record's acknowledgement or its answer, the committed offset keeps a fresh
+      record, so a kill before the commit lands replays no more than one later (issue 31: without
+      them such a kill replayed what completed since the commit cycle started, 2-79 records, about
+      one run in ten under load; the commit writes those bases first too, ``_write_lower_bases``);
     - nothing is produced while fenced (``CommitCycle.fenced``), or for partitions whose mode keeps no
       progress;
     - a partition that never had a committed offset has no base for a record: its first commit is not
@@ -396,13 +416,16 @@ class ProgressCycle:
            whose state changes are not durable goes to ``on_lost`` (reopened, as after a commit).
         1. Snapshot: per partition with progress, flush completions, read the committable offset
            ``C`` and the bases (confirmed committed offset; the offset of a commit still awaiting its
-           answer); encode the progress for each base; keep only what changed since the last write.
+           answer; the floor, the base of a commit's record about to be committed); encode the progress
+           for each base; keep the partition if any of them changed since the last write (all of its
+           records are then written, ascending: the highest base last).
         2. State hooks: ``make_durable(topic, partition)`` on a worker thread (the changes of every
            record the snapshot calls done are acknowledged by the changelog); a partition whose
            changes are not durable is dropped (the commit cycle reopens it).
         3. Fenced meanwhile? Produce nothing.
-        4. Produce the records without waiting; delivery callbacks (on the loop thread, from the
-           engine's producer loop) count them and clear the partition's pending mark.
+        4. Produce the records without waiting, unless a commit raised the floor above their highest
+           base meanwhile; delivery callbacks (on the loop thread, from the engine's producer loop)
+           count them and clear the partition's pending mark.
         """
         store = self._store
         if store is None or self._commits.fenced:
@@ -430,17 +453,14 @@ class ProgressCycle:
             if c is None:
                 continue
             floor = part.progress_floor
-            bases = sorted({b for b in (part.committed, part.commit_sent)
-                            if b is not None and b <= c and (floor is None or b >= floor)})
+            if floor is not None and floor > c:
+                continue  # (no record of the floor's base can be written last)
+            bases = sorted({b for b in (part.committed, part.commit_sent, floor) if b is not None and b <= c})
             if not bases:
                 continue
-            out = []
-            for base in bases:
-                encoded = ProgressCodec.encode(progress_for_base(part, base, c))
-                if written.encoded.get(base) != encoded:
-                    out.append((base, encoded))
-            if out:
-                batch.append((part, written, bases, out))
+            encodings = [(b, ProgressCodec.encode(progress_for_base(part, b, c))) for b in bases]
+            if any(written.encoded.get(b) != e for b, e in encodings):
+                batch.append((part, written, bases, encodings))  # all of them, the highest base last
         if not batch:
             return 0
         # 2. state hooks
@@ -468,11 +488,11 @@ class ProgressCycle:
         for part, written, bases, out in batch:
             if part.closed:
                 continue
+            floor = part.progress_floor
+            if floor is not None and bases[-1] < floor:
+                continue  # a commit wrote a higher base meanwhile (step 2 awaited): none of them last
             written.encoded = {b: e for b, e in written.encoded.items() if b in bases}
             for base, encoded in out:
-                floor = part.progress_floor
-                if floor is not None and base < floor:
-                    continue  # a commit wrote a newer base meanwhile (step 2 awaited)
                 part.progress_floor = base
                 written.encoded[base] = encoded
                 written.pending += 1

@@ -104,9 +104,10 @@ class PartitionRuntime:
         self.commit_sent: int | None = None  # last offset sent in a commit request
         self.last_progress: bytes | None = None  # encoded progress of the last commit cycle
         # The highest base offset of a progress record produced for this partition (by a commit or the
-        # progress cycle; written by multilane.worker.commits only). Invariant: no record of a lower
-        # base is produced after one of this base, so the progress topic holds this runtime's records
-        # in base order (ProgressStore.read_progress stops at a lower base).
+        # progress cycle; written by multilane.worker.commits only). Invariant: every group of records
+        # produced after one of this base ends with a record of this base (or a higher one), so the
+        # newest record in the progress topic has the highest base (ProgressStore.read_progress stops
+        # at a lower base).
         self.progress_floor: int | None = None
         self.high_watermark: int | None = None
         self.closed = False

@@ -223,8 +223,8 @@ class ProgressStore:
            then, while nothing usable was found, the ``chunk`` offsets before those, and so on.
         3. Within what was read, newest first: the first record with ``base_offset == committed``
            (and our group/topic/partition) is the answer. Stop searching (None) at a record with an
-           older base (everything before it is older still: a worker writes no lower base after a
-           commit wrote its own record, ``PartitionRuntime.progress_floor``), when more than two newer
+           older base (everything before it is older still: a worker ends every group of records with
+           one of the highest base it wrote, ``PartitionRuntime.progress_floor``), when more than two newer
            bases were passed (only a commit still unanswered at a crash leaves newer bases behind), or
            after ``lookback`` offsets.
         """

@@ -138,15 +138,16 @@ def test_kill9_mid_stream_under_load_loses_nothing(
 PROGRESS_INTERVAL_MS = 50
 
 
-@pytest.mark.serial  # its window is measured in wall time: beside other tests, a descheduled worker fails it
-def test_replays_after_kill9_are_bounded_by_the_last_progress_interval(
+@pytest.mark.serial  # a descheduled worker writes its progress late: the window it measures grows
+def test_replays_after_kill9_are_bounded_by_the_newest_progress_record(
     broker: EmbeddedBroker, topic_name: str, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
     """SIGKILL a worker while completions continue (a backlog, 1 ms per record), with one key hanging
     so that the committed offset stays far behind; restart without the hang. Progress is written every
     50 ms (commits every second): the records redone are at most the records running at the kill plus
-    those completed in the last progress interval before it -- not everything above the committed
-    offset, nor everything since the last commit. Prints the figures."""
+    those completed and not called done by the newest progress record the broker held (read back from
+    the progress topic: its snapshot is about one interval old when the worker ran on time) -- not
+    everything above the committed offset, nor everything since the last commit. Prints the figures."""
     broker.create_topic(topic_name, 1)
     hang_key = b"key-000003"
     res = produce_records(broker.bootstrap, topic_name, 20_000, keys=50, seed=5, partition=0)
@@ -176,15 +177,13 @@ def test_replays_after_kill9_are_bounded_by_the_last_progress_interval(
     events_a = [e for e in read_event_log(log) if e.pid == w1.pid]
     ends_a = {e.tpo: e.time for e in events_a if e.kind == "end"}
     running_at_kill = {e.tpo for e in events_a if e.kind == "start"} - set(ends_a)
-    # The intervals end at the worker's last activity, not at the kill: on a loaded machine the process
-    # can be descheduled for longer than an interval just before the kill, and the progress it had
-    # acknowledged then is as old as its last activity.
-    last_activity = max(e.time for e in events_a)
-    kill_instant = last_activity
-    window = PROGRESS_INTERVAL_MS / 1000.0
-    completed_last_interval = sum(1 for t in ends_a.values() if t > kill_instant - window)
-    print(f"the worker's last activity {1000 * (killed_at - last_activity):.0f} ms before the kill")
-    assert completed_last_interval > 0, "the worker was not completing records up to its last activity"
+    kill_instant = max([killed_at, *(e.time for e in events_a)])
+    window = _ProgressWindow.at_kill(_progress_records(broker.bootstrap, f"g-{topic_name}"),
+                                     min(e.time for e in events_a), kill_instant)
+    unclaimed = window.unclaimed({e.tpo: e.key for e in events_a if e.kind == "end"})
+    since_progress = len(unclaimed)
+    # on time, that is about the last interval (shown for comparison; not the bound)
+    last_interval = sum(1 for t in ends_a.values() if t > kill_instant - PROGRESS_INTERVAL_MS / 1000.0)
 
     w2 = _start(workers, WorkerSpec(**base, env=env), tmp_path)  # type: ignore[arg-type]
     _wait_all_ended(follower, produced, w2)
@@ -196,31 +195,29 @@ def test_replays_after_kill9_are_bounded_by_the_last_progress_interval(
     # the first offset not completed at the kill: the most a watermark-only commit could reach
     first_unfinished = min(r.offset for r in produced if (r.topic, r.partition, r.offset) not in ends_a)
     above_watermark = sum(1 for o in ends_a if o[2] >= first_unfinished)
-    bound = len(running_at_kill) + completed_last_interval
+    bound = len(running_at_kill) + since_progress
     oldest_replayed_ms = max((kill_instant - ends_a[t] for t in replayed), default=0.0) * 1000
     print(
         f"replayed {len(replayed)} (completed before the kill, run again; the oldest completed "
         f"{oldest_replayed_ms:.0f} ms before it), running at kill {len(running_at_kill)}, in flight at "
-        f"kill ~{in_flight}, completed in the last progress interval ({PROGRESS_INTERVAL_MS} ms) "
-        f"{completed_last_interval}; bound (running + last "
-        f"interval) {bound}; redone in all {len(restarted)}; completed above the first unfinished offset "
-        f"{above_watermark}"
+        f"kill ~{in_flight}; the newest progress record {window.age_ms(kill_instant):.0f} ms old at the "
+        f"kill (median gap {window.median_gap_ms:.0f} ms), {since_progress} completed after it "
+        f"({last_interval} in the last {PROGRESS_INTERVAL_MS} ms); bound (running + those) {bound}; "
+        f"redone in all {len(restarted)}; completed above the first unfinished offset {above_watermark}"
     )
     assert first_unfinished <= first_hang
     assert above_watermark > 10 * bound, "the hang must hold the committed offset far behind"
-    # The bound counts what completed after the newest *acknowledged* progress record's snapshot: one
-    # interval on a quiet machine (the oldest replayed record is 17-42 ms old there); on a loaded one
-    # the acknowledgement can lag by up to one more interval, so the assertion allows two.
-    completed_two_intervals = sum(1 for t in ends_a.values() if t > kill_instant - 2 * window)
-    assert len(replayed) <= completed_two_intervals, (
-        f"{len(replayed)} completed records ran again, {completed_two_intervals} completed in the last "
-        f"{2 * PROGRESS_INTERVAL_MS} ms (the oldest {oldest_replayed_ms:.0f} ms before the kill)"
+    # on time ~40 ms apart; only at commits, 1 s apart
+    assert window.median_gap_ms <= 4 * PROGRESS_INTERVAL_MS, "progress was not written every interval"
+    assert replayed <= unclaimed, (
+        f"{len(replayed - unclaimed)} of {len(replayed)} completed records that ran again were called done "
+        f"by the newest progress record (the oldest replayed {oldest_replayed_ms:.0f} ms before the kill)"
     )
     assert len(restarted) <= bound
-    assert len(replayed) + len(running_at_kill) <= in_flight + completed_last_interval  # as documented
+    assert len(replayed) + len(running_at_kill) <= in_flight + since_progress  # as documented
     assert_all(
         check_delivery(produced, events, mode="key"),
-        ReplayCounter(max_replays=completed_last_interval, max_restarted=bound).check(events),
+        ReplayCounter(max_replays=since_progress, max_restarted=bound).check(events),
     )
 
 
@@ -606,29 +603,113 @@ class _KillFigures:
     in_flight: int  # records the killed worker had fetched and not finished (its status, just before)
     recent: int  # records the killed worker completed in the last progress interval before the kill
     oldest_ms: float  # how long before the kill the oldest replayed record had completed
+    since_progress: int  # records completed before the kill that the newest progress records leave out
+    progress_age_ms: float  # the oldest, over partitions, of those newest records at the kill
+    progress_gap_ms: float  # median gap between the killed worker's consecutive records of a partition
+    replayed_claimed: int  # replayed records that the newest progress record called done (must be 0)
 
     @property
     def bound(self) -> int:
-        """README's promise: the records in flight plus those completed in the last progress interval."""
-        return self.in_flight + self.recent
+        """README's promise: the records in flight plus those completed after the snapshot of the newest
+        progress record the broker held at the kill (one interval old when the worker runs on time)."""
+        return self.in_flight + self.since_progress
+
+
+def _progress_records(bootstrap: str, group: str) -> list[tuple[float, int, Any]]:
+    """Every record of the group's progress topic: ``(produce time, progress partition, record)``,
+    in topic order per partition (read after the run; the producer stamps its wall clock)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from multilane.formats.progress import ProgressCodec
+
+    topic = f"multilane-progress.{group}"
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{group}.test-reader",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        parts = list(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[tuple[float, int, Any]] = []
+        eof: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(eof) < len(parts) and time.monotonic() < deadline:
+            for m in c.consume(500, 0.2):
+                err, value, partition = m.error(), m.value(), m.partition()
+                if partition is None:
+                    continue
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        eof.add(partition)
+                    continue
+                if value:
+                    out.append((m.timestamp()[1] / 1000.0, partition, ProgressCodec.decode(value)))
+        assert len(eof) == len(parts), "progress topic not read to its end"
+        return out
+    finally:
+        c.close()
+
+
+@dataclass(frozen=True)
+class _ProgressWindow:
+    """What the progress topic held for a worker at its kill (see :func:`_progress_records`)."""
+
+    newest: dict[tuple[str, int], tuple[float, Any]]  # input partition -> (produce time, record)
+    median_gap_ms: float  # between consecutive records of a partition written in the worker's lifetime
+
+    @classmethod
+    def at_kill(cls, progress: list[tuple[float, int, Any]], born: float, kill_instant: float
+                ) -> _ProgressWindow:
+        newest: dict[tuple[str, int], tuple[float, Any]] = {}
+        gaps: list[float] = []
+        for at, _pp, rec in progress:  # topic order per input partition
+            if at > kill_instant:
+                continue
+            tp = (rec.topic, rec.partition)
+            if at >= born and tp in newest and newest[tp][0] >= born:
+                gaps.append(at - newest[tp][0])
+            newest[tp] = (at, rec)
+        gaps.sort()
+        return cls(newest, 1000 * gaps[len(gaps) // 2] if gaps else float("inf"))
+
+    def age_ms(self, kill_instant: float) -> float:
+        return 1000 * max((kill_instant - at for at, _rec in self.newest.values()), default=float("inf"))
+
+    def unclaimed(self, done: dict[tuple[str, int, int], bytes | None]) -> set[tuple[str, int, int]]:
+        """The records of ``done`` (record -> key; key mode) that the newest records do not call done:
+        what completed after their snapshots, including completions still on their way to the tracker
+        when it was taken (the processor logs ``end`` before it hands the completion over)."""
+        from multilane.formats.keyranges import key_hash
+
+        out = set()
+        for (t, p, o), key in done.items():
+            newest = self.newest.get((t, p))
+            kh = key_hash(key if key is not None else o.to_bytes(8, "big", signed=True))
+            if newest is None or not newest[1].is_done(o, kh):
+                out.add((t, p, o))
+        return out
 
 
 def _replays_per_kill(events: list[Any], pids: list[int], kill_times: list[float], in_flight: list[int],
-                      window_s: float) -> list[_KillFigures]:
+                      window_s: float, progress: list[tuple[float, int, Any]]) -> list[_KillFigures]:
     """The figures of each kill (of ``pids[i]``, restarted as ``pids[i + 1]``)."""
     out = []
     done_at: dict[tuple[str, int, int], float] = {}
+    keys: dict[tuple[str, int, int], bytes | None] = {}
     for i, pid in enumerate(pids[:-1]):
         mine = [e for e in events if e.pid == pid]
         ends = {e.tpo: e.time for e in mine if e.kind == "end"}
         done_at.update(ends)
+        keys.update({e.tpo: e.key for e in mine if e.kind == "end"})
         running = {e.tpo for e in mine if e.kind == "start"} - set(ends)
         kill_instant = max([kill_times[i], *(e.time for e in mine)])
         recent = sum(1 for t in ends.values() if t > kill_instant - window_s)
         restarted = {e.tpo for e in events if e.pid == pids[i + 1] and e.kind == "start"}
         replayed = restarted & set(done_at)
         oldest = max((kill_instant - done_at[t] for t in replayed), default=0.0) * 1000
-        out.append(_KillFigures(len(replayed), len(running), in_flight[i], recent, oldest))
+        window = _ProgressWindow.at_kill(progress, min(e.time for e in mine), kill_instant)
+        unclaimed = window.unclaimed(keys)
+        out.append(_KillFigures(len(replayed), len(running), in_flight[i], recent, oldest,
+                                len(unclaimed), window.age_ms(kill_instant), window.median_gap_ms,
+                                len(replayed - unclaimed)))
     return out
 
 
@@ -636,9 +717,13 @@ def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path
                                        workers: list[WorkerProcess], seed: int) -> None:
     """4 partitions, key mode, factor 32, Zipf keys with a ~20% hot key, a paced producer, three
     SIGKILLs. After each, README's bound holds: the restart replays at most the records in flight at
-    the kill plus those completed in the last progress interval; and no replayed record had completed
-    more than two commit intervals before the kill (what a missing progress record replays: everything
-    completed above the committed offset). Delivery checkers over all incarnations."""
+    the kill plus those completed that the newest progress record on the broker leaves out (read back
+    from the progress topic), and none that it calls done; the killed worker wrote progress records
+    every few intervals (their median gap); and no replayed record had completed more than two commit
+    intervals before the kill (what a missing progress record replays: everything completed above the
+    committed offset). The on-time window (completed in the last interval) is printed beside it: the
+    newest record is older than one interval when its acknowledgement lagged or the worker was
+    descheduled, and that window was too tight (issue 31). Delivery checkers over all incarnations."""
     from collections import Counter
 
     broker.create_topic(topic, 4)
@@ -677,13 +762,22 @@ def _kill9_three_times_under_a_hot_key(broker: KafkaBroker, topic: str, tmp_path
     assert w.terminate(60) == 0
     events = read_event_log(log)
     hot_share = Counter(r.key for r in produced).most_common(1)[0][1] / len(produced)
-    figures = _replays_per_kill(events, pids, kill_times, in_flight, PROGRESS_INTERVAL_MS / 1000)
+    figures = _replays_per_kill(events, pids, kill_times, in_flight, PROGRESS_INTERVAL_MS / 1000,
+                                _progress_records(broker.bootstrap, f"g-{topic}"))
     print(f"seed {seed}: hot key {hot_share:.0%}; per kill: {figures}")
     assert hot_share > 0.15
     for i, f in enumerate(figures):
         why = f"kill {i + 1} of {figures}; the restart's log:\n{workers[i + 1].stderr_tail(30)}"
         assert f.replayed + f.running <= f.bound, why
+        # no replayed record was called done by the newest progress record (one not found or not used)
+        assert f.replayed_claimed == 0, why
         assert f.oldest_ms <= 2 * commit_interval_ms, why
+        # and the snapshots kept coming (on time ~40 ms apart; a cycle that stopped writes only at
+        # commits, 500 ms apart; 4 intervals leave room for a worker starved of CPU). No gap (inf): the
+        # worker wrote fewer than two records of any partition (killed before its first commits
+        # landed, at load average 12-15); the bound above still held, and another kill must show one
+        assert f.progress_gap_ms <= 4 * PROGRESS_INTERVAL_MS or f.progress_gap_ms == float("inf"), why
+    assert any(f.progress_gap_ms != float("inf") for f in figures), f"no progress cadence: {figures}"
     assert_all(check_delivery(produced, events, mode="key"))
 
 

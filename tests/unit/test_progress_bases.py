@@ -75,7 +75,9 @@ def _complete(rt: Any, upto: int) -> None:
 
 def test_no_record_of_a_lower_base_follows_a_commits_own_record() -> None:
     """Committed 10, a commit of 20 on its way: the commit cycle wrote the record of 20 before
-    sending; the progress cycles that follow write records of 20 only, never of 10 again."""
+    sending; while its answer is due, each progress cycle writes a fresh record of 10 (what a restart
+    uses if the commit never lands) and then one of 20 (so the newest record has the highest base:
+    a reader after the commit landed finds 20 first); once it is answered, records of 20 only."""
 
     async def go() -> None:
         rt, store, consumer = _part(10), Store(), Consumer()
@@ -85,16 +87,15 @@ def test_no_record_of_a_lower_base_follows_a_commits_own_record() -> None:
         progress = ProgressCycle(store, EngineHooks.of(None), commits)  # type: ignore[arg-type]
         await progress.run([rt])
         assert store.bases == [10]
-        await commits.run([rt])  # writes the record of 20, then sends the commit of 20
-        assert consumer.sent == [20] and store.bases == [10, 20]
+        await commits.run([rt])  # writes records of 10 and 20, then sends the commit of 20
+        assert consumer.sent == [20] and store.bases == [10, 10, 20]
         _complete(rt, 30)
         await progress.run([rt])  # the answer is still due: committed 10, sent 20
-        assert store.bases == [10, 20, 20], "a record of base 10 after the commit's record of 20"
+        assert store.bases == [10, 10, 20, 10, 20], "the newest record must have the highest base"
         rt.committed = 20  # the answer
         _complete(rt, 35)
         await progress.run([rt])
-        assert store.bases == [10, 20, 20, 20]
-        assert store.bases == sorted(store.bases)
+        assert store.bases == [10, 10, 20, 10, 20, 20]
 
     asyncio.run(go())
 
@@ -116,5 +117,44 @@ def test_a_fresh_partition_is_committed_by_the_first_progress_cycle() -> None:
         _complete(rt, 15)
         await progress.run([rt])  # now the cycle's own record, for the commit on its way
         assert consumer.sent == [9] and store.bases == [9, 9]
+
+    asyncio.run(go())
+
+
+def test_the_committed_base_keeps_a_fresh_record_while_a_commits_record_awaits_its_ack() -> None:
+    """The commit cycle raised the floor to 20 (its record of 20 produced, its acknowledgement and the
+    commit still due; a kill now leaves the broker at 10): the progress cycle still writes a record of
+    10 with what completed since, then one of 20. Skipping 10 there (issue 31) made a restart use the
+    record of 10 from before the commit cycle started, and replay what completed since."""
+
+    async def go() -> None:
+        rt, store, consumer = _part(10), Store(), Consumer()
+        _take(rt, range(10, 40))
+        _complete(rt, 20)
+        commits = CommitCycle(consumer, store, None)  # type: ignore[arg-type]
+        progress = ProgressCycle(store, EngineHooks.of(None), commits)  # type: ignore[arg-type]
+        await progress.run([rt])
+        rt.progress_floor = 20  # commits.py ``_write``: the commit's record of 20 is on its way
+        _complete(rt, 30)
+        await progress.run([rt])
+        assert store.bases == [10, 10, 20]
+        assert rt.commit_sent is None and consumer.sent == []
+
+    asyncio.run(go())
+
+
+def test_a_commit_writes_the_committed_bases_record_before_its_own() -> None:
+    """Committed 10, a commit of 30: the commit cycle writes a record of 10 as fresh as its own record
+    of 30, then that one (the newest record has the highest base). A kill before the commit lands
+    then finds a record of 10 from the commit's snapshot, not one from before the commit cycle."""
+
+    async def go() -> None:
+        rt, store, consumer = _part(10), Store(), Consumer()
+        _take(rt, range(10, 40))
+        _complete(rt, 30)
+        commits = CommitCycle(consumer, store, None)  # type: ignore[arg-type]
+        await commits.run([rt])
+        assert store.bases == [10, 30] and consumer.sent == [30]
+        assert rt.progress_floor == 30
 
     asyncio.run(go())
