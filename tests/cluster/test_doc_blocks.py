@@ -132,26 +132,15 @@ def _after(block: DocBlock, cluster: LocalCluster, ns: str) -> None:
         ready = cluster.kubectl("get", "deployment", RELEASE, "-n", RELEASE_NS, "-o",
                                 "jsonpath={.status.readyReplicas}")  # fmt: skip
         assert ready == "2", f"operator replicas ready: {ready!r}"
+        def finalizers() -> str:
+            return cluster.kubectl("get", "parallelconsumers.multilane.dev", "orders", "-n", "payments",
+                                   "-o", "jsonpath={.metadata.finalizers}")  # fmt: skip
+
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not cluster.kubectl(
-            "get",
-            "parallelconsumers.multilane.dev",
-            "orders",
-            "-n",
-            "payments",
-            "-o",
-            "jsonpath={.metadata.finalizers}",
-        ):
+        while time.monotonic() < deadline and not finalizers():
             time.sleep(0.5)
-        assert "multilane.dev/finalizer" in cluster.kubectl(
-            "get",
-            "parallelconsumers.multilane.dev",
-            "orders",
-            "-n",
-            "payments",
-            "-o",
-            "jsonpath={.metadata.finalizers}",
-        ), "the operator did not take the ParallelConsumer (no finalizer)"
+        assert "multilane.dev/finalizer" in finalizers(), \
+            "the operator did not take the ParallelConsumer (no finalizer)"
     if "helm uninstall" in block.body:  # every ParallelConsumer gone, the operator with the release
         assert not cluster.kubectl("get", "parallelconsumers.multilane.dev", "-A", "-o", "name")
         assert not cluster.kubectl(
