@@ -336,15 +336,19 @@ class LocalCluster:
         cert = self.pki.client(stem, user, groups)
         return write_kubeconfig(self.dir / f"{stem}.kubeconfig", self.server, self.pki.ca_cert, cert, user)
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        """Run the cluster's kubectl as the admin; returns stdout (raises on failure when ``check``)."""
-        done = subprocess.run(
+    def kubectl_run(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the cluster's kubectl as the admin (60 s at most); the whole outcome, refusals included."""
+        return subprocess.run(
             [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
             input=input,
             capture_output=True,
             text=True,
             timeout=60,
         )
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run the cluster's kubectl as the admin; returns stdout (raises on failure when ``check``)."""
+        done = self.kubectl_run(*args, input=input)
         if check and done.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
         return done.stdout

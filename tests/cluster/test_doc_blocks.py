@@ -269,13 +269,7 @@ def test_block_runs_as_written(
 
 
 def _refusal(cluster: LocalCluster, *args: str, input: str | None = None) -> str:
-    done = subprocess.run(
-        [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = cluster.kubectl_run(*args, input=input)
     assert done.returncode != 0, f"kube-apiserver admitted kubectl {' '.join(args)}: {done.stdout}"
     return done.stderr
 
